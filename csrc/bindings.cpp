@@ -1,0 +1,112 @@
+// Op schemas (TORCH_LIBRARY), their CUDA implementations, and the Python module for the plan cache and the
+// support check. Fake (meta) kernels and autograd are registered from Python (torch_cudnn_fusion/ops.py).
+#include <torch/extension.h>
+
+#include <cudnn_frontend_version.h>
+
+#include "conv_ops.h"
+
+namespace tcf {
+namespace {
+
+at::ScalarType dtype_from_name(const std::string& name) {
+  if (name == "float16") return at::kHalf;
+  if (name == "bfloat16") return at::kBFloat16;
+  if (name == "float32") return at::kFloat;
+  TORCH_CHECK(false, "cudnn_fusion: dtype must be 'float16', 'bfloat16' or 'float32', got '", name, "'");
+}
+
+template <size_t N>
+std::array<int64_t, N> fixed(const std::vector<int64_t>& values, const char* name) {
+  TORCH_CHECK(values.size() == N, "cudnn_fusion: ", name, " must have ", N, " values, got ", values.size());
+  std::array<int64_t, N> out{};
+  std::copy(values.begin(), values.end(), out.begin());
+  return out;
+}
+
+std::unordered_map<std::string, std::string> check_conv_layer_py(
+    const std::string& dtype, bool channels_last, int64_t device, const std::vector<int64_t>& x_size,
+    const std::vector<int64_t>& w_size, const std::vector<int64_t>& stride, const std::vector<int64_t>& padding_pre,
+    const std::vector<int64_t>& padding_post, const std::vector<int64_t>& dilation, int64_t groups, bool has_bias,
+    bool has_residual, bool relu, bool backward, const std::vector<int64_t>& alignment) {
+  ConvProblem p;
+  p.dtype = dtype_from_name(dtype);
+  p.channels_last = channels_last;
+  p.device = static_cast<int>(device);
+  p.x_size = fixed<4>(x_size, "x_size");
+  p.w_size = fixed<4>(w_size, "w_size");
+  p.stride = fixed<2>(stride, "stride");
+  p.pad_pre = fixed<2>(padding_pre, "padding_pre");
+  p.pad_post = fixed<2>(padding_post, "padding_post");
+  p.dilation = fixed<2>(dilation, "dilation");
+  p.groups = groups;
+  p.has_bias = has_bias;
+  p.has_residual = has_residual;
+  p.relu = relu;
+  auto a = fixed<4>(alignment, "alignment");
+  return check_conv_layer(p, backward, {static_cast<int8_t>(a[0]), static_cast<int8_t>(a[1]),
+                                        static_cast<int8_t>(a[2]), static_cast<int8_t>(a[3])});
+}
+
+pybind11::dict plan_cache_stats() {
+  auto s = PlanCache::instance().stats();
+  pybind11::dict out;
+  out["entries"] = s.entries;
+  out["capacity"] = s.capacity;
+  out["hits"] = s.hits;
+  out["misses"] = s.misses;
+  out["builds"] = s.builds;
+  out["refusals"] = s.refusals;
+  out["evictions"] = s.evictions;
+  out["build_seconds"] = s.build_seconds;
+  out["runtime_fallbacks"] = s.runtime_fallbacks;
+  return out;
+}
+
+}  // namespace
+}  // namespace tcf
+
+TORCH_LIBRARY(cudnn_fusion, m) {
+  m.def(
+      "conv_bias_act(Tensor x, Tensor weight, Tensor? bias, Tensor? residual, int[2] stride, int[2] padding_pre, "
+      "int[2] padding_post, int[2] dilation, int groups, bool relu) -> Tensor");
+  m.def("relu_bias_backward(Tensor grad_out, Tensor out) -> (Tensor, Tensor)");
+  m.def(
+      "conv_dgrad(Tensor grad_z, Tensor weight, int[4] x_size, int[2] stride, int[2] padding_pre, "
+      "int[2] padding_post, int[2] dilation, int groups) -> Tensor");
+  m.def(
+      "conv_wgrad(Tensor grad_z, Tensor x, int[4] weight_size, int[2] stride, int[2] padding_pre, "
+      "int[2] padding_post, int[2] dilation, int groups) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(cudnn_fusion, CUDA, m) {
+  m.impl("conv_bias_act", &tcf::conv_bias_act);
+  m.impl("relu_bias_backward", &tcf::relu_bias_backward);
+  m.impl("conv_dgrad", &tcf::conv_dgrad);
+  m.impl("conv_wgrad", &tcf::conv_wgrad);
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "torch_cudnn_fusion's compiled core: cuDNN graphs, plan cache and ops";
+  m.def("check_conv_layer", &tcf::check_conv_layer_py,
+        "Build (or find) the plans a conv layer would use; returns each graph's refusal, '' when built");
+  m.def("plan_cache_stats", &tcf::plan_cache_stats, "Counters of the plan cache");
+  m.def("clear_plan_cache", []() { tcf::PlanCache::instance().clear(); }, "Drop every cached plan");
+  m.def(
+      "set_plan_cache_capacity",
+      [](int64_t capacity) {
+        TORCH_CHECK(capacity >= 1, "cudnn_fusion: capacity must be >= 1, got ", capacity);
+        tcf::PlanCache::instance().set_capacity(capacity);
+      },
+      "Bound the number of cached plans (least recently used are evicted)");
+  m.def("set_poison_outputs", &tcf::set_poison_outputs,
+        "Test aid: fill every op output with NaN before its graph runs");
+  m.def("cudnn_version", []() { return static_cast<int64_t>(cudnnGetVersion()); }, "cuDNN version at run time");
+  m.def(
+      "frontend_version",
+      []() {
+        return std::to_string(CUDNN_FRONTEND_MAJOR_VERSION) + "." + std::to_string(CUDNN_FRONTEND_MINOR_VERSION) +
+               "." + std::to_string(CUDNN_FRONTEND_PATCH_VERSION);
+      },
+      "cudnn-frontend headers the extension was built with");
+}

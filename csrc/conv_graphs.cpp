@@ -1,0 +1,350 @@
+#include "conv_graphs.h"
+
+#include <mutex>
+#include <sstream>
+
+#include <ATen/cudnn/Handle.h>
+#include <cuda_runtime_api.h>
+
+namespace tcf {
+
+namespace {
+
+using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
+
+struct ComputeCapability {
+  int8_t major = 0;
+  int8_t minor = 0;
+};
+
+ComputeCapability compute_capability(int device) {
+  static std::mutex mutex;
+  static std::unordered_map<int, ComputeCapability> known;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto found = known.find(device);
+  if (found != known.end()) return found->second;
+  int major = 0, minor = 0;
+  TORCH_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess,
+              "torch_cudnn_fusion: could not read the compute capability of cuda:", device);
+  ComputeCapability cc{static_cast<int8_t>(major), static_cast<int8_t>(minor)};
+  known.emplace(device, cc);
+  return cc;
+}
+
+fe::DataType_t fe_dtype(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kHalf:
+      return fe::DataType_t::HALF;
+    case at::kBFloat16:
+      return fe::DataType_t::BFLOAT16;
+    case at::kFloat:
+      return fe::DataType_t::FLOAT;
+    default:
+      TORCH_CHECK(false, "torch_cudnn_fusion: dtype must be float16, bfloat16 or float32, got ", dtype);
+  }
+}
+
+std::vector<int64_t> as_vector(const std::array<int64_t, 4>& a) { return {a.begin(), a.end()}; }
+std::vector<int64_t> as_vector(const std::array<int64_t, 2>& a) { return {a.begin(), a.end()}; }
+
+std::array<int64_t, 4> output_size(const GraphKey& key) {
+  std::array<int64_t, 4> y{key.x_size[0], key.w_size[0], 0, 0};
+  for (int i = 0; i < 2; ++i) {
+    int64_t extent = key.x_size[2 + i] + key.pad_pre[i] + key.pad_post[i];
+    int64_t window = key.dilation[i] * (key.w_size[2 + i] - 1) + 1;
+    y[2 + i] = (extent - window) / key.stride[i] + 1;
+  }
+  return y;
+}
+
+TensorPtr add_tensor(fe::graph::Graph& graph, const char* name, int64_t uid, const std::array<int64_t, 4>& size,
+                     bool channels_last, fe::DataType_t dtype) {
+  return graph.tensor(fe::graph::Tensor_attributes()
+                          .set_name(name)
+                          .set_uid(uid)
+                          .set_dim(as_vector(size))
+                          .set_stride(dense_strides(size, channels_last))
+                          .set_data_type(dtype));
+}
+
+void mark_output(const TensorPtr& tensor, const char* name, int64_t uid, const std::array<int64_t, 4>& size,
+                 bool channels_last, fe::DataType_t dtype) {
+  tensor->set_output(true)
+      .set_name(name)
+      .set_uid(uid)
+      .set_dim(as_vector(size))
+      .set_stride(dense_strides(size, channels_last))
+      .set_data_type(dtype);
+}
+
+// Bias and its gradient: one value per output channel, shaped [1, K, 1, 1].
+std::array<int64_t, 4> channel_vector_size(const GraphKey& key) { return {1, key.w_size[0], 1, 1}; }
+
+std::shared_ptr<fe::graph::Graph> new_graph(const GraphKey& key) {
+  auto graph = std::make_shared<fe::graph::Graph>();
+  graph->set_io_data_type(fe_dtype(static_cast<at::ScalarType>(key.dtype)))
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  return graph;
+}
+
+template <typename Attributes>
+Attributes conv_attributes(const GraphKey& key, Attributes attributes) {
+  return attributes.set_pre_padding(as_vector(key.pad_pre))
+      .set_post_padding(as_vector(key.pad_post))
+      .set_stride(as_vector(key.stride))
+      .set_dilation(as_vector(key.dilation))
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+}
+
+void describe_conv_bias_act(fe::graph::Graph& graph, const GraphKey& key) {
+  auto io = fe_dtype(static_cast<at::ScalarType>(key.dtype));
+  auto x = add_tensor(graph, "x", kUidX, key.x_size, key.channels_last, io);
+  auto w = add_tensor(graph, "w", kUidW, key.w_size, key.channels_last, io);
+  auto y = graph.conv_fprop(x, w, conv_attributes(key, fe::graph::Conv_fprop_attributes().set_name("conv")));
+  if (key.has_bias) {
+    auto bias = add_tensor(graph, "bias", kUidBias, channel_vector_size(key), true, io);
+    y = graph.pointwise(y, bias, fe::graph::Pointwise_attributes().set_name("add_bias").set_mode(fe::PointwiseMode_t::ADD));
+  }
+  if (key.has_residual) {
+    auto residual = add_tensor(graph, "residual", kUidResidual, output_size(key), key.channels_last, io);
+    y = graph.pointwise(y, residual,
+                        fe::graph::Pointwise_attributes().set_name("add_residual").set_mode(fe::PointwiseMode_t::ADD));
+  }
+  if (key.relu) {
+    y = graph.pointwise(y, fe::graph::Pointwise_attributes().set_name("relu").set_mode(fe::PointwiseMode_t::RELU_FWD));
+  }
+  mark_output(y, "y", kUidY, output_size(key), key.channels_last, io);
+}
+
+void describe_relu_bias_backward(fe::graph::Graph& graph, const GraphKey& key) {
+  auto io = fe_dtype(static_cast<at::ScalarType>(key.dtype));
+  auto y_size = output_size(key);
+  auto dy = add_tensor(graph, "dy", kUidDy, y_size, key.channels_last, io);
+  // The mask comes from the saved forward output: y > 0 exactly where the pre-activation was > 0.
+  auto y = add_tensor(graph, "y", kUidY, y_size, key.channels_last, io);
+  auto dz = graph.pointwise(dy, y, fe::graph::Pointwise_attributes().set_name("relu_backward").set_mode(fe::PointwiseMode_t::RELU_BWD));
+  mark_output(dz, "dz", kUidDz, y_size, key.channels_last, io);
+  auto dbias = graph.reduction(dz, fe::graph::Reduction_attributes()
+                                       .set_name("bias_grad")
+                                       .set_mode(fe::ReductionMode_t::ADD)
+                                       .set_compute_data_type(fe::DataType_t::FLOAT));
+  mark_output(dbias, "dbias", kUidDbias, channel_vector_size(key), true, fe::DataType_t::FLOAT);
+}
+
+void describe_dgrad(fe::graph::Graph& graph, const GraphKey& key) {
+  auto io = fe_dtype(static_cast<at::ScalarType>(key.dtype));
+  auto dz = add_tensor(graph, "dz", kUidDz, output_size(key), key.channels_last, io);
+  auto w = add_tensor(graph, "w", kUidW, key.w_size, key.channels_last, io);
+  auto dx = graph.conv_dgrad(dz, w, conv_attributes(key, fe::graph::Conv_dgrad_attributes().set_name("dgrad")));
+  mark_output(dx, "dx", kUidDx, key.x_size, key.channels_last, io);
+}
+
+void describe_wgrad(fe::graph::Graph& graph, const GraphKey& key) {
+  auto io = fe_dtype(static_cast<at::ScalarType>(key.dtype));
+  auto dz = add_tensor(graph, "dz", kUidDz, output_size(key), key.channels_last, io);
+  auto x = add_tensor(graph, "x", kUidX, key.x_size, key.channels_last, io);
+  auto dw = graph.conv_wgrad(dz, x, conv_attributes(key, fe::graph::Conv_wgrad_attributes().set_name("wgrad")));
+  mark_output(dw, "dw", kUidDw, key.w_size, key.channels_last, io);
+}
+
+std::string describe_problem(const GraphKey& key) {
+  std::ostringstream out;
+  out << "x [" << key.x_size[0] << ", " << key.x_size[1] << ", " << key.x_size[2] << ", " << key.x_size[3]
+      << "], w [" << key.w_size[0] << ", " << key.w_size[1] << ", " << key.w_size[2] << ", " << key.w_size[3]
+      << "], " << static_cast<at::ScalarType>(key.dtype) << ", " << (key.channels_last ? "NHWC" : "NCHW")
+      << ", groups " << key.groups << ", sm_" << int(key.cc_major) << int(key.cc_minor) << ", cuDNN "
+      << key.cudnn_version;
+  return out.str();
+}
+
+// The requirements of cuDNN's fused (runtime fusion) engines that this configuration does not meet, so that a
+// refusal names what to change rather than a bare status.
+std::vector<std::string> unmet_requirements(const GraphKey& key) {
+  std::vector<std::string> unmet;
+  auto dtype = static_cast<at::ScalarType>(key.dtype);
+  if (!key.channels_last) {
+    unmet.push_back("layout: tensors are NCHW; the fused engines want channels_last (NHWC)");
+  }
+  int64_t multiple = dtype == at::kFloat ? 4 : 8;
+  // The relu backward graph has no input channels of its own (its key describes a 1x1 conv K -> K).
+  int64_t c_per_group = key.kind == GraphKind::kReluBiasBackward ? key.w_size[0] : key.w_size[1];
+  int64_t k_per_group = key.w_size[0] / key.groups;
+  if (c_per_group % multiple != 0 || k_per_group % multiple != 0) {
+    std::ostringstream msg;
+    msg << "channel alignment: input channels per group (" << c_per_group << ") and output channels per group ("
+        << k_per_group << ") must be multiples of " << multiple << " for " << dtype;
+    unmet.push_back(msg.str());
+  }
+  for (size_t i = 0; i < key.alignment.size(); ++i) {
+    if (key.alignment[i] != 0 && key.alignment[i] < 16) {
+      std::ostringstream msg;
+      msg << "pointer alignment: operand " << i << " of the graph is " << int(key.alignment[i])
+          << "-byte aligned; the vectorized engines need 16";
+      unmet.push_back(msg.str());
+      break;
+    }
+  }
+  int min_major = dtype == at::kBFloat16 ? 8 : 7;
+  if (key.cc_major < min_major) {
+    std::ostringstream msg;
+    msg << "compute capability: sm_" << int(key.cc_major) << int(key.cc_minor) << " is below sm_" << min_major
+        << "0, the oldest GPU with fused engines for " << dtype;
+    unmet.push_back(msg.str());
+  }
+  if (dtype == at::kFloat && !key.allow_tf32) {
+    unmet.push_back("math: float32 with torch.backends.cudnn.allow_tf32=False excludes every tensor-core engine");
+  }
+  if (key.groups > 1) unmet.push_back("groups: grouped convolutions have few fused engines");
+  return unmet;
+}
+
+CachedPlan refused(const GraphKey& key, const char* stage, const std::string& message) {
+  std::ostringstream out;
+  out << "cuDNN refused the " << graph_kind_name(key.kind) << " graph (" << describe_problem(key) << ") at "
+      << stage << ": " << message;
+  auto unmet = unmet_requirements(key);
+  if (unmet.empty()) {
+    out << ". The configuration meets every requirement this library knows of (NHWC, channel and pointer "
+           "alignment, compute capability, TF32); cuDNN gave no further reason";
+  } else {
+    out << ". Requirements not met:";
+    for (const auto& requirement : unmet) out << " [" << requirement << "]";
+  }
+  CachedPlan plan;
+  plan.refusal = out.str();
+  return plan;
+}
+
+CachedPlan build_plan(const GraphKey& key) {
+  auto graph = new_graph(key);
+  try {
+    switch (key.kind) {
+      case GraphKind::kConvBiasAct:
+        describe_conv_bias_act(*graph, key);
+        break;
+      case GraphKind::kReluBiasBackward:
+        describe_relu_bias_backward(*graph, key);
+        break;
+      case GraphKind::kConvDgrad:
+        describe_dgrad(*graph, key);
+        break;
+      case GraphKind::kConvWgrad:
+        describe_wgrad(*graph, key);
+        break;
+    }
+    cudnnHandle_t handle = at::native::getCudnnHandle();
+#define TCF_BUILD_STEP(expr, stage)                                   \
+  do {                                                                \
+    auto status = (expr);                                             \
+    if (status.is_bad()) return refused(key, stage, status.get_message()); \
+  } while (0)
+    TCF_BUILD_STEP(graph->validate(), "validate");
+    TCF_BUILD_STEP(graph->build_operation_graph(handle), "build_operation_graph");
+    TCF_BUILD_STEP(graph->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans");
+    // As PyTorch's own cuDNN convolutions: never engines that down-convert inputs, and float32 uses the
+    // tensor cores (TF32) only when torch.backends.cudnn.allow_tf32 says so.
+    std::vector<fe::NumericalNote_t> excluded{fe::NumericalNote_t::DOWN_CONVERT_INPUTS};
+    if (static_cast<at::ScalarType>(key.dtype) == at::kFloat && !key.allow_tf32) {
+      excluded.push_back(fe::NumericalNote_t::TENSOR_CORE);
+    }
+    graph->deselect_numeric_notes(excluded);
+    TCF_BUILD_STEP(graph->check_support(handle), "check_support");
+    TCF_BUILD_STEP(graph->build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), "build_plans");
+    int64_t workspace = 0;
+    TCF_BUILD_STEP(graph->get_workspace_size(workspace), "get_workspace_size");
+#undef TCF_BUILD_STEP
+    CachedPlan plan;
+    plan.graph = graph;
+    plan.workspace_bytes = workspace;
+    return plan;
+  } catch (const std::exception& e) {
+    return refused(key, "graph construction", e.what());
+  }
+}
+
+}  // namespace
+
+std::array<int64_t, 4> ConvProblem::y_size() const {
+  GraphKey key;
+  key.x_size = x_size;
+  key.w_size = w_size;
+  key.stride = stride;
+  key.pad_pre = pad_pre;
+  key.pad_post = pad_post;
+  key.dilation = dilation;
+  return output_size(key);
+}
+
+std::vector<int64_t> dense_strides(const std::array<int64_t, 4>& size, bool channels_last) {
+  const int64_t n = size[0], c = size[1], h = size[2], w = size[3];
+  (void)n;
+  if (channels_last) return {c * h * w, 1, w * c, c};
+  return {c * h * w, h * w, w, 1};
+}
+
+int8_t pointer_alignment(const void* ptr) {
+  auto address = reinterpret_cast<uintptr_t>(ptr);
+  int8_t alignment = 16;
+  while (alignment > 1 && address % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
+GraphKey make_graph_key(GraphKind kind, const ConvProblem& p, const std::array<int8_t, 5>& alignment) {
+  GraphKey key;
+  key.kind = kind;
+  key.device = static_cast<int8_t>(p.device);
+  auto cc = compute_capability(p.device);
+  key.cc_major = cc.major;
+  key.cc_minor = cc.minor;
+  key.cudnn_version = static_cast<int64_t>(cudnnGetVersion());
+  key.dtype = static_cast<int8_t>(p.dtype);
+  key.channels_last = p.channels_last;
+  key.x_size = p.x_size;
+  key.w_size = p.w_size;
+  key.stride = p.stride;
+  key.pad_pre = p.pad_pre;
+  key.pad_post = p.pad_post;
+  key.dilation = p.dilation;
+  key.groups = p.groups;
+  // Fields a kind's graph does not read stay at their defaults so they cannot split the cache.
+  if (kind == GraphKind::kConvBiasAct) {
+    key.has_bias = p.has_bias;
+    key.has_residual = p.has_residual;
+    key.relu = p.relu;
+  }
+  if (kind == GraphKind::kReluBiasBackward) {
+    // An elementwise graph over y: described as a 1x1 conv whose output is y, with no conv parameters.
+    key.x_size = p.y_size();
+    key.w_size = {p.w_size[0], 1, 1, 1};
+    key.stride = {1, 1};
+    key.pad_pre = {0, 0};
+    key.pad_post = {0, 0};
+    key.dilation = {1, 1};
+    key.groups = 1;
+  }
+  key.allow_tf32 = p.dtype == at::kFloat && at::globalContext().allowTF32CuDNN();
+  key.alignment = alignment;
+  return key;
+}
+
+std::shared_ptr<const CachedPlan> get_plan(const GraphKey& key) {
+  return PlanCache::instance().get_or_build(key, [&key]() { return build_plan(key); });
+}
+
+void execute_plan(const CachedPlan& plan, GraphKind kind, std::unordered_map<int64_t, void*>& pointers,
+                  const at::Device& device) {
+  cudnnHandle_t handle = at::native::getCudnnHandle();  // bound to the current stream
+  at::Tensor workspace;
+  void* workspace_ptr = nullptr;
+  if (plan.workspace_bytes > 0) {
+    workspace = at::empty({plan.workspace_bytes}, at::TensorOptions().dtype(at::kByte).device(device));
+    workspace_ptr = workspace.data_ptr();
+  }
+  auto status = plan.graph->execute(handle, pointers, workspace_ptr);
+  TORCH_CHECK(status.is_good(), "torch_cudnn_fusion: cuDNN failed to execute the ", graph_kind_name(kind),
+              " graph: ", status.get_message());
+}
+
+}  // namespace tcf

@@ -1,0 +1,70 @@
+// cuDNN frontend graphs for a fused conv layer: one build function per graph kind, one execute function.
+#pragma once
+
+#include <array>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <torch/extension.h>
+
+#include "plan_cache.h"
+
+namespace tcf {
+
+// One conv layer's configuration: what the graphs are built from. Sizes are in logical NCHW order
+// whatever the memory layout.
+struct ConvProblem {
+  at::ScalarType dtype = at::kFloat;
+  bool channels_last = true;
+  int device = 0;
+  std::array<int64_t, 4> x_size{};  // N, C, H, W
+  std::array<int64_t, 4> w_size{};  // K, C / groups, R, S
+  std::array<int64_t, 2> stride{1, 1};
+  std::array<int64_t, 2> pad_pre{0, 0};
+  std::array<int64_t, 2> pad_post{0, 0};
+  std::array<int64_t, 2> dilation{1, 1};
+  int64_t groups = 1;
+  bool has_bias = false;
+  bool has_residual = false;
+  bool relu = true;
+
+  std::array<int64_t, 4> y_size() const;
+};
+
+// Tensor UIDs in the variant packs.
+enum TensorUid : int64_t {
+  kUidX = 1,
+  kUidW = 2,
+  kUidBias = 3,
+  kUidResidual = 4,
+  kUidY = 5,
+  kUidDy = 6,
+  kUidDz = 7,
+  kUidDbias = 8,
+  kUidDx = 9,
+  kUidDw = 10,
+};
+
+// Byte alignment of a data pointer, capped at 16 (what cuDNN's vectorized engines ask for).
+int8_t pointer_alignment(const void* ptr);
+
+// The plan cache key for `kind` over `problem`. `alignment` lists the operands' pointer alignments in the
+// order the kind reads them (forward: x, w, bias, residual, y; relu backward: dy, y, dz; dgrad: dz, w, dx;
+// wgrad: dz, x, dw).
+GraphKey make_graph_key(GraphKind kind, const ConvProblem& problem, const std::array<int8_t, 5>& alignment);
+
+// Returns the built plan for `key` (from the cache, or built now and cached), or the refusal.
+std::shared_ptr<const CachedPlan> get_plan(const GraphKey& key);
+
+// Runs a built plan on the current stream with PyTorch's cuDNN handle and a workspace from PyTorch's
+// caching allocator. Throws with the graph kind named if cuDNN fails at execution.
+void execute_plan(const CachedPlan& plan, GraphKind kind, std::unordered_map<int64_t, void*>& pointers,
+                  const at::Device& device);
+
+// Strides cuDNN must be given for a dense tensor of `size` in the layout: set explicitly for every tensor,
+// outputs included (the frontend's default output strides are NHWC, which silently wrote NHWC data into
+// NCHW buffers when they were left unset).
+std::vector<int64_t> dense_strides(const std::array<int64_t, 4>& size, bool channels_last);
+
+}  // namespace tcf

@@ -1,0 +1,304 @@
+#include "conv_ops.h"
+
+#include <atomic>
+#include <limits>
+
+#include <c10/core/DeviceGuard.h>
+
+namespace tcf {
+
+namespace {
+
+std::atomic<bool> poison_outputs{false};
+
+void poison(const at::Tensor& t) {
+  if (poison_outputs.load(std::memory_order_relaxed)) t.fill_(std::numeric_limits<double>::quiet_NaN());
+}
+
+std::array<int64_t, 2> pair_arg(at::IntArrayRef values, const char* name, int64_t min_value) {
+  TORCH_CHECK(values.size() == 2, "cudnn_fusion: ", name, " must have 2 values (height, width), got ",
+              values.size(), ": ", values);
+  TORCH_CHECK(values[0] >= min_value && values[1] >= min_value, "cudnn_fusion: ", name,
+              " values must be >= ", min_value, ", got ", values);
+  return {values[0], values[1]};
+}
+
+std::array<int64_t, 4> size4(at::IntArrayRef size) { return {size[0], size[1], size[2], size[3]}; }
+
+void check_supported_dtype(const at::Tensor& t, const char* name) {
+  auto dtype = t.scalar_type();
+  TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat, "cudnn_fusion: ", name,
+              " must be float16, bfloat16 or float32, got ", dtype);
+}
+
+void check_like(const at::Tensor& t, const char* name, const at::Tensor& x) {
+  TORCH_CHECK(t.device() == x.device(), "cudnn_fusion: ", name, " must be on the same device as x (", x.device(),
+              "), got ", t.device());
+  TORCH_CHECK(t.scalar_type() == x.scalar_type(), "cudnn_fusion: ", name, " dtype must match x dtype (",
+              x.scalar_type(), "), got ", t.scalar_type());
+}
+
+void check_4d_cuda(const at::Tensor& t, const char* name, const char* layout) {
+  TORCH_CHECK(t.is_cuda(), "cudnn_fusion: ", name, " must be a CUDA tensor, got one on ", t.device());
+  TORCH_CHECK(t.dim() == 4, "cudnn_fusion: ", name, " must be a 4-D tensor ", layout, ", got ", t.dim(),
+              "-D with shape ", t.sizes());
+  check_supported_dtype(t, name);
+}
+
+// PyTorch's rule for cuDNN convolutions (cudnn_conv_suggest_memory_format): channels_last when either operand is.
+bool use_channels_last(const at::Tensor& a, const at::Tensor& b) {
+  return a.suggest_memory_format() == at::MemoryFormat::ChannelsLast ||
+         b.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
+}
+
+at::MemoryFormat memory_format(bool channels_last) {
+  return channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+}
+
+int8_t alignment_of(const at::Tensor& t) { return t.defined() ? pointer_alignment(t.data_ptr()) : 0; }
+
+ConvProblem make_problem(const at::Tensor& grad_or_x, at::IntArrayRef x_size, at::IntArrayRef w_size,
+                         at::IntArrayRef stride, at::IntArrayRef padding_pre, at::IntArrayRef padding_post,
+                         at::IntArrayRef dilation, int64_t groups, bool channels_last) {
+  ConvProblem p;
+  p.dtype = grad_or_x.scalar_type();
+  p.device = grad_or_x.device().index();
+  p.channels_last = channels_last;
+  p.x_size = size4(x_size);
+  p.w_size = size4(w_size);
+  p.stride = pair_arg(stride, "stride", 1);
+  p.pad_pre = pair_arg(padding_pre, "padding_pre", 0);
+  p.pad_post = pair_arg(padding_post, "padding_post", 0);
+  p.dilation = pair_arg(dilation, "dilation", 1);
+  p.groups = groups;
+  TORCH_CHECK(groups >= 1, "cudnn_fusion: groups must be >= 1, got ", groups);
+  TORCH_CHECK(p.x_size[1] == p.w_size[1] * groups, "cudnn_fusion: x has ", p.x_size[1],
+              " channels but weight of shape ", w_size, " with groups=", groups, " expects ", p.w_size[1] * groups);
+  TORCH_CHECK(p.w_size[0] % groups == 0, "cudnn_fusion: weight's out_channels (", p.w_size[0],
+              ") must be divisible by groups (", groups, ")");
+  for (int i = 0; i < 2; ++i) {
+    int64_t extent = p.x_size[2 + i] + p.pad_pre[i] + p.pad_post[i];
+    int64_t window = p.dilation[i] * (p.w_size[2 + i] - 1) + 1;
+    TORCH_CHECK(extent >= window, "cudnn_fusion: the padded input (", (i ? "width " : "height "), extent,
+                ") is smaller than the dilated kernel (", window, ")");
+  }
+  return p;
+}
+
+// The ATen composition each graph stands for, for configurations cuDNN refused at run time. Asymmetric
+// padding ('same' with an even kernel) is applied by padding x explicitly.
+bool symmetric(const ConvProblem& p) { return p.pad_pre == p.pad_post; }
+
+at::Tensor pad_input(const at::Tensor& x, const ConvProblem& p) {
+  return at::constant_pad_nd(x, {p.pad_pre[1], p.pad_post[1], p.pad_pre[0], p.pad_post[0]}, 0);
+}
+
+at::IntArrayRef aten_padding(const ConvProblem& p) {
+  static const std::array<int64_t, 2> zero{0, 0};
+  return symmetric(p) ? at::IntArrayRef(p.pad_pre) : at::IntArrayRef(zero);
+}
+
+at::Tensor fallback_forward(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
+                            const std::optional<at::Tensor>& residual, const ConvProblem& p) {
+  auto input = symmetric(p) ? x : pad_input(x, p);
+  auto y = at::convolution(input, w, bias, p.stride, aten_padding(p), p.dilation, false, {0, 0}, p.groups);
+  if (residual.has_value()) y.add_(*residual);
+  if (p.relu) y.relu_();
+  return y.contiguous(memory_format(p.channels_last));
+}
+
+at::Tensor fallback_dgrad(const at::Tensor& dz, const at::Tensor& w, const ConvProblem& p) {
+  auto padded = p.x_size;
+  if (!symmetric(p)) {
+    padded[2] += p.pad_pre[0] + p.pad_post[0];
+    padded[3] += p.pad_pre[1] + p.pad_post[1];
+  }
+  // convolution_backward reads only the shape and layout of the input when it computes grad_input alone.
+  auto shape_only = at::empty(padded, dz.options().memory_format(memory_format(p.channels_last)));
+  auto dx = std::get<0>(at::convolution_backward(dz, shape_only, w, std::nullopt, p.stride, aten_padding(p),
+                                                 p.dilation, false, {0, 0}, p.groups, {true, false, false}));
+  if (!symmetric(p)) {
+    dx = dx.slice(2, p.pad_pre[0], p.pad_pre[0] + p.x_size[2]).slice(3, p.pad_pre[1], p.pad_pre[1] + p.x_size[3]);
+  }
+  return dx.contiguous(memory_format(p.channels_last));
+}
+
+at::Tensor fallback_wgrad(const at::Tensor& dz, const at::Tensor& x, const ConvProblem& p) {
+  auto input = symmetric(p) ? x : pad_input(x, p);
+  // convolution_backward reads only the shape and layout of the weight when it computes grad_weight alone.
+  auto shape_only = at::empty(p.w_size, x.options().memory_format(memory_format(p.channels_last)));
+  auto dw = std::get<1>(at::convolution_backward(dz, input, shape_only, std::nullopt, p.stride, aten_padding(p),
+                                                 p.dilation, false, {0, 0}, p.groups, {false, true, false}));
+  return dw.contiguous(memory_format(p.channels_last));
+}
+
+// Finds the plan; on a refusal counts a runtime fallback and returns null so the caller runs ATen.
+std::shared_ptr<const CachedPlan> plan_or_null(GraphKind kind, const ConvProblem& p,
+                                               const std::array<int8_t, 5>& alignment) {
+  auto plan = get_plan(make_graph_key(kind, p, alignment));
+  if (plan->ok()) return plan;
+  PlanCache::instance().count_runtime_fallback();
+  return nullptr;
+}
+
+}  // namespace
+
+at::Tensor conv_bias_act(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                         const std::optional<at::Tensor>& residual, at::IntArrayRef stride,
+                         at::IntArrayRef padding_pre, at::IntArrayRef padding_post, at::IntArrayRef dilation,
+                         int64_t groups, bool relu) {
+  check_4d_cuda(x, "x", "[N, C, H, W]");
+  check_4d_cuda(weight, "weight", "[out_channels, in_channels / groups, kH, kW]");
+  check_like(weight, "weight", x);
+  bool channels_last = use_channels_last(x, weight);
+  auto p = make_problem(x, x.sizes(), weight.sizes(), stride, padding_pre, padding_post, dilation, groups,
+                        channels_last);
+  p.has_bias = bias.has_value();
+  p.has_residual = residual.has_value();
+  p.relu = relu;
+  auto y_size = p.y_size();
+  if (bias.has_value()) {
+    check_like(*bias, "bias", x);
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == y_size[1], "cudnn_fusion: bias must have shape [",
+                y_size[1], "] (out_channels), got ", bias->sizes());
+  }
+  if (residual.has_value()) {
+    check_like(*residual, "residual", x);
+    TORCH_CHECK(residual->sizes() == at::IntArrayRef(y_size), "cudnn_fusion: residual must have the output's shape ",
+                at::IntArrayRef(y_size), ", got ", residual->sizes());
+  }
+
+  c10::DeviceGuard guard(x.device());
+  auto format = memory_format(channels_last);
+  auto x_dense = x.contiguous(format);
+  auto w_dense = weight.contiguous(format);
+  auto bias_dense = bias.has_value() ? bias->contiguous() : at::Tensor();
+  auto residual_dense = residual.has_value() ? residual->contiguous(format) : at::Tensor();
+  auto y = at::empty(y_size, x.options().memory_format(format));
+  if (y.numel() == 0) return y;
+
+  auto plan = plan_or_null(GraphKind::kConvBiasAct, p,
+                           {alignment_of(x_dense), alignment_of(w_dense), alignment_of(bias_dense),
+                            alignment_of(residual_dense), alignment_of(y)});
+  if (!plan) return fallback_forward(x_dense, w_dense, bias, residual, p);
+  std::unordered_map<int64_t, void*> pointers{{kUidX, x_dense.data_ptr()}, {kUidW, w_dense.data_ptr()}, {kUidY, y.data_ptr()}};
+  if (p.has_bias) pointers[kUidBias] = bias_dense.data_ptr();
+  if (p.has_residual) pointers[kUidResidual] = residual_dense.data_ptr();
+  poison(y);
+  execute_plan(*plan, GraphKind::kConvBiasAct, pointers, x.device());
+  return y;
+}
+
+std::tuple<at::Tensor, at::Tensor> relu_bias_backward(const at::Tensor& grad_out, const at::Tensor& out) {
+  check_4d_cuda(out, "out", "[N, K, H, W]");
+  check_like(grad_out, "grad_out", out);
+  TORCH_CHECK(grad_out.sizes() == out.sizes(), "cudnn_fusion: grad_out must have out's shape ", out.sizes(),
+              ", got ", grad_out.sizes());
+  c10::DeviceGuard guard(out.device());
+  bool channels_last = out.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
+  auto format = memory_format(channels_last);
+  auto dy = grad_out.contiguous(format);
+  auto y = out.contiguous(format);
+  int64_t k = out.size(1);
+  auto dz = at::empty(out.sizes(), out.options().memory_format(format));
+  if (out.numel() == 0) return {dz, at::zeros({k}, out.options())};
+
+  ConvProblem p;
+  p.dtype = out.scalar_type();
+  p.device = out.device().index();
+  p.channels_last = channels_last;
+  p.x_size = size4(out.sizes());
+  p.w_size = {k, k, 1, 1};
+  auto dbias = at::empty({k}, out.options().dtype(at::kFloat));
+  auto plan = plan_or_null(GraphKind::kReluBiasBackward, p,
+                           {alignment_of(dy), alignment_of(y), alignment_of(dz), alignment_of(dbias), 0});
+  if (!plan) {
+    dz = at::threshold_backward(dy, y, 0);
+    return {dz, dz.sum({0, 2, 3}, false, at::kFloat).to(out.scalar_type())};
+  }
+  std::unordered_map<int64_t, void*> pointers{
+      {kUidDy, dy.data_ptr()}, {kUidY, y.data_ptr()}, {kUidDz, dz.data_ptr()}, {kUidDbias, dbias.data_ptr()}};
+  poison(dz);
+  poison(dbias);
+  execute_plan(*plan, GraphKind::kReluBiasBackward, pointers, out.device());
+  return {dz, dbias.to(out.scalar_type())};
+}
+
+at::Tensor conv_dgrad(const at::Tensor& grad_z, const at::Tensor& weight, at::IntArrayRef x_size,
+                      at::IntArrayRef stride, at::IntArrayRef padding_pre, at::IntArrayRef padding_post,
+                      at::IntArrayRef dilation, int64_t groups) {
+  check_4d_cuda(grad_z, "grad_z", "[N, K, H_out, W_out]");
+  check_4d_cuda(weight, "weight", "[out_channels, in_channels / groups, kH, kW]");
+  check_like(weight, "weight", grad_z);
+  TORCH_CHECK(x_size.size() == 4, "cudnn_fusion: x_size must have 4 values [N, C, H, W], got ", x_size);
+  bool channels_last = use_channels_last(grad_z, weight);
+  auto p = make_problem(grad_z, x_size, weight.sizes(), stride, padding_pre, padding_post, dilation, groups,
+                        channels_last);
+  TORCH_CHECK(grad_z.sizes() == at::IntArrayRef(p.y_size()), "cudnn_fusion: grad_z must have the conv output's shape ",
+              at::IntArrayRef(p.y_size()), ", got ", grad_z.sizes());
+  c10::DeviceGuard guard(grad_z.device());
+  auto format = memory_format(channels_last);
+  auto dz = grad_z.contiguous(format);
+  auto w_dense = weight.contiguous(format);
+  auto dx = at::empty(x_size, grad_z.options().memory_format(format));
+  if (dx.numel() == 0) return dx;
+
+  auto plan = plan_or_null(GraphKind::kConvDgrad, p,
+                           {alignment_of(dz), alignment_of(w_dense), alignment_of(dx), 0, 0});
+  if (!plan) return fallback_dgrad(dz, w_dense, p);
+  std::unordered_map<int64_t, void*> pointers{{kUidDz, dz.data_ptr()}, {kUidW, w_dense.data_ptr()}, {kUidDx, dx.data_ptr()}};
+  poison(dx);
+  execute_plan(*plan, GraphKind::kConvDgrad, pointers, grad_z.device());
+  return dx;
+}
+
+at::Tensor conv_wgrad(const at::Tensor& grad_z, const at::Tensor& x, at::IntArrayRef weight_size,
+                      at::IntArrayRef stride, at::IntArrayRef padding_pre, at::IntArrayRef padding_post,
+                      at::IntArrayRef dilation, int64_t groups) {
+  check_4d_cuda(grad_z, "grad_z", "[N, K, H_out, W_out]");
+  check_4d_cuda(x, "x", "[N, C, H, W]");
+  check_like(x, "x", grad_z);
+  TORCH_CHECK(weight_size.size() == 4, "cudnn_fusion: weight_size must have 4 values [K, C / groups, kH, kW], got ",
+              weight_size);
+  bool channels_last = use_channels_last(x, grad_z);
+  auto p = make_problem(grad_z, x.sizes(), weight_size, stride, padding_pre, padding_post, dilation, groups,
+                        channels_last);
+  TORCH_CHECK(grad_z.sizes() == at::IntArrayRef(p.y_size()), "cudnn_fusion: grad_z must have the conv output's shape ",
+              at::IntArrayRef(p.y_size()), ", got ", grad_z.sizes());
+  c10::DeviceGuard guard(grad_z.device());
+  auto format = memory_format(channels_last);
+  auto dz = grad_z.contiguous(format);
+  auto x_dense = x.contiguous(format);
+  auto dw = at::empty(weight_size, grad_z.options().memory_format(format));
+  if (dw.numel() == 0) return dw;
+  if (dz.numel() == 0) return dw.zero_();  // an empty batch contributes nothing to the weight gradient
+
+  auto plan = plan_or_null(GraphKind::kConvWgrad, p,
+                           {alignment_of(dz), alignment_of(x_dense), alignment_of(dw), 0, 0});
+  if (!plan) return fallback_wgrad(dz, x_dense, p);
+  std::unordered_map<int64_t, void*> pointers{{kUidDz, dz.data_ptr()}, {kUidX, x_dense.data_ptr()}, {kUidDw, dw.data_ptr()}};
+  poison(dw);
+  execute_plan(*plan, GraphKind::kConvWgrad, pointers, grad_z.device());
+  return dw;
+}
+
+void set_poison_outputs(bool enabled) { poison_outputs.store(enabled); }
+
+std::unordered_map<std::string, std::string> check_conv_layer(const ConvProblem& problem, bool backward,
+                                                              const std::array<int8_t, 4>& alignment) {
+  c10::DeviceGuard guard(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(problem.device)));
+  const int8_t fresh = 16;  // outputs and gradients are fresh allocations from the caching allocator
+  std::unordered_map<std::string, std::string> refusals;
+  auto refusal = [&](GraphKind kind, const std::array<int8_t, 5>& operands) {
+    return get_plan(make_graph_key(kind, problem, operands))->refusal;
+  };
+  refusals["forward"] = refusal(GraphKind::kConvBiasAct, {alignment[0], alignment[1], alignment[2], alignment[3], fresh});
+  if (backward) {
+    if (problem.relu) refusals["relu_bias_backward"] = refusal(GraphKind::kReluBiasBackward, {fresh, fresh, fresh, fresh, 0});
+    refusals["dgrad"] = refusal(GraphKind::kConvDgrad, {fresh, alignment[1], fresh, 0, 0});
+    refusals["wgrad"] = refusal(GraphKind::kConvWgrad, {fresh, alignment[0], fresh, 0, 0});
+  }
+  return refusals;
+}
+
+}  // namespace tcf

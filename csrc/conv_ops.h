@@ -1,0 +1,48 @@
+// The CUDA implementations of the cudnn_fusion ops. Each runs its cuDNN graph; where cuDNN refused the graph
+// (Python checks first, so this happens only when a run differs from the checked configuration, e.g. in pointer
+// alignment) it runs the equivalent ATen composition and counts a runtime fallback: never a crash, never a wrong
+// result.
+#pragma once
+
+#include <array>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+
+#include <torch/extension.h>
+
+#include "conv_graphs.h"
+
+namespace tcf {
+
+// y = act(conv(x, weight) + bias + residual), act = ReLU or identity.
+at::Tensor conv_bias_act(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                         const std::optional<at::Tensor>& residual, at::IntArrayRef stride,
+                         at::IntArrayRef padding_pre, at::IntArrayRef padding_post, at::IntArrayRef dilation,
+                         int64_t groups, bool relu);
+
+// grad_z = grad_out * (out > 0); grad_bias = sum of grad_z over N, H, W.
+std::tuple<at::Tensor, at::Tensor> relu_bias_backward(const at::Tensor& grad_out, const at::Tensor& out);
+
+// grad_x of the convolution, given grad_z (the gradient at the conv output).
+at::Tensor conv_dgrad(const at::Tensor& grad_z, const at::Tensor& weight, at::IntArrayRef x_size,
+                      at::IntArrayRef stride, at::IntArrayRef padding_pre, at::IntArrayRef padding_post,
+                      at::IntArrayRef dilation, int64_t groups);
+
+// grad_weight of the convolution, given grad_z.
+at::Tensor conv_wgrad(const at::Tensor& grad_z, const at::Tensor& x, at::IntArrayRef weight_size,
+                      at::IntArrayRef stride, at::IntArrayRef padding_pre, at::IntArrayRef padding_post,
+                      at::IntArrayRef dilation, int64_t groups);
+
+// Test aid: when on, every output is filled with NaN before its graph runs, so an element cuDNN did not write
+// shows up in the comparison with eager.
+void set_poison_outputs(bool enabled);
+
+// For Python's fusion decision: builds (or finds) the plans a layer would use, from metadata alone, and
+// returns each graph's refusal ("" when cuDNN built it). Keys: "forward", and with `backward` also
+// "relu_bias_backward" (when relu), "dgrad", "wgrad".
+std::unordered_map<std::string, std::string> check_conv_layer(const ConvProblem& problem, bool backward,
+                                                              const std::array<int8_t, 4>& alignment);
+
+}  // namespace tcf

@@ -1,0 +1,120 @@
+#include "plan_cache.h"
+
+#include <chrono>
+
+namespace tcf {
+
+const char* graph_kind_name(GraphKind kind) {
+  switch (kind) {
+    case GraphKind::kConvBiasAct:
+      return "conv_bias_act forward";
+    case GraphKind::kReluBiasBackward:
+      return "relu_bias backward";
+    case GraphKind::kConvDgrad:
+      return "conv dgrad";
+    case GraphKind::kConvWgrad:
+      return "conv wgrad";
+  }
+  return "unknown graph";
+}
+
+namespace {
+
+inline void hash_combine(size_t& seed, int64_t value) {
+  seed ^= std::hash<int64_t>{}(value) + 0x9e3779b97f4a7c15ULL + (seed << 6) + (seed >> 2);
+}
+
+template <typename T, size_t N>
+inline void hash_combine(size_t& seed, const std::array<T, N>& values) {
+  for (const auto& v : values) hash_combine(seed, static_cast<int64_t>(v));
+}
+
+}  // namespace
+
+size_t GraphKeyHash::operator()(const GraphKey& k) const {
+  size_t seed = 0;
+  hash_combine(seed, static_cast<int64_t>(k.kind));
+  hash_combine(seed, k.device);
+  hash_combine(seed, k.cc_major * 16 + k.cc_minor);
+  hash_combine(seed, k.cudnn_version);
+  hash_combine(seed, k.dtype);
+  hash_combine(seed, (k.channels_last << 5) | (k.has_bias << 4) | (k.has_residual << 3) | (k.relu << 2) |
+                         (k.allow_tf32 << 1));
+  hash_combine(seed, k.x_size);
+  hash_combine(seed, k.w_size);
+  hash_combine(seed, k.stride);
+  hash_combine(seed, k.pad_pre);
+  hash_combine(seed, k.pad_post);
+  hash_combine(seed, k.dilation);
+  hash_combine(seed, k.groups);
+  hash_combine(seed, k.alignment);
+  return seed;
+}
+
+PlanCache& PlanCache::instance() {
+  // Leaked on purpose: plans hold cuDNN descriptors that must not be destroyed after cuDNN unloads at exit.
+  static PlanCache* cache = new PlanCache();
+  return *cache;
+}
+
+std::shared_ptr<const CachedPlan> PlanCache::get_or_build(const GraphKey& key,
+                                                          const std::function<CachedPlan()>& build) {
+  // Builds run under the lock: they take a few milliseconds, happen once per configuration, and holding
+  // the lock keeps two threads from building the same plan at once.
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto found = index_.find(key);
+  if (found != index_.end()) {
+    ++stats_.hits;
+    lru_.splice(lru_.begin(), lru_, found->second);
+    return found->second->second;
+  }
+  ++stats_.misses;
+  auto start = std::chrono::steady_clock::now();
+  auto plan = std::make_shared<const CachedPlan>(build());
+  stats_.build_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (plan->ok()) {
+    ++stats_.builds;
+  } else {
+    ++stats_.refusals;
+  }
+  lru_.emplace_front(key, plan);
+  index_[key] = lru_.begin();
+  evict_to_capacity_locked();
+  return plan;
+}
+
+void PlanCache::evict_to_capacity_locked() {
+  while (static_cast<int64_t>(lru_.size()) > capacity_) {
+    index_.erase(lru_.back().first);
+    lru_.pop_back();
+    ++stats_.evictions;
+  }
+}
+
+PlanCacheStats PlanCache::stats() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  PlanCacheStats out = stats_;
+  out.entries = static_cast<int64_t>(lru_.size());
+  out.capacity = capacity_;
+  return out;
+}
+
+void PlanCache::clear() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  index_.clear();
+  lru_.clear();
+  stats_ = PlanCacheStats{};
+}
+
+void PlanCache::set_capacity(int64_t capacity) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  capacity_ = capacity;
+  evict_to_capacity_locked();
+}
+
+void PlanCache::count_runtime_fallback() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++stats_.runtime_fallbacks;
+}
+
+}  // namespace tcf

@@ -1,0 +1,111 @@
+// Plan cache: built cuDNN graphs keyed by everything that changes the plan, bounded LRU, thread safe.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+
+#include <cudnn_frontend.h>
+
+namespace tcf {
+
+namespace fe = cudnn_frontend;
+
+// Which graph a key describes. Each kind is built by one function (see conv_graphs.cpp).
+enum class GraphKind : int8_t {
+  kConvBiasAct = 0,      // conv_fprop -> (+ bias) -> (+ residual) -> (ReLU)
+  kReluBiasBackward = 1, // dz = relu_backward(dy, y); dbias = sum(dz) over N, H, W
+  kConvDgrad = 2,        // dx = conv_dgrad(dz, w)
+  kConvWgrad = 3,        // dw = conv_wgrad(dz, x)
+};
+
+const char* graph_kind_name(GraphKind kind);
+
+// Every field that can change the plan, and nothing else (no data pointers: only their alignment).
+struct GraphKey {
+  GraphKind kind = GraphKind::kConvBiasAct;
+  int8_t device = 0;
+  int8_t cc_major = 0;
+  int8_t cc_minor = 0;
+  int64_t cudnn_version = 0;
+  int8_t dtype = 0;                 // at::ScalarType of every operand
+  bool channels_last = true;        // NHWC when true, NCHW otherwise
+  std::array<int64_t, 4> x_size{};  // N, C, H, W of the conv input
+  std::array<int64_t, 4> w_size{};  // K, C / groups, R, S
+  std::array<int64_t, 2> stride{};
+  std::array<int64_t, 2> pad_pre{};
+  std::array<int64_t, 2> pad_post{};
+  std::array<int64_t, 2> dilation{};
+  int64_t groups = 1;
+  bool has_bias = false;
+  bool has_residual = false;
+  bool relu = false;
+  bool allow_tf32 = false;          // matters for float32 only; kept false otherwise
+  std::array<int8_t, 5> alignment{};  // bytes (1..16) of each operand's data pointer, per kind's order
+
+  auto tie() const {
+    return std::tie(kind, device, cc_major, cc_minor, cudnn_version, dtype, channels_last, x_size, w_size,
+                    stride, pad_pre, pad_post, dilation, groups, has_bias, has_residual, relu, allow_tf32,
+                    alignment);
+  }
+  bool operator==(const GraphKey& other) const { return tie() == other.tie(); }
+};
+
+struct GraphKeyHash {
+  size_t operator()(const GraphKey& key) const;
+};
+
+// A built graph ready to execute, or the reason cuDNN refused to build it.
+struct CachedPlan {
+  std::shared_ptr<fe::graph::Graph> graph;  // null when refused
+  int64_t workspace_bytes = 0;
+  std::string refusal;                      // empty when built
+
+  bool ok() const { return graph != nullptr; }
+};
+
+struct PlanCacheStats {
+  int64_t entries = 0;
+  int64_t capacity = 0;
+  int64_t hits = 0;
+  int64_t misses = 0;
+  int64_t builds = 0;         // graphs cuDNN built successfully
+  int64_t refusals = 0;       // graphs cuDNN refused (cached as refused)
+  int64_t evictions = 0;
+  double build_seconds = 0;   // total time spent building, refused attempts included
+  int64_t runtime_fallbacks = 0;  // op calls that ran the ATen composition because the plan was refused
+};
+
+class PlanCache {
+ public:
+  static PlanCache& instance();
+
+  // Returns the cached plan for `key`, building it with `build` on a miss. Refusals are cached too, so a
+  // configuration cuDNN refused is not rebuilt on every call.
+  std::shared_ptr<const CachedPlan> get_or_build(const GraphKey& key,
+                                                 const std::function<CachedPlan()>& build);
+
+  PlanCacheStats stats();
+  void clear();  // drops every plan and zeroes the counters
+  void set_capacity(int64_t capacity);
+  void count_runtime_fallback();
+
+ private:
+  using Entry = std::pair<GraphKey, std::shared_ptr<const CachedPlan>>;
+
+  void evict_to_capacity_locked();
+
+  std::mutex mutex_;
+  std::list<Entry> lru_;  // most recently used first
+  std::unordered_map<GraphKey, std::list<Entry>::iterator, GraphKeyHash> index_;
+  PlanCacheStats stats_;
+  int64_t capacity_ = 1024;
+};
+
+}  // namespace tcf

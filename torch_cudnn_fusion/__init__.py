@@ -1,0 +1,63 @@
+"""torch_cudnn_fusion: convolution layers as fused cuDNN graphs (conv + bias (+ residual) + ReLU), as drop-in
+nn.Modules, with an honest record of what ran fused and why not."""
+
+from __future__ import annotations
+
+from . import _extension
+from .diagnostics import FusionReport, FusionReportRow, fusion_report
+from .functional import conv2d_bias_act
+from .fusion import FusionError, FusionStatus, is_strict, set_strict, strict
+from .nn import Conv2dAddReLU, Conv2dReLU, FusedConv2d
+
+__version__ = "0.1.0"
+
+
+def is_available() -> bool:
+    """True when the cuDNN extension is loaded (building it on first use if needed) and a GPU is present."""
+    return _extension.load() is not None
+
+
+def unavailable_reason() -> str | None:
+    """Why is_available() is False, or None."""
+    _extension.load()
+    return _extension.load_error()
+
+
+def plan_cache_stats() -> dict:
+    """Counters of the C++ plan cache: entries, capacity, hits, misses, builds, refusals, evictions,
+    build_seconds, runtime_fallbacks."""
+    return _extension.require().plan_cache_stats()
+
+
+def clear_plan_cache() -> None:
+    """Drop every cached plan and the cached fusion decisions."""
+    from .fusion import clear_decisions
+
+    clear_decisions()
+    _extension.require().clear_plan_cache()
+
+
+def set_plan_cache_capacity(capacity: int) -> None:
+    """Bound the plan cache (least recently used plans are evicted); 1024 by default."""
+    _extension.require().set_plan_cache_capacity(capacity)
+
+
+__all__ = [
+    "Conv2dAddReLU",
+    "Conv2dReLU",
+    "FusedConv2d",
+    "FusionError",
+    "FusionReport",
+    "FusionReportRow",
+    "FusionStatus",
+    "clear_plan_cache",
+    "conv2d_bias_act",
+    "fusion_report",
+    "is_available",
+    "is_strict",
+    "plan_cache_stats",
+    "set_plan_cache_capacity",
+    "set_strict",
+    "strict",
+    "unavailable_reason",
+]

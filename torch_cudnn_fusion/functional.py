@@ -1,0 +1,135 @@
+"""conv2d_bias_act: act(conv2d(x, weight) + bias + residual) as one cuDNN graph, or eager where it cannot be."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import torch
+import torch.nn.functional as F
+
+from . import fusion
+
+_IntPair = Union[int, Sequence[int]]
+FUNCTIONAL_LAYER_ID = -1  # decisions of calls made without a module are recorded under this id
+
+
+def _pair(value: _IntPair, name: str) -> tuple[int, int]:
+    if isinstance(value, int):
+        return (value, value)
+    values = tuple(value)
+    if len(values) == 1:
+        return (values[0], values[0])
+    if len(values) != 2 or not all(isinstance(v, int) for v in values):
+        raise ValueError(f"{name} must be an int or a pair of ints (height, width), got {value!r}")
+    return values  # type: ignore[return-value]
+
+
+def conv_padding(padding: Union[str, _IntPair], kernel_size: Sequence[int], dilation: Sequence[int],
+                 stride: Sequence[int]) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(padding before, padding after) per spatial dim, as nn.Conv2d applies `padding`."""
+    if isinstance(padding, str):
+        if padding == "valid":
+            return (0, 0), (0, 0)
+        if padding != "same":
+            raise ValueError(f"padding must be 'same', 'valid', an int or a pair of ints, got {padding!r}")
+        if any(s != 1 for s in stride):
+            raise ValueError(f"padding='same' is not supported for strided convolutions (stride={tuple(stride)})")
+        total = [d * (k - 1) for d, k in zip(dilation, kernel_size)]
+        pre = tuple(t // 2 for t in total)
+        post = tuple(t - p for t, p in zip(total, pre))
+        return pre, post  # type: ignore[return-value]
+    pair = _pair(padding, "padding")
+    return pair, pair
+
+
+def _check_args(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                residual: Optional[torch.Tensor], groups: int) -> None:
+    if not isinstance(x, torch.Tensor) or x.dim() != 4:
+        got = f"{x.dim()}-D tensor of shape {list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"x must be a 4-D tensor [N, C, H, W], got a {got}")
+    if weight.dim() != 4:
+        raise ValueError(f"weight must be a 4-D tensor [out_channels, in_channels / groups, kH, kW], got shape "
+                         f"{list(weight.shape)}")
+    for name, t in (("weight", weight), ("bias", bias), ("residual", residual)):
+        if t is None:
+            continue
+        if t.device != x.device:
+            raise ValueError(f"{name} must be on the same device as x ({x.device}), got {t.device}")
+        if t.dtype != x.dtype:
+            raise ValueError(f"{name} dtype must match x dtype ({x.dtype}), got {t.dtype}")
+    if x.shape[1] != weight.shape[1] * groups:
+        raise ValueError(f"x has {x.shape[1]} channels but weight of shape {list(weight.shape)} with groups={groups} "
+                         f"expects {weight.shape[1] * groups}")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"bias must have shape [{weight.shape[0]}] (out_channels), got {list(bias.shape)}")
+
+
+def _autocast(tensors: Sequence[Optional[torch.Tensor]], device_type: str) -> list[Optional[torch.Tensor]]:
+    """Under torch.autocast, run in the autocast dtype as F.conv2d does (the residual is cast too)."""
+    if not torch.is_autocast_enabled(device_type):
+        return list(tensors)
+    dtype = torch.get_autocast_dtype(device_type)
+    return [t.to(dtype) if t is not None and t.is_floating_point() else t for t in tensors]
+
+
+def _eager(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, relu, padding_mode):
+    """The composition the fused graph stands for, as nn.Conv2d + add + ReLU compute it."""
+    if padding_mode != "zeros":
+        pads = (padding_pre[1], padding_post[1], padding_pre[0], padding_post[0])
+        x = F.pad(x, pads, mode=padding_mode)
+        y = F.conv2d(x, weight, bias, stride, 0, dilation, groups)
+    elif padding_pre == padding_post:
+        y = F.conv2d(x, weight, bias, stride, padding_pre, dilation, groups)
+    else:  # 'same' with an even kernel pads more after than before
+        x = F.pad(x, (padding_pre[1], padding_post[1], padding_pre[0], padding_post[0]))
+        y = F.conv2d(x, weight, bias, stride, 0, dilation, groups)
+    if residual is not None:
+        y = y + residual
+    return F.relu(y) if relu else y
+
+
+def conv2d_bias_act(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    residual: Optional[torch.Tensor] = None,
+    stride: _IntPair = 1,
+    padding: Union[str, _IntPair] = 0,
+    dilation: _IntPair = 1,
+    groups: int = 1,
+    activation: Optional[str] = "relu",
+    *,
+    padding_mode: str = "zeros",
+    strict: Optional[bool] = None,
+    layer_id: int = FUNCTIONAL_LAYER_ID,
+) -> torch.Tensor:
+    """activation(conv2d(x, weight, bias, ...) + residual), arguments as F.conv2d's.
+
+    activation: "relu", or None / "identity". Runs as one cuDNN graph when the configuration allows (see
+    torch_cudnn_fusion.fusion); otherwise as the eager composition, with the reason recorded for `layer_id`.
+    strict=True (or global strict mode) raises FusionError instead of running eager.
+    """
+    if activation not in ("relu", "identity", None):
+        raise ValueError(f"activation must be 'relu', 'identity' or None, got {activation!r}")
+    relu = activation == "relu"
+    x, weight, bias, residual = _autocast((x, weight, bias, residual), x.device.type)
+    _check_args(x, weight, bias, residual, groups)
+    stride_ = _pair(stride, "stride")
+    dilation_ = _pair(dilation, "dilation")
+    padding_pre, padding_post = conv_padding(padding, weight.shape[2:], dilation_, stride_)
+    if residual is not None:
+        from .ops import conv_output_size
+
+        expected = conv_output_size(x.shape, weight.shape, stride_, padding_pre, padding_post, dilation_)
+        if list(residual.shape) != expected:
+            raise ValueError(f"residual must have the output's shape {expected}, got {list(residual.shape)}")
+
+    config = fusion.layer_config(x, weight, bias, residual, stride_, padding_pre, padding_post, dilation_, groups,
+                                 relu, padding_mode)
+    decision = fusion.decide_and_record(layer_id, config)
+    fusion.raise_if_strict(decision, strict, "this conv layer" if layer_id < 0 else f"layer {layer_id}")
+    if decision[0]:
+        return torch.ops.cudnn_fusion.conv_bias_act(x, weight, bias, residual, list(stride_), list(padding_pre),
+                                                    list(padding_post), list(dilation_), groups, relu)
+    return _eager(x, weight, bias, residual, stride_, padding_pre, padding_post, dilation_, groups, relu,
+                  padding_mode)

@@ -1,0 +1,198 @@
+"""What to fuse: the decision for one conv layer configuration, its recorded reason, and strict mode.
+
+A layer runs as cuDNN graphs only when every rule below holds and cuDNN builds the plan; otherwise it runs the
+eager composition and its `FusionStatus` says why. With strict mode the same reason is raised as `FusionError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+import torch
+
+from . import _extension
+
+_SUPPORTED_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+_strict = os.environ.get("TORCH_CUDNN_FUSION_STRICT", "0") not in ("", "0", "false", "False")
+
+
+class FusionError(RuntimeError):
+    """Raised in strict mode when a layer cannot run fused; the message names the requirement that failed."""
+
+
+@dataclass(frozen=True)
+class FusionStatus:
+    """How a fused layer last ran.
+
+    fused: the forward ran as one cuDNN graph. reason: why not, when it did not. backward: for each backward
+    graph ("relu_bias_backward", "dgrad", "wgrad"), "" when cuDNN built it or the reason it runs in ATen.
+    """
+
+    fused: bool
+    reason: str = ""
+    backward: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def implementation(self) -> str:
+        return "cudnn_graph" if self.fused else "eager"
+
+    def __str__(self) -> str:
+        if not self.fused:
+            return f"eager: {self.reason}"
+        parts = [f"{name} {'fused' if not why else 'eager (' + why + ')'}" for name, why in self.backward]
+        return "fused (cuDNN graph)" + (f"; backward: {', '.join(parts)}" if parts else "")
+
+
+NOT_RUN = FusionStatus(False, "not run yet: the decision is made on the first forward, from the input")
+
+
+def set_strict(enabled: bool) -> None:
+    """Global strict mode: a layer that cannot run fused raises FusionError instead of running eager."""
+    global _strict
+    _strict = bool(enabled)
+
+
+def is_strict() -> bool:
+    return _strict
+
+
+@contextlib.contextmanager
+def strict(enabled: bool = True) -> Iterator[None]:
+    previous = _strict
+    set_strict(enabled)
+    try:
+        yield
+    finally:
+        set_strict(previous)
+
+
+def _alignment(t: Optional[torch.Tensor], memory_format: torch.memory_format) -> int:
+    """Pointer alignment (bytes, capped at 16) of the tensor the op will hand cuDNN."""
+    if t is None:
+        return 0
+    if torch.compiler.is_compiling() or not t.is_contiguous(memory_format=memory_format):
+        return 16  # a fresh allocation (the op's own contiguous copy, or the caching allocator under compile)
+    address = t.data_ptr()
+    alignment = 16
+    while alignment > 1 and address % alignment:
+        alignment //= 2
+    return alignment
+
+
+def layer_config(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, relu,
+                 padding_mode: str) -> tuple:
+    """Everything the decision depends on, as a hashable tuple of Python constants."""
+    from .ops import conv_memory_format
+
+    memory_format = conv_memory_format(x, weight)
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, weight, bias, residual)
+    )
+    return (
+        x.device.type,
+        x.device.index if x.device.index is not None else -1,
+        x.dtype,
+        memory_format == torch.channels_last,
+        tuple(x.shape),
+        tuple(weight.shape),
+        tuple(stride),
+        tuple(padding_pre),
+        tuple(padding_post),
+        tuple(dilation),
+        groups,
+        bias is not None,
+        residual is not None,
+        relu,
+        needs_grad,
+        padding_mode,
+        torch.backends.cudnn.allow_tf32,
+        tuple(_alignment(t, memory_format) for t in (x, weight, bias, residual)),
+    )
+
+
+def _policy_reason(config: tuple) -> str:
+    """The rules decided in Python, before cuDNN is asked. '' when the layer may be fused."""
+    (device_type, _, dtype, _, x_size, w_size, _, _, _, _, groups, _, _, _, _, padding_mode, _, _) = config
+    if padding_mode != "zeros":
+        return f"padding_mode='{padding_mode}': cuDNN graphs pad with zeros only"
+    if dtype not in _SUPPORTED_DTYPES:
+        return f"dtype {dtype}: cuDNN's fused engines take float16, bfloat16 or float32"
+    if groups > 1:
+        return (f"groups={groups}: cuDNN's fused grouped/depthwise convolution ran 6-9x slower than PyTorch's own "
+                "kernel (measured on H200), so eager is used")
+    if dtype in (torch.float16, torch.bfloat16) and (x_size[1] % 8 or w_size[0] % 8):
+        return (f"in_channels={x_size[1]}, out_channels={w_size[0]}: not both multiples of 8; for {dtype} such "
+                "layers ran 1.5x slower fused than eager (measured on H200), so eager is used")
+    if dtype == torch.float32 and (x_size[1] % 4 or w_size[0] % 4):
+        return (f"in_channels={x_size[1]}, out_channels={w_size[0]}: cuDNN's fused float32 engines need multiples "
+                "of 4")
+    if device_type != "cuda":
+        return f"x is on {device_type}: the fused path runs on CUDA tensors"
+    return ""
+
+
+@functools.lru_cache(maxsize=4096)
+def _decide(config: tuple) -> tuple:
+    """(fused, reason, backward refusals) for a configuration; cached, as is the C++ plan cache behind it."""
+    reason = _policy_reason(config)
+    if reason:
+        return False, reason, ()
+    module = _extension.load()
+    if module is None:
+        return False, _extension.load_error() or "the cuDNN extension is unavailable", ()
+    (_, device, dtype, channels_last, x_size, w_size, stride, pad_pre, pad_post, dilation, groups, has_bias,
+     has_residual, relu, needs_grad, _, _, alignment) = config
+    if x_size[0] == 0:
+        return True, "", ()  # an empty batch: the ops return empty outputs (zero weight gradients) without cuDNN
+    refusals = module.check_conv_layer(
+        _SUPPORTED_DTYPES[dtype], channels_last, device, list(x_size), list(w_size), list(stride), list(pad_pre),
+        list(pad_post), list(dilation), groups, has_bias, has_residual, relu, needs_grad, list(alignment),
+    )
+    if refusals["forward"]:
+        return False, refusals["forward"], ()
+    backward = tuple((name, refusals[name]) for name in ("relu_bias_backward", "dgrad", "wgrad") if name in refusals)
+    return True, "", backward
+
+
+# The last decision of each layer, by layer id. Recorded inside the function torch.compile folds to a constant,
+# so a compiled layer reports the decision its compiled graph keeps (compiled code runs no Python).
+_decisions_by_layer: dict[int, tuple] = {}
+
+
+@torch.compiler.assume_constant_result
+def decide_and_record(layer_id: int, config: tuple) -> tuple:
+    decision = _decide(config)
+    _decisions_by_layer[layer_id] = decision
+    return decision
+
+
+def recorded_decision(layer_id: int) -> Optional[tuple]:
+    return _decisions_by_layer.get(layer_id)
+
+
+def status_from_decision(decision: Optional[tuple]) -> FusionStatus:
+    if decision is None:
+        return NOT_RUN
+    fused, reason, backward = decision
+    return FusionStatus(fused, reason, backward)
+
+
+def raise_if_strict(decision: tuple, strict_override: Optional[bool], where: str) -> None:
+    strict_now = _strict if strict_override is None else strict_override
+    if not strict_now:
+        return
+    fused, reason, backward = decision
+    if not fused:
+        raise FusionError(f"{where} cannot run fused: {reason}")
+    refused = [f"{name}: {why}" for name, why in backward if why]
+    if refused:
+        raise FusionError(f"{where} cannot run its backward fused: " + "; ".join(refused))
+
+
+def clear_decisions() -> None:
+    """Forget cached decisions (the C++ plan cache is cleared separately)."""
+    _decide.cache_clear()

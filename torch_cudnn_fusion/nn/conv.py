@@ -1,0 +1,85 @@
+"""Drop-in fused conv modules. They are nn.Conv2d subclasses: same constructor, parameters, state_dict keys,
+extra_repr and reset_parameters, so checkpoints move between them and plain Conv2d in both directions."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .. import fusion
+from ..functional import conv2d_bias_act
+
+_layer_ids = itertools.count()
+
+
+class FusedConv2d(nn.Conv2d):
+    """Base of the fused conv modules: nn.Conv2d whose forward runs conv (+ residual) + activation fused.
+
+    Subclasses set `activation` ("relu" or None) and call `_fused_forward`. `strict` (None follows the global
+    setting, see torch_cudnn_fusion.set_strict) makes a layer that cannot run fused raise instead of running eager.
+    """
+
+    activation: Optional[str] = "relu"
+
+    def __init__(self, *args, strict: Optional[bool] = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.strict = strict
+        self._layer_id = next(_layer_ids)
+
+    @classmethod
+    def from_conv(cls, conv: nn.Conv2d, *, strict: Optional[bool] = None) -> "FusedConv2d":
+        """A fused module sharing `conv`'s Parameters (an optimizer over `conv` updates this module too)."""
+        if not isinstance(conv, nn.Conv2d):
+            raise TypeError(f"conv must be an nn.Conv2d, got {type(conv).__name__}")
+        module = cls(conv.in_channels, conv.out_channels, conv.kernel_size, stride=conv.stride,
+                     padding=conv.padding, dilation=conv.dilation, groups=conv.groups, bias=conv.bias is not None,
+                     padding_mode=conv.padding_mode, device="meta", strict=strict)
+        module.weight = conv.weight
+        module.bias = conv.bias
+        module.train(conv.training)
+        return module
+
+    @property
+    def layer_id(self) -> int:
+        """A process-unique id under which this layer's fusion decision is recorded."""
+        return self._layer_id
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state.pop("_layer_id", None)  # a copy is a new layer with decisions of its own
+        return state
+
+    def __setstate__(self, state) -> None:
+        super().__setstate__(state)
+        self._layer_id = next(_layer_ids)
+
+    @property
+    def fusion_status(self) -> fusion.FusionStatus:
+        """How the last forward ran: fused, or eager and why (see torch_cudnn_fusion.fusion_report)."""
+        return fusion.status_from_decision(fusion.recorded_decision(self.layer_id))
+
+    def _fused_forward(self, x: torch.Tensor, residual: Optional[torch.Tensor]) -> torch.Tensor:
+        return conv2d_bias_act(x, self.weight, self.bias, residual, self.stride, self.padding, self.dilation,
+                               self.groups, self.activation, padding_mode=self.padding_mode, strict=self.strict,
+                               layer_id=self.layer_id)
+
+
+class Conv2dReLU(FusedConv2d):
+    """relu(conv2d(x)) — nn.Conv2d followed by nn.ReLU, as one cuDNN graph."""
+
+    activation = "relu"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._fused_forward(x, None)
+
+
+class Conv2dAddReLU(FusedConv2d):
+    """relu(conv2d(x) + residual) — a ResNet block's last conv, the identity add and the ReLU as one graph."""
+
+    activation = "relu"
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self._fused_forward(x, residual)
