@@ -49,7 +49,7 @@ def _extension_modules():
         "torch_cudnn_fusion._C",
         sources=sources,
         include_dirs=[str(paths.frontend_include_dir()), str(paths.cudnn_include_dir())],
-        extra_compile_args={"cxx": ["-O2"]},
+        extra_compile_args={"cxx": paths.COMPILE_ARGS},
         extra_link_args=paths.link_args(),
     )
     return [extension], {"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)}

@@ -76,10 +76,15 @@ def cudnn_library_dir() -> Path:
     )
 
 
+# libtorch_cuda carries its own copy of cudnn-frontend (another version, same names). Our copy's inline functions
+# must bind to our own definitions: hidden visibility, and -Bsymbolic for whatever stays exported.
+COMPILE_ARGS = ["-O2", "-fvisibility=hidden", "-fvisibility-inlines-hidden"]
+
+
 def link_args() -> list[str]:
     """Link the cuDNN torch already loads (same soname, same folder): never a second cuDNN in the process."""
     lib = cudnn_library_dir()
-    return [f"-L{lib}", "-l:libcudnn.so.9", f"-Wl,-rpath,{lib}"]
+    return [f"-L{lib}", "-l:libcudnn.so.9", f"-Wl,-rpath,{lib}", "-Wl,-Bsymbolic"]
 
 
 def csrc_dir() -> Path:

@@ -36,7 +36,7 @@ def _jit_build() -> ModuleType:
         name="torch_cudnn_fusion_C",
         sources=sources,
         extra_include_paths=includes,
-        extra_cflags=["-O2"],
+        extra_cflags=_build_paths.COMPILE_ARGS,
         extra_ldflags=link,
         with_cuda=True,
         is_python_module=True,
