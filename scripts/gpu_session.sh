@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# One device call: build the extension, run the full test suite, then the layer benchmark. Logs under $OUT.
+set -uo pipefail
+out=${OUT:-/tmp/tcf_out}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+bash scripts/gpu_build.sh > "$out/build.log" 2>&1 || { echo "build failed"; tail -30 "$out/build.log"; exit 1; }
+export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+python3 -c "import torch, torch_cudnn_fusion as t; from torch_cudnn_fusion import _extension as e; m=e.require(); print('GPU', torch.cuda.get_device_name(), '| torch', torch.__version__, '| cuDNN', m.cudnn_version(), '| frontend', m.frontend_version())"
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  timeout "${TEST_TIMEOUT:-330}" python3 -m pytest -q -p no:cacheprovider tests ${PYTEST_ARGS:-} > "$out/pytest.log" 2>&1
+  echo "pytest exit code: $?"
+  grep -E "^(FAILED|ERROR)" "$out/pytest.log" | cut -c1-300 | head -40
+  tail -3 "$out/pytest.log"
+fi
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  timeout "${BENCH_TIMEOUT:-400}" python3 benchmarks/bench_conv_layers.py --json "$out/conv_layers.json" ${BENCH_ARGS:-} > "$out/bench.log" 2>&1
+  echo "benchmark exit code: $?"
+  tail -25 "$out/bench.log"
+fi

@@ -1,0 +1,56 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+HAS_GPU = torch.cuda.is_available()
+gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU (the fused path runs on CUDA only)")
+
+
+@pytest.fixture
+def extension():
+    """The compiled module; on a machine with a GPU its absence is a failure, not a skip."""
+    import torch_cudnn_fusion as tcf
+    from torch_cudnn_fusion import _extension
+
+    if not tcf.is_available():
+        pytest.fail(f"a GPU is present but the cuDNN extension is unavailable: {tcf.unavailable_reason()}")
+    module = _extension.require()
+    module.set_poison_outputs(True)  # every output starts as NaN: an element cuDNN did not write fails the test
+    yield module
+    module.set_poison_outputs(False)
+
+
+@pytest.fixture
+def no_tf32():
+    """float32 checks run without TF32, so they can be tight."""
+    previous = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32 = previous
+
+
+def rel_err(value: torch.Tensor, reference: torch.Tensor) -> float:
+    reference = reference.double()
+    return ((value.double() - reference).norm() / reference.norm().clamp_min(1e-30)).item()
+
+
+def assert_as_accurate_as_eager(name: str, fused, eager, reference, dtype) -> None:
+    """fused is finite and no worse than twice eager's own error against the float64 reference (float32 without
+    TF32: within 1e-5 of it)."""
+    assert torch.isfinite(fused).all(), f"{name}: non-finite values (an unwritten output shows as NaN)"
+    error = rel_err(fused, reference)
+    if dtype == torch.float32:
+        assert error <= 1e-5, f"{name}: relative error {error:.3e} against float64 exceeds 1e-5"
+        return
+    eager_error = rel_err(eager, reference)
+    assert error <= 2 * eager_error + 1e-4, (
+        f"{name}: relative error {error:.3e} against float64 is more than twice eager's {eager_error:.3e}"
+    )
+
+
+def reference_conv_bias_act(x, weight, bias, residual, stride, padding, dilation, groups, relu):
+    """The layer in plain PyTorch ops, in whatever dtype its inputs are."""
+    y = F.conv2d(x, weight, bias, stride, padding, dilation, groups)
+    if residual is not None:
+        y = y + residual
+    return F.relu(y) if relu else y

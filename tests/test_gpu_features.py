@@ -1,0 +1,277 @@
+"""GPU behaviour beyond numerics: opcheck, torch.compile, CUDA graphs, the plan cache, autocast, DDP, threads,
+saved-activation memory, fallbacks and errors."""
+
+import socket
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import torch_cudnn_fusion as tcf
+
+from conftest import gpu, rel_err
+
+pytestmark = gpu
+CL = torch.channels_last
+
+
+def _layer(cls, *args, dtype=torch.bfloat16, **kwargs):
+    torch.manual_seed(0)
+    return cls(*args, **kwargs).cuda().to(dtype=dtype, memory_format=CL)
+
+
+def _input(*shape, dtype=torch.bfloat16, requires_grad=False):
+    return torch.randn(*shape, device="cuda", dtype=dtype).contiguous(memory_format=CL).requires_grad_(requires_grad)
+
+
+def _conv_args():
+    return [[1, 1], [1, 1], [1, 1], [1, 1], 1]
+
+
+def test_opcheck_every_op(extension):
+    ops = torch.ops.cudnn_fusion
+    x = _input(2, 16, 9, 9, requires_grad=True)
+    w = torch.randn(32, 16, 3, 3, device="cuda", dtype=torch.bfloat16).contiguous(memory_format=CL).requires_grad_()
+    b = torch.randn(32, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    r = _input(2, 32, 9, 9, requires_grad=True)
+    torch.library.opcheck(ops.conv_bias_act.default, (x, w, b, r, [1, 1], [1, 1], [1, 1], [1, 1], 1, True))
+    torch.library.opcheck(ops.conv_bias_act.default, (x, w, None, None, [2, 2], [1, 1], [0, 0], [1, 1], 1, False))
+    y = torch.relu(_input(2, 32, 9, 9))
+    torch.library.opcheck(ops.relu_bias_backward.default, (_input(2, 32, 9, 9), y))
+    torch.library.opcheck(ops.conv_dgrad.default, (_input(2, 32, 9, 9), w.detach(), [2, 16, 9, 9], *_conv_args()))
+    torch.library.opcheck(ops.conv_wgrad.default, (_input(2, 32, 9, 9), x.detach(), [32, 16, 3, 3], *_conv_args()))
+
+
+def test_compile_fullgraph_model_of_fused_modules(extension):
+    model = nn.Sequential(
+        tcf.Conv2dReLU(16, 32, 3, padding=1), tcf.Conv2dReLU(32, 32, 1), tcf.Conv2dReLU(32, 16, 3, stride=2, padding=1)
+    ).cuda().to(dtype=torch.bfloat16, memory_format=CL)
+    x = _input(4, 16, 16, 16, requires_grad=True)
+    eager_out = model(x)
+    eager_grads = torch.autograd.grad(eager_out.float().sum(), [x, *model.parameters()])
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    out = compiled(x)
+    grads = torch.autograd.grad(out.float().sum(), [x, *model.parameters()])
+    torch.testing.assert_close(out, eager_out)
+    for got, expected in zip(grads, eager_grads):
+        torch.testing.assert_close(got, expected)
+    assert all(layer.fusion_status.fused for layer in model), tcf.fusion_report(model)
+
+
+def test_cuda_graph_capture_and_replay_forward_backward(extension):
+    model = nn.Sequential(tcf.Conv2dReLU(16, 32, 3, padding=1), tcf.Conv2dReLU(32, 32, 1))
+    model = model.cuda().to(dtype=torch.bfloat16, memory_format=CL)
+    static_x = _input(4, 16, 12, 12)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up: plans are built before capture
+        for _ in range(3):
+            model(static_x).float().sum().backward()
+    torch.cuda.current_stream().wait_stream(side)
+    model.zero_grad(set_to_none=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = model(static_x)
+        static_y.float().sum().backward()
+    for _ in range(2):
+        fresh = _input(4, 16, 12, 12)
+        static_x.copy_(fresh)
+        graph.replay()
+        torch.cuda.synchronize()
+        replay_y = static_y.clone()
+        replay_grads = [p.grad.clone() for p in model.parameters()]
+        expected = model(fresh)
+        expected_grads = torch.autograd.grad(expected.float().sum(), list(model.parameters()))
+        torch.testing.assert_close(replay_y, expected)
+        for got, want in zip(replay_grads, expected_grads):
+            torch.testing.assert_close(got, want)
+
+
+def test_plan_cache_hits_on_second_call_and_clears(extension):
+    tcf.clear_plan_cache()
+    layer = _layer(tcf.Conv2dReLU, 16, 16, 3, padding=1)
+    x = _input(2, 16, 10, 10)
+    with torch.no_grad():
+        layer(x)
+        first = tcf.plan_cache_stats()
+        layer(x)
+        second = tcf.plan_cache_stats()
+    assert first["builds"] == 1 and first["misses"] == 1 and first["entries"] == 1, first
+    assert second["builds"] == 1 and second["hits"] > first["hits"], second
+    assert first["build_seconds"] > 0
+    tcf.clear_plan_cache()
+    assert tcf.plan_cache_stats()["entries"] == 0
+
+
+def test_plan_cache_capacity_evicts_least_recently_used(extension):
+    tcf.clear_plan_cache()
+    tcf.set_plan_cache_capacity(2)
+    try:
+        with torch.no_grad():
+            for size in (8, 9, 10):
+                tcf.Conv2dReLU(16, 16, 1).cuda().to(torch.bfloat16)(_input(1, 16, size, size))
+        stats = tcf.plan_cache_stats()
+        assert stats["entries"] == 2 and stats["evictions"] == 1, stats
+    finally:
+        tcf.set_plan_cache_capacity(1024)
+        tcf.clear_plan_cache()
+
+
+def test_autocast_runs_fused_in_bfloat16(extension):
+    torch.manual_seed(0)
+    conv = nn.Conv2d(16, 32, 3, padding=1).cuda().to(memory_format=CL)
+    fused = tcf.Conv2dReLU.from_conv(conv)
+    x = torch.randn(4, 16, 10, 10, device="cuda").contiguous(memory_format=CL)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out, expected = fused(x), F.relu(conv(x))
+    assert out.dtype == expected.dtype == torch.bfloat16
+    assert fused.fusion_status.fused
+    torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2)
+    out.float().sum().backward()
+    assert fused.weight.grad.dtype == torch.float32
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_distributed_data_parallel(extension):
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        plain = nn.Sequential(tcf.Conv2dReLU(16, 16, 3, padding=1), tcf.Conv2dReLU(16, 16, 1)).cuda()
+        plain = plain.to(memory_format=CL)
+        ddp_model = nn.parallel.DistributedDataParallel(
+            nn.Sequential(*(tcf.Conv2dReLU.from_conv(m) for m in plain)), device_ids=[0]
+        )
+        x = torch.randn(4, 16, 8, 8, device="cuda").contiguous(memory_format=CL)
+        expected = torch.autograd.grad(plain(x).sum(), list(plain.parameters()))
+        for p in ddp_model.parameters():
+            p.grad = None
+        ddp_model(x).sum().backward()
+        for p, want in zip(ddp_model.parameters(), expected):
+            torch.testing.assert_close(p.grad, want)
+        assert all(m.fusion_status.fused for m in ddp_model.module)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_threads_share_the_plan_cache_safely(extension):
+    errors = []
+    shapes = [(16, 8), (32, 10), (16, 12), (32, 14)]
+
+    def worker(cin, size):
+        try:
+            layer = _layer(tcf.Conv2dReLU, cin, 16, 3, padding=1)
+            for _ in range(20):
+                x = _input(2, cin, size, size)
+                with torch.no_grad():
+                    out = layer(x)
+                    expected = F.relu(F.conv2d(x, layer.weight, layer.bias, padding=1))
+                assert rel_err(out, expected.double()) < 1e-2
+        except Exception as exc:  # collected and re-raised in the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=s) for s in shapes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+def _saved_bytes(fn):
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(storages.values())
+
+
+def test_saved_activations_are_no_larger_than_eager(extension):
+    layer = _layer(tcf.Conv2dAddReLU, 64, 64, 3, padding=1)
+    x = _input(8, 64, 28, 28, requires_grad=True)
+    residual = _input(8, 64, 28, 28, requires_grad=True)
+    fused = _saved_bytes(lambda: layer(x, residual))
+    eager = _saved_bytes(lambda: F.relu(F.conv2d(x, layer.weight, layer.bias, padding=1) + residual))
+    assert layer.fusion_status.fused
+    expected = (x.numel() + layer.weight.numel() + residual.numel()) * 2  # x, w and y (y has residual's size)
+    assert fused == expected, (fused, expected)
+    assert fused <= eager, (fused, eager)
+
+
+def test_zero_size_batch(extension):
+    layer = _layer(tcf.Conv2dReLU, 16, 32, 3, padding=1)
+    x = _input(0, 16, 8, 8, requires_grad=True)
+    out = layer(x)
+    assert out.shape == (0, 32, 8, 8) and layer.fusion_status.fused
+    out.sum().backward()
+    assert x.grad.shape == x.shape
+    assert torch.count_nonzero(layer.weight.grad) == 0 and torch.count_nonzero(layer.bias.grad) == 0
+
+
+def test_misaligned_input_is_correct_whatever_cuDNN_decides(extension):
+    """A view 2 bytes off a 16-byte boundary: cuDNN may refuse it; the result is right either way."""
+    base = torch.randn(2 * 16 * 8 * 8 + 1, device="cuda", dtype=torch.bfloat16)
+    x = base[1:].view(2, 8, 8, 16).permute(0, 3, 1, 2)  # channels_last, data pointer 2-byte aligned
+    layer = _layer(tcf.Conv2dReLU, 16, 16, 3, padding=1)
+    with torch.no_grad():
+        out = layer(x)
+        expected = F.relu(F.conv2d(x, layer.weight, layer.bias, padding=1))
+    status = layer.fusion_status
+    assert status.fused or "pointer alignment" in status.reason, status
+    assert rel_err(out, expected.double()) < 1e-2
+
+
+def test_fallbacks_on_the_gpu_say_why_and_match_eager(extension):
+    odd = _layer(tcf.Conv2dReLU, 36, 36, 3, padding=1)
+    depthwise = _layer(tcf.Conv2dReLU, 32, 32, 3, padding=1, groups=32)
+    x36, x32 = _input(2, 36, 10, 10), _input(2, 32, 10, 10)
+    with torch.no_grad():
+        torch.testing.assert_close(odd(x36), F.relu(F.conv2d(x36, odd.weight, odd.bias, padding=1)), rtol=0, atol=0)
+        expected = F.relu(F.conv2d(x32, depthwise.weight, depthwise.bias, padding=1, groups=32))
+        torch.testing.assert_close(depthwise(x32), expected, rtol=0, atol=0)
+    assert "not both multiples of 8" in odd.fusion_status.reason
+    assert depthwise.fusion_status.reason.startswith("groups=32")
+    with tcf.strict(), pytest.raises(tcf.FusionError, match="groups=32"):
+        depthwise(x32)
+
+
+@pytest.mark.parametrize(
+    "make_args, message",
+    [
+        (lambda: (_input(1, 16, 8, 8), torch.randn(16, 16, 3, 3, dtype=torch.bfloat16)),
+         r"weight must be on the same device as x \(cuda:0\), got cpu"),
+        (lambda: (_input(1, 16, 8, 8), torch.randn(16, 16, 3, 3, device="cuda")),
+         r"weight dtype must match x dtype \(torch.bfloat16\), got torch.float32"),
+    ],
+)
+def test_bad_inputs_on_the_gpu(extension, make_args, message):
+    x, w = make_args()
+    with pytest.raises(ValueError, match=message):
+        tcf.conv2d_bias_act(x, w, padding=1)
+
+
+def test_raw_op_errors_name_the_argument(extension):
+    ops = torch.ops.cudnn_fusion
+    x = _input(1, 16, 8, 8)
+    w = torch.randn(16, 16, 3, 3, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match=r"residual must have the output's shape \[1, 16, 8, 8\], got \[1, 16, 4, 4\]"):
+        ops.conv_bias_act(x, w, None, _input(1, 16, 4, 4), [1, 1], [1, 1], [1, 1], [1, 1], 1, True)
+    with pytest.raises(RuntimeError, match=r"bias dtype must match x dtype \(BFloat16\), got Float"):
+        ops.conv_bias_act(x, w, torch.randn(16, device="cuda"), None, [1, 1], [1, 1], [1, 1], [1, 1], 1, True)
+    with pytest.raises(RuntimeError, match=r"x has 16 channels but weight of shape \[16, 8, 3, 3\]"):
+        ops.conv_bias_act(x, w[:, :8], None, None, [1, 1], [1, 1], [1, 1], [1, 1], 1, True)
+    with pytest.raises(RuntimeError, match=r"x must be a 4-D tensor \[N, C, H, W\], got 3-D"):
+        ops.conv_bias_act(x[0], w, None, None, [1, 1], [1, 1], [1, 1], [1, 1], 1, True)

@@ -1,0 +1,214 @@
+"""Module API, fallback decisions and argument errors. Runs on the CPU (the eager composition) everywhere."""
+
+import copy
+import os
+import pickle
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import torch_cudnn_fusion as tcf
+from torch_cudnn_fusion.functional import conv_padding
+
+CONV_ARGS = [
+    dict(in_channels=8, out_channels=16, kernel_size=3, padding=1),
+    dict(in_channels=8, out_channels=16, kernel_size=1, bias=False),
+    dict(in_channels=8, out_channels=8, kernel_size=3, stride=2, padding=(1, 0), dilation=(1, 2)),
+    dict(in_channels=8, out_channels=8, kernel_size=4, padding="same"),
+    dict(in_channels=8, out_channels=8, kernel_size=3, padding="valid", groups=2),
+    dict(in_channels=8, out_channels=8, kernel_size=3, padding=1, padding_mode="reflect"),
+]
+
+
+@pytest.mark.parametrize("kwargs", CONV_ARGS)
+def test_module_matches_conv2d_relu(kwargs):
+    torch.manual_seed(0)
+    conv = nn.Conv2d(**kwargs)
+    fused = tcf.Conv2dReLU.from_conv(conv)
+    x = torch.randn(2, 8, 11, 9)
+    torch.testing.assert_close(fused(x), F.relu(conv(x)), rtol=0, atol=0)
+
+
+def test_add_relu_module_matches_eager():
+    torch.manual_seed(0)
+    conv = nn.Conv2d(8, 8, 3, padding=1)
+    fused = tcf.Conv2dAddReLU.from_conv(conv)
+    x, residual = torch.randn(2, 8, 7, 7), torch.randn(2, 8, 7, 7)
+    torch.testing.assert_close(fused(x, residual), F.relu(conv(x) + residual), rtol=0, atol=0)
+
+
+def test_functional_identity_activation():
+    torch.manual_seed(0)
+    x, w, b = torch.randn(2, 8, 6, 6), torch.randn(4, 8, 3, 3), torch.randn(4)
+    out = tcf.conv2d_bias_act(x, w, b, stride=1, padding=1, activation=None)
+    torch.testing.assert_close(out, F.conv2d(x, w, b, 1, 1), rtol=0, atol=0)
+    assert (out < 0).any(), "identity activation must keep negative values"
+
+
+def test_state_dict_and_repr_are_conv2d_ones():
+    conv = nn.Conv2d(8, 16, 3, stride=2, padding=1, bias=True)
+    fused = tcf.Conv2dReLU(8, 16, 3, stride=2, padding=1, bias=True)
+    assert list(fused.state_dict()) == list(conv.state_dict()) == ["weight", "bias"]
+    assert [n for n, _ in fused.named_parameters()] == ["weight", "bias"]
+    assert fused.extra_repr() == conv.extra_repr()
+    fused.load_state_dict(conv.state_dict())
+    torch.testing.assert_close(fused.weight, conv.weight)
+    conv2 = nn.Conv2d(8, 16, 3, stride=2, padding=1)
+    conv2.load_state_dict(fused.state_dict())  # and back
+    torch.testing.assert_close(conv2.bias, fused.bias)
+
+
+def test_from_conv_shares_parameters_and_reset_parameters_works():
+    conv = nn.Conv2d(8, 16, 3)
+    fused = tcf.Conv2dReLU.from_conv(conv)
+    assert fused.weight is conv.weight and fused.bias is conv.bias
+    before = fused.weight.detach().clone()
+    fused.reset_parameters()
+    assert not torch.equal(before, fused.weight.detach())
+    assert fused.weight is conv.weight  # reset in place, still shared
+
+
+def test_works_in_sequential_and_backward_on_cpu():
+    torch.manual_seed(0)
+    model = nn.Sequential(tcf.Conv2dReLU(3, 8, 3, padding=1), tcf.Conv2dReLU(8, 8, 1))
+    x = torch.randn(2, 3, 8, 8, requires_grad=True)
+    model(x).sum().backward()
+    assert x.grad is not None and all(p.grad is not None for p in model.parameters())
+
+
+def test_cpu_status_says_why_not_fused():
+    layer = tcf.Conv2dReLU(8, 8, 3, padding=1)
+    assert not layer.fusion_status.fused and layer.fusion_status.reason.startswith("not run yet")
+    layer(torch.randn(1, 8, 5, 5))
+    assert not layer.fusion_status.fused
+    assert layer.fusion_status.reason == "x is on cpu: the fused path runs on CUDA tensors"
+    assert str(layer.fusion_status).startswith("eager: x is on cpu")
+
+
+@pytest.mark.parametrize(
+    "make, dtype, expected",
+    [
+        (lambda: tcf.Conv2dReLU(8, 8, 3, padding=1, padding_mode="reflect"), torch.float32,
+         "padding_mode='reflect': cuDNN graphs pad with zeros only"),
+        (lambda: tcf.Conv2dReLU(8, 8, 3, padding=1, groups=8), torch.float32, "groups=8: cuDNN's fused grouped"),
+        (lambda: tcf.Conv2dReLU(12, 16, 3, padding=1), torch.bfloat16, "in_channels=12, out_channels=16: not both"),
+        (lambda: tcf.Conv2dReLU(8, 6, 3, padding=1), torch.float32, "in_channels=8, out_channels=6: cuDNN's fused"),
+        (lambda: tcf.Conv2dReLU(8, 8, 3, padding=1), torch.float64, "dtype torch.float64"),
+    ],
+)
+def test_policy_fallback_reasons(make, dtype, expected):
+    layer = make().to(dtype)
+    layer(torch.randn(1, layer.in_channels, 6, 6, dtype=dtype))
+    assert not layer.fusion_status.fused
+    assert layer.fusion_status.reason.startswith(expected), layer.fusion_status.reason
+
+
+def test_strict_raises_with_the_reason():
+    layer = tcf.Conv2dReLU(8, 8, 3, padding=1, groups=2, strict=True)
+    with pytest.raises(tcf.FusionError, match="groups=2"):
+        layer(torch.randn(1, 8, 5, 5))
+    loose = tcf.Conv2dReLU(8, 8, 3, padding=1)
+    with tcf.strict():
+        assert tcf.is_strict()
+        with pytest.raises(tcf.FusionError, match="x is on cpu"):
+            loose(torch.randn(1, 8, 5, 5))
+    assert not tcf.is_strict()
+    loose(torch.randn(1, 8, 5, 5))  # runs eager again
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: tcf.conv2d_bias_act(torch.randn(8, 5, 5), torch.randn(4, 8, 3, 3)),
+         r"x must be a 4-D tensor \[N, C, H, W\], got a 3-D tensor of shape \[8, 5, 5\]"),
+        (lambda: tcf.conv2d_bias_act(torch.randn(1, 8, 5, 5), torch.randn(4, 8, 3, 3, dtype=torch.float64)),
+         r"weight dtype must match x dtype \(torch.float32\), got torch.float64"),
+        (lambda: tcf.conv2d_bias_act(torch.randn(1, 8, 5, 5), torch.randn(4, 8, 3, 3, device="meta")),
+         r"weight must be on the same device as x \(cpu\), got meta"),
+        (lambda: tcf.conv2d_bias_act(torch.randn(1, 6, 5, 5), torch.randn(4, 8, 3, 3)),
+         r"x has 6 channels but weight of shape \[4, 8, 3, 3\] with groups=1 expects 8"),
+        (lambda: tcf.conv2d_bias_act(torch.randn(1, 8, 5, 5), torch.randn(4, 8, 3, 3), torch.randn(5)),
+         r"bias must have shape \[4\] \(out_channels\), got \[5\]"),
+        (lambda: tcf.conv2d_bias_act(torch.randn(1, 8, 5, 5), torch.randn(4, 8, 3, 3), None,
+                                     torch.randn(1, 4, 5, 5)),
+         r"residual must have the output's shape \[1, 4, 3, 3\], got \[1, 4, 5, 5\]"),
+        (lambda: tcf.conv2d_bias_act(torch.randn(1, 8, 5, 5), torch.randn(4, 8, 3, 3), None,
+                                     torch.randn(1, 4, 3, 3, dtype=torch.float64)),
+         r"residual dtype must match x dtype \(torch.float32\), got torch.float64"),
+        (lambda: tcf.conv2d_bias_act(torch.randn(1, 8, 5, 5), torch.randn(4, 8, 3, 3), activation="gelu"),
+         r"activation must be 'relu', 'identity' or None, got 'gelu'"),
+        (lambda: tcf.conv2d_bias_act(torch.randn(1, 8, 5, 5), torch.randn(4, 8, 3, 3), stride=2, padding="same"),
+         r"padding='same' is not supported for strided convolutions \(stride=\(2, 2\)\)"),
+    ],
+)
+def test_bad_arguments_are_named(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_zero_size_batch_returns_empty():
+    layer = tcf.Conv2dReLU(8, 16, 3, padding=1)
+    out = layer(torch.randn(0, 8, 5, 5))
+    assert out.shape == (0, 16, 5, 5)
+
+
+@pytest.mark.parametrize("kernel, dilation", [(4, 1), (3, 1), (2, 3), (5, 2)])
+def test_same_padding_matches_pytorch(kernel, dilation):
+    pre, post = conv_padding("same", (kernel, kernel), (dilation, dilation), (1, 1))
+    x, w = torch.randn(1, 2, 9, 9), torch.randn(2, 2, kernel, kernel)
+    ours = F.conv2d(F.pad(x, (pre[1], post[1], pre[0], post[0])), w, dilation=dilation)
+    torch.testing.assert_close(ours, F.conv2d(x, w, padding="same", dilation=dilation))
+
+
+def test_fusion_report_lists_every_fused_layer():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), tcf.Conv2dReLU(8, 8, 3, padding=1),
+                          nn.Sequential(tcf.Conv2dReLU(8, 8, 3, padding=1, groups=4)))
+    model(torch.randn(1, 3, 8, 8))
+    report = tcf.fusion_report(model)
+    assert [row.path for row in report] == ["1", "2.0"]
+    assert report[1].status.reason.startswith("groups=4")
+    text = str(report)
+    assert "Conv2dReLU" in text and "groups=4" in text and text.splitlines()[0].startswith("layer")
+
+
+def test_copies_are_new_layers():
+    layer = tcf.Conv2dReLU(8, 8, 3, padding=1)
+    layer(torch.randn(1, 8, 5, 5))
+    clone = copy.deepcopy(layer)
+    assert clone.layer_id != layer.layer_id
+    assert clone.fusion_status.reason.startswith("not run yet")
+    restored = pickle.loads(pickle.dumps(layer))
+    assert restored.layer_id != layer.layer_id
+    torch.testing.assert_close(restored.weight, layer.weight)
+
+
+def test_autocast_on_cpu_runs_in_the_autocast_dtype():
+    torch.manual_seed(0)
+    conv = nn.Conv2d(8, 8, 3, padding=1)
+    fused = tcf.Conv2dReLU.from_conv(conv)
+    x = torch.randn(2, 8, 6, 6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, expected = fused(x), F.relu(conv(x))
+    assert out.dtype == expected.dtype == torch.bfloat16
+    torch.testing.assert_close(out, expected)
+
+
+def test_compiles_fullgraph_on_cpu():
+    """The Python decision logic must trace: torch.compile(fullgraph=True) raises on any graph break."""
+    torch.manual_seed(0)
+    model = nn.Sequential(tcf.Conv2dReLU(8, 8, 3, padding=1), tcf.Conv2dReLU(8, 4, 1))
+    x = torch.randn(2, 8, 6, 6)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x), model(x))
+    assert model[0].fusion_status.reason.startswith("x is on cpu")
+
+
+def test_environment_variable_turns_strict_on():
+    code = "import torch_cudnn_fusion as t; print(t.is_strict())"
+    env = dict(os.environ, TORCH_CUDNN_FUSION_STRICT="1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"
