@@ -42,7 +42,7 @@ SHAPES = [
 ]
 
 
-def time_ms(fn, input_sets, calls=20, repeats=15, warmup=5) -> float:
+def time_ms(fn, input_sets, calls=10, repeats=11, warmup=5) -> float:
     for i in range(warmup):
         fn(*input_sets[i % len(input_sets)])
     torch.cuda.synchronize()

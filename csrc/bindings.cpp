@@ -60,6 +60,7 @@ pybind11::dict plan_cache_stats() {
   out["evictions"] = s.evictions;
   out["build_seconds"] = s.build_seconds;
   out["runtime_fallbacks"] = s.runtime_fallbacks;
+  out["last_runtime_fallback"] = s.last_runtime_fallback;
   return out;
 }
 

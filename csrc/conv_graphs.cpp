@@ -218,6 +218,13 @@ CachedPlan refused(const GraphKey& key, const char* stage, const std::string& me
 }
 
 CachedPlan build_plan(const GraphKey& key) {
+  // cuDNN builds plans without looking at pointers, then refuses to execute them on misaligned ones
+  // (CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER, seen with a 2-byte aligned bf16 input): check first.
+  for (int8_t alignment : key.alignment) {
+    if (alignment != 0 && alignment < 16) {
+      return refused(key, "the requirement check", "a data pointer is not 16-byte aligned");
+    }
+  }
   auto graph = new_graph(key);
   try {
     switch (key.kind) {
@@ -333,7 +340,7 @@ std::shared_ptr<const CachedPlan> get_plan(const GraphKey& key) {
   return PlanCache::instance().get_or_build(key, [&key]() { return build_plan(key); });
 }
 
-void execute_plan(const CachedPlan& plan, GraphKind kind, std::unordered_map<int64_t, void*>& pointers,
+bool execute_plan(const CachedPlan& plan, GraphKind kind, std::unordered_map<int64_t, void*>& pointers,
                   const at::Device& device) {
   cudnnHandle_t handle = at::native::getCudnnHandle();  // bound to the current stream
   at::Tensor workspace;
@@ -343,8 +350,10 @@ void execute_plan(const CachedPlan& plan, GraphKind kind, std::unordered_map<int
     workspace_ptr = workspace.data_ptr();
   }
   auto status = plan.graph->execute(handle, pointers, workspace_ptr);
-  TORCH_CHECK(status.is_good(), "torch_cudnn_fusion: cuDNN failed to execute the ", graph_kind_name(kind),
-              " graph: ", status.get_message());
+  if (status.is_good()) return true;
+  PlanCache::instance().count_runtime_fallback(std::string("cuDNN failed to execute the ") + graph_kind_name(kind) +
+                                               " graph: " + status.get_message());
+  return false;
 }
 
 }  // namespace tcf

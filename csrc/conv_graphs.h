@@ -58,8 +58,9 @@ GraphKey make_graph_key(GraphKind kind, const ConvProblem& problem, const std::a
 std::shared_ptr<const CachedPlan> get_plan(const GraphKey& key);
 
 // Runs a built plan on the current stream with PyTorch's cuDNN handle and a workspace from PyTorch's
-// caching allocator. Throws with the graph kind named if cuDNN fails at execution.
-void execute_plan(const CachedPlan& plan, GraphKind kind, std::unordered_map<int64_t, void*>& pointers,
+// caching allocator. Returns false, after recording why as a runtime fallback, if cuDNN fails to execute it:
+// the caller then computes the result with ATen.
+bool execute_plan(const CachedPlan& plan, GraphKind kind, std::unordered_map<int64_t, void*>& pointers,
                   const at::Device& device);
 
 // Strides cuDNN must be given for a dense tensor of `size` in the layout: set explicitly for every tensor,

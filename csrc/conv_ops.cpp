@@ -137,7 +137,7 @@ std::shared_ptr<const CachedPlan> plan_or_null(GraphKind kind, const ConvProblem
                                                const std::array<int8_t, 5>& alignment) {
   auto plan = get_plan(make_graph_key(kind, p, alignment));
   if (plan->ok()) return plan;
-  PlanCache::instance().count_runtime_fallback();
+  PlanCache::instance().count_runtime_fallback(plan->refusal);
   return nullptr;
 }
 
@@ -185,7 +185,9 @@ at::Tensor conv_bias_act(const at::Tensor& x, const at::Tensor& weight, const st
   if (p.has_bias) pointers[kUidBias] = bias_dense.data_ptr();
   if (p.has_residual) pointers[kUidResidual] = residual_dense.data_ptr();
   poison(y);
-  execute_plan(*plan, GraphKind::kConvBiasAct, pointers, x.device());
+  if (!execute_plan(*plan, GraphKind::kConvBiasAct, pointers, x.device())) {
+    return fallback_forward(x_dense, w_dense, bias, residual, p);
+  }
   return y;
 }
 
@@ -212,15 +214,16 @@ std::tuple<at::Tensor, at::Tensor> relu_bias_backward(const at::Tensor& grad_out
   auto dbias = at::empty({k}, out.options().dtype(at::kFloat));
   auto plan = plan_or_null(GraphKind::kReluBiasBackward, p,
                            {alignment_of(dy), alignment_of(y), alignment_of(dz), alignment_of(dbias), 0});
-  if (!plan) {
-    dz = at::threshold_backward(dy, y, 0);
-    return {dz, dz.sum({0, 2, 3}, false, at::kFloat).to(out.scalar_type())};
-  }
+  auto aten = [&]() -> std::tuple<at::Tensor, at::Tensor> {
+    auto grad_z = at::threshold_backward(dy, y, 0);
+    return {grad_z, grad_z.sum({0, 2, 3}, false, at::kFloat).to(out.scalar_type())};
+  };
+  if (!plan) return aten();
   std::unordered_map<int64_t, void*> pointers{
       {kUidDy, dy.data_ptr()}, {kUidY, y.data_ptr()}, {kUidDz, dz.data_ptr()}, {kUidDbias, dbias.data_ptr()}};
   poison(dz);
   poison(dbias);
-  execute_plan(*plan, GraphKind::kReluBiasBackward, pointers, out.device());
+  if (!execute_plan(*plan, GraphKind::kReluBiasBackward, pointers, out.device())) return aten();
   return {dz, dbias.to(out.scalar_type())};
 }
 
@@ -248,7 +251,7 @@ at::Tensor conv_dgrad(const at::Tensor& grad_z, const at::Tensor& weight, at::In
   if (!plan) return fallback_dgrad(dz, w_dense, p);
   std::unordered_map<int64_t, void*> pointers{{kUidDz, dz.data_ptr()}, {kUidW, w_dense.data_ptr()}, {kUidDx, dx.data_ptr()}};
   poison(dx);
-  execute_plan(*plan, GraphKind::kConvDgrad, pointers, grad_z.device());
+  if (!execute_plan(*plan, GraphKind::kConvDgrad, pointers, grad_z.device())) return fallback_dgrad(dz, w_dense, p);
   return dx;
 }
 
@@ -278,7 +281,7 @@ at::Tensor conv_wgrad(const at::Tensor& grad_z, const at::Tensor& x, at::IntArra
   if (!plan) return fallback_wgrad(dz, x_dense, p);
   std::unordered_map<int64_t, void*> pointers{{kUidDz, dz.data_ptr()}, {kUidX, x_dense.data_ptr()}, {kUidDw, dw.data_ptr()}};
   poison(dw);
-  execute_plan(*plan, GraphKind::kConvWgrad, pointers, grad_z.device());
+  if (!execute_plan(*plan, GraphKind::kConvWgrad, pointers, grad_z.device())) return fallback_wgrad(dz, x_dense, p);
   return dw;
 }
 

@@ -112,9 +112,10 @@ void PlanCache::set_capacity(int64_t capacity) {
   evict_to_capacity_locked();
 }
 
-void PlanCache::count_runtime_fallback() {
+void PlanCache::count_runtime_fallback(const std::string& why) {
   std::lock_guard<std::mutex> lock(mutex_);
   ++stats_.runtime_fallbacks;
+  stats_.last_runtime_fallback = why;
 }
 
 }  // namespace tcf

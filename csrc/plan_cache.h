@@ -79,7 +79,8 @@ struct PlanCacheStats {
   int64_t refusals = 0;       // graphs cuDNN refused (cached as refused)
   int64_t evictions = 0;
   double build_seconds = 0;   // total time spent building, refused attempts included
-  int64_t runtime_fallbacks = 0;  // op calls that ran the ATen composition because the plan was refused
+  int64_t runtime_fallbacks = 0;  // op calls that ran the ATen composition: plan refused, or execution failed
+  std::string last_runtime_fallback;  // why the latest of those did
 };
 
 class PlanCache {
@@ -94,7 +95,7 @@ class PlanCache {
   PlanCacheStats stats();
   void clear();  // drops every plan and zeroes the counters
   void set_capacity(int64_t capacity);
-  void count_runtime_fallback();
+  void count_runtime_fallback(const std::string& why);
 
  private:
   using Entry = std::pair<GraphKey, std::shared_ptr<const CachedPlan>>;

@@ -275,3 +275,15 @@ def test_raw_op_errors_name_the_argument(extension):
         ops.conv_bias_act(x, w[:, :8], None, None, [1, 1], [1, 1], [1, 1], [1, 1], 1, True)
     with pytest.raises(RuntimeError, match=r"x must be a 4-D tensor \[N, C, H, W\], got 3-D"):
         ops.conv_bias_act(x[0], w, None, None, [1, 1], [1, 1], [1, 1], [1, 1], 1, True)
+
+
+def test_raw_op_on_a_misaligned_pointer_falls_back_and_counts_it(extension):
+    base = torch.randn(2 * 16 * 8 * 8 + 1, device="cuda", dtype=torch.bfloat16)
+    x = base[1:].view(2, 8, 8, 16).permute(0, 3, 1, 2)
+    w = torch.randn(16, 16, 3, 3, device="cuda", dtype=torch.bfloat16).contiguous(memory_format=CL)
+    before = tcf.plan_cache_stats()["runtime_fallbacks"]
+    out = torch.ops.cudnn_fusion.conv_bias_act(x, w, None, None, [1, 1], [1, 1], [1, 1], [1, 1], 1, True)
+    stats = tcf.plan_cache_stats()
+    assert stats["runtime_fallbacks"] == before + 1
+    assert "not 16-byte aligned" in stats["last_runtime_fallback"], stats["last_runtime_fallback"]
+    assert rel_err(out, F.relu(F.conv2d(x.double(), w.double(), padding=1))) < 1e-2

@@ -207,6 +207,15 @@ def test_compiles_fullgraph_on_cpu():
     assert model[0].fusion_status.reason.startswith("x is on cpu")
 
 
+def test_compiles_fullgraph_with_dynamic_shapes_on_cpu():
+    torch.manual_seed(0)
+    model = nn.Sequential(tcf.Conv2dReLU(8, 8, 3, padding=1), tcf.Conv2dReLU(8, 4, 1))
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager", dynamic=True)
+    for size in (6, 7, 9):
+        x = torch.randn(2, 8, size, size)
+        torch.testing.assert_close(compiled(x), model(x))
+
+
 def test_environment_variable_turns_strict_on():
     code = "import torch_cudnn_fusion as t; print(t.is_strict())"
     env = dict(os.environ, TORCH_CUDNN_FUSION_STRICT="1")

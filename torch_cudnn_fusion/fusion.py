@@ -17,6 +17,7 @@ import torch
 from . import _extension
 
 _SUPPORTED_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+TRACED = -1  # stands for the sizes of an input torch.compile traces: its plans are chosen when the code runs
 _strict = os.environ.get("TORCH_CUDNN_FUSION_STRICT", "0") not in ("", "0", "false", "False")
 
 
@@ -28,8 +29,9 @@ class FusionError(RuntimeError):
 class FusionStatus:
     """How a fused layer last ran.
 
-    fused: the forward ran as one cuDNN graph. reason: why not, when it did not. backward: for each backward
-    graph ("relu_bias_backward", "dgrad", "wgrad"), "" when cuDNN built it or the reason it runs in ATen.
+    fused: the forward runs as one cuDNN graph. reason: why not, when it does not (for a fused layer, a note, if
+    any). backward: for each backward graph ("relu_bias_backward", "dgrad", "wgrad"), "" when cuDNN built it or
+    the reason it runs in ATen.
     """
 
     fused: bool
@@ -44,7 +46,8 @@ class FusionStatus:
         if not self.fused:
             return f"eager: {self.reason}"
         parts = [f"{name} {'fused' if not why else 'eager (' + why + ')'}" for name, why in self.backward]
-        return "fused (cuDNN graph)" + (f"; backward: {', '.join(parts)}" if parts else "")
+        note = f" ({self.reason})" if self.reason else ""
+        return f"fused (cuDNN graph){note}" + (f"; backward: {', '.join(parts)}" if parts else "")
 
 
 NOT_RUN = FusionStatus(False, "not run yet: the decision is made on the first forward, from the input")
@@ -97,8 +100,9 @@ def layer_config(x, weight, bias, residual, stride, padding_pre, padding_post, d
         x.device.index if x.device.index is not None else -1,
         x.dtype,
         memory_format == torch.channels_last,
-        tuple(x.shape),
-        tuple(weight.shape),
+        # Under torch.compile sizes may be symbolic, and traced code cannot tell: the plan is chosen at run time.
+        (TRACED,) * 4 if torch.compiler.is_compiling() else tuple(x.shape),
+        tuple(weight.shape),  # parameters keep static shapes under torch.compile
         tuple(stride),
         tuple(padding_pre),
         tuple(padding_post),
@@ -124,15 +128,20 @@ def _policy_reason(config: tuple) -> str:
     if groups > 1:
         return (f"groups={groups}: cuDNN's fused grouped/depthwise convolution ran 6-9x slower than PyTorch's own "
                 "kernel (measured on H200), so eager is used")
-    if dtype in (torch.float16, torch.bfloat16) and (x_size[1] % 8 or w_size[0] % 8):
-        return (f"in_channels={x_size[1]}, out_channels={w_size[0]}: not both multiples of 8; for {dtype} such "
-                "layers ran 1.5x slower fused than eager (measured on H200), so eager is used")
-    if dtype == torch.float32 and (x_size[1] % 4 or w_size[0] % 4):
-        return (f"in_channels={x_size[1]}, out_channels={w_size[0]}: cuDNN's fused float32 engines need multiples "
-                "of 4")
+    in_channels, out_channels = w_size[1] * groups, w_size[0]
+    if dtype in (torch.float16, torch.bfloat16) and (in_channels % 8 or out_channels % 8):
+        return (f"in_channels={in_channels}, out_channels={out_channels}: not both multiples of 8; for {dtype} "
+                "such layers ran 1.5x slower fused than eager (measured on H200), so eager is used")
+    if dtype == torch.float32 and (in_channels % 4 or out_channels % 4):
+        return (f"in_channels={in_channels}, out_channels={out_channels}: cuDNN's fused float32 engines need "
+                "multiples of 4")
     if device_type != "cuda":
         return f"x is on {device_type}: the fused path runs on CUDA tensors"
     return ""
+
+
+TRACED_NOTE = ("under torch.compile: plans are built when the compiled code first runs each size; a size cuDNN "
+               "refuses then runs in ATen, counted in plan_cache_stats()['runtime_fallbacks']")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -146,6 +155,8 @@ def _decide(config: tuple) -> tuple:
         return False, _extension.load_error() or "the cuDNN extension is unavailable", ()
     (_, device, dtype, channels_last, x_size, w_size, stride, pad_pre, pad_post, dilation, groups, has_bias,
      has_residual, relu, needs_grad, _, _, alignment) = config
+    if TRACED in x_size:
+        return True, TRACED_NOTE, ()
     if x_size[0] == 0:
         return True, "", ()  # an empty batch: the ops return empty outputs (zero weight gradients) without cuDNN
     refusals = module.check_conv_layer(
