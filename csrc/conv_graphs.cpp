@@ -18,17 +18,26 @@ struct ComputeCapability {
 };
 
 ComputeCapability compute_capability(int device) {
+  thread_local int last_device = -1;  // the per-call path asks for one device again and again
+  thread_local ComputeCapability last;
+  if (device == last_device) return last;
   static std::mutex mutex;
   static std::unordered_map<int, ComputeCapability> known;
   std::lock_guard<std::mutex> lock(mutex);
   auto found = known.find(device);
-  if (found != known.end()) return found->second;
+  if (found != known.end()) {
+    last_device = device;
+    last = found->second;
+    return last;
+  }
   int major = 0, minor = 0;
   TORCH_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
                   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess,
               "torch_cudnn_fusion: could not read the compute capability of cuda:", device);
   ComputeCapability cc{static_cast<int8_t>(major), static_cast<int8_t>(minor)};
   known.emplace(device, cc);
+  last_device = device;
+  last = cc;
   return cc;
 }
 
@@ -305,7 +314,8 @@ GraphKey make_graph_key(GraphKind kind, const ConvProblem& p, const std::array<i
   auto cc = compute_capability(p.device);
   key.cc_major = cc.major;
   key.cc_minor = cc.minor;
-  key.cudnn_version = static_cast<int64_t>(cudnnGetVersion());
+  static const int64_t cudnn_version = static_cast<int64_t>(cudnnGetVersion());
+  key.cudnn_version = cudnn_version;
   key.dtype = static_cast<int8_t>(p.dtype);
   key.channels_last = p.channels_last;
   key.x_size = p.x_size;

@@ -112,6 +112,7 @@ def test_strict_raises_with_the_reason():
     with pytest.raises(tcf.FusionError, match="groups=2"):
         layer(torch.randn(1, 8, 5, 5))
     loose = tcf.Conv2dReLU(8, 8, 3, padding=1)
+    loose(torch.randn(1, 8, 5, 5))  # runs eager; the same input signature must not skip the check in strict mode
     with tcf.strict():
         assert tcf.is_strict()
         with pytest.raises(tcf.FusionError, match="x is on cpu"):

@@ -88,6 +88,18 @@ def _eager(x, weight, bias, residual, stride, padding_pre, padding_post, dilatio
     return F.relu(y) if relu else y
 
 
+def _signature(t: Optional[torch.Tensor]):
+    """What of a tensor the decision depends on (the 16-byte alignment included)."""
+    if t is None:
+        return None
+    return t.shape, t.stride(), t.dtype, t.device, t.requires_grad, t.data_ptr() % 16
+
+
+# The last call of each layer: (signature, fused, the op's conv arguments). A forward whose signature repeats
+# skips the checks and the decision, which cost more host time than a small layer's GPU time.
+_last_call: dict[int, tuple] = {}
+
+
 def conv2d_bias_act(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -109,10 +121,24 @@ def conv2d_bias_act(
     torch_cudnn_fusion.fusion); otherwise as the eager composition, with the reason recorded for `layer_id`.
     strict=True (or global strict mode) raises FusionError instead of running eager.
     """
+    device_type = x.device.type
+    autocast = torch.is_autocast_enabled(device_type)
+    signature = None
+    if not torch.compiler.is_compiling():
+        signature = (_signature(x), _signature(weight), _signature(bias), _signature(residual), stride, padding,
+                     dilation, groups, activation, padding_mode, strict, fusion.is_strict(), torch.is_grad_enabled(),
+                     torch.backends.cudnn.allow_tf32, autocast and torch.get_autocast_dtype(device_type))
+        last = _last_call.get(layer_id)
+        if last is not None and last[0] == signature:
+            if autocast:
+                x, weight, bias, residual = _autocast((x, weight, bias, residual), device_type)
+            return _run(last[1], x, weight, bias, residual, last[2], padding_mode)
+
     if activation not in ("relu", "identity", None):
         raise ValueError(f"activation must be 'relu', 'identity' or None, got {activation!r}")
     relu = activation == "relu"
-    x, weight, bias, residual = _autocast((x, weight, bias, residual), x.device.type)
+    if autocast:
+        x, weight, bias, residual = _autocast((x, weight, bias, residual), device_type)
     _check_args(x, weight, bias, residual, groups)
     stride_ = _pair(stride, "stride")
     dilation_ = _pair(dilation, "dilation")
@@ -128,8 +154,14 @@ def conv2d_bias_act(
                                  relu, padding_mode)
     decision = fusion.decide_and_record(layer_id, config)
     fusion.raise_if_strict(decision, strict, "this conv layer" if layer_id < 0 else f"layer {layer_id}")
-    if decision[0]:
-        return torch.ops.cudnn_fusion.conv_bias_act(x, weight, bias, residual, list(stride_), list(padding_pre),
-                                                    list(padding_post), list(dilation_), groups, relu)
-    return _eager(x, weight, bias, residual, stride_, padding_pre, padding_post, dilation_, groups, relu,
-                  padding_mode)
+    conv_args = (list(stride_), list(padding_pre), list(padding_post), list(dilation_), groups, relu)
+    if signature is not None:
+        _last_call[layer_id] = (signature, decision[0], conv_args)
+    return _run(decision[0], x, weight, bias, residual, conv_args, padding_mode)
+
+
+def _run(fused: bool, x, weight, bias, residual, conv_args, padding_mode):
+    if fused:
+        return torch.ops.cudnn_fusion.conv_bias_act(x, weight, bias, residual, *conv_args)
+    stride, padding_pre, padding_post, dilation, groups, relu = conv_args
+    return _eager(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, relu, padding_mode)

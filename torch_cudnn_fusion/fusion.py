@@ -206,4 +206,7 @@ def raise_if_strict(decision: tuple, strict_override: Optional[bool], where: str
 
 def clear_decisions() -> None:
     """Forget cached decisions (the C++ plan cache is cleared separately)."""
+    from .functional import _last_call
+
     _decide.cache_clear()
+    _last_call.clear()

@@ -1,7 +1,6 @@
-"""The Python half of the cudnn_fusion ops: fake kernels (for torch.compile) and autograd.
+"""The Python half of the cudnn_fusion ops: fake kernels, so torch.compile traces through them.
 
-Schemas and CUDA kernels live in csrc/bindings.cpp. The forward op saves only x, weight and (with ReLU) its own
-output y: backward takes the ReLU mask from y, so no mask or pre-activation is kept.
+Schemas and CUDA kernels live in csrc/bindings.cpp and csrc/conv_ops.cpp; autograd in csrc/conv_autograd.cpp.
 """
 
 from __future__ import annotations
@@ -64,43 +63,8 @@ def _fake_conv_wgrad(grad_z, x, weight_size, stride, padding_pre, padding_post, 
     return _empty(weight_size, grad_z, conv_memory_format(x, grad_z))
 
 
-def _setup_context(ctx, inputs, output):
-    x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, relu = inputs
-    ctx.save_for_backward(x, weight, output if relu else None)
-    ctx.conv_args = (list(stride), list(padding_pre), list(padding_post), list(dilation), groups)
-    ctx.relu = relu
-
-
-def _backward(ctx, grad_out):
-    x, weight, out = ctx.saved_tensors
-    need_x, need_w, need_bias, need_residual = ctx.needs_input_grad[:4]
-    ops = torch.ops.cudnn_fusion
-    grad_bias = None
-    if ctx.relu:
-        # One graph: ReLU backward with the mask from y, fused with the bias-gradient reduction.
-        grad_z, grad_bias = ops.relu_bias_backward(grad_out, out)
-    else:
-        grad_z = grad_out
-        if need_bias:
-            grad_bias = grad_out.sum((0, 2, 3), dtype=torch.float32).to(grad_out.dtype)
-    grad_x = ops.conv_dgrad(grad_z, weight, list(x.shape), *ctx.conv_args) if need_x else None
-    grad_w = ops.conv_wgrad(grad_z, x, list(weight.shape), *ctx.conv_args) if need_w else None
-    return (
-        grad_x,
-        grad_w,
-        grad_bias if need_bias else None,
-        grad_z if need_residual else None,
-        None,
-        None,
-        None,
-        None,
-        None,
-        None,
-    )
-
-
 def register_python_parts() -> None:
-    """Registers fakes and autograd once the compiled module has defined the ops."""
+    """Registers the fake kernels once the compiled module has defined the ops."""
     global _registered
     if _registered:
         return
@@ -108,5 +72,4 @@ def register_python_parts() -> None:
     torch.library.register_fake("cudnn_fusion::relu_bias_backward")(_fake_relu_bias_backward)
     torch.library.register_fake("cudnn_fusion::conv_dgrad")(_fake_conv_dgrad)
     torch.library.register_fake("cudnn_fusion::conv_wgrad")(_fake_conv_wgrad)
-    torch.library.register_autograd("cudnn_fusion::conv_bias_act", _backward, setup_context=_setup_context)
     _registered = True
