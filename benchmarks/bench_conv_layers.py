@@ -133,7 +133,8 @@ def environment() -> dict:
 
 def print_table(rows, env):
     print(f"\n{env['gpu']}, torch {env['torch']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}, "
-          f"cudnn-frontend {env['cudnn_frontend']}, {env['date']}; batch {env['batch']}, bf16, channels_last; ms")
+          f"cudnn-frontend {env['cudnn_frontend']}, {env['date']}; batch {env['batch']}, bf16, channels_last, "
+          f"cudnn.benchmark={env['cudnn_benchmark']}; ms")
     header = (f"{'layer':<30} {'conv':>6} {'fused':>6} {'eager':>6} {'comp':>6} | {'fused':>6} {'eager':>6} "
               f"{'comp':>6} | {'f/conv':>6} {'e/f':>5} {'e/f bw':>6} {'c/f bw':>6}  path")
     print(f"{'':<30} {'forward':^27} | {'forward + backward':^20} |")
@@ -153,11 +154,15 @@ def main():
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/conv_layers.json"))
     parser.add_argument("--only", default="", help="run only shapes whose name contains this text")
+    parser.add_argument("--heuristic", action="store_true",
+                        help="torch.backends.cudnn.benchmark=False for every variant (default: True, so eager's convs "
+                             "and the fused graphs are both autotuned)")
     args = parser.parse_args()
-    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.benchmark = not args.heuristic
     torch._dynamo.config.cache_size_limit = 256
     env = environment()
     env["batch"] = args.batch
+    env["cudnn_benchmark"] = torch.backends.cudnn.benchmark
     rows = []
     for shape in SHAPES:
         if args.only in shape[0]:

@@ -59,6 +59,7 @@ pybind11::dict plan_cache_stats() {
   out["refusals"] = s.refusals;
   out["evictions"] = s.evictions;
   out["build_seconds"] = s.build_seconds;
+  out["tuned"] = s.tuned;
   out["runtime_fallbacks"] = s.runtime_fallbacks;
   out["last_runtime_fallback"] = s.last_runtime_fallback;
   return out;

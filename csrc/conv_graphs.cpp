@@ -1,5 +1,6 @@
 #include "conv_graphs.h"
 
+#include <limits>
 #include <mutex>
 #include <sstream>
 
@@ -209,7 +210,7 @@ std::vector<std::string> unmet_requirements(const GraphKey& key) {
   return unmet;
 }
 
-CachedPlan refused(const GraphKey& key, const char* stage, const std::string& message) {
+std::shared_ptr<CachedPlan> refused(const GraphKey& key, const char* stage, const std::string& message) {
   std::ostringstream out;
   out << "cuDNN refused the " << graph_kind_name(key.kind) << " graph (" << describe_problem(key) << ") at "
       << stage << ": " << message;
@@ -221,12 +222,12 @@ CachedPlan refused(const GraphKey& key, const char* stage, const std::string& me
     out << ". Requirements not met:";
     for (const auto& requirement : unmet) out << " [" << requirement << "]";
   }
-  CachedPlan plan;
-  plan.refusal = out.str();
+  auto plan = std::make_shared<CachedPlan>();
+  plan->refusal = out.str();
   return plan;
 }
 
-CachedPlan build_plan(const GraphKey& key) {
+std::shared_ptr<CachedPlan> build_plan(const GraphKey& key) {
   // cuDNN builds plans without looking at pointers, then refuses to execute them on misaligned ones
   // (CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER, seen with a 2-byte aligned bf16 input): check first.
   for (int8_t alignment : key.alignment) {
@@ -271,16 +272,78 @@ CachedPlan build_plan(const GraphKey& key) {
     int64_t workspace = 0;
     TCF_BUILD_STEP(graph->get_workspace_size(workspace), "get_workspace_size");
 #undef TCF_BUILD_STEP
-    CachedPlan plan;
-    plan.graph = graph;
-    plan.workspace_bytes = workspace;
+    auto plan = std::make_shared<CachedPlan>();
+    plan->graph = graph;
+    plan->workspace_bytes = workspace;
     return plan;
   } catch (const std::exception& e) {
     return refused(key, "graph construction", e.what());
   }
 }
 
+constexpr int64_t kPlansToTune = 8;
+
+// Milliseconds one run of plan `index` takes (the least of three after a warm-up), or a negative value if it
+// cannot run.
+float time_plan(fe::graph::Graph& graph, int64_t index, cudnnHandle_t handle, cudaStream_t stream,
+                const std::unordered_map<int64_t, void*>& pointers, void* workspace, cudaEvent_t start,
+                cudaEvent_t stop) {
+  auto run = [&]() {
+    auto variant_pack = pointers;  // execute extends the map it is given
+    return graph.execute_plan_at_index(handle, variant_pack, workspace, index).is_good();
+  };
+  if (!run()) return -1.0f;
+  float best = std::numeric_limits<float>::max();
+  for (int repeat = 0; repeat < 3; ++repeat) {
+    float ms = 0;
+    if (cudaEventRecord(start, stream) != cudaSuccess || !run() || cudaEventRecord(stop, stream) != cudaSuccess ||
+        cudaEventSynchronize(stop) != cudaSuccess || cudaEventElapsedTime(&ms, start, stop) != cudaSuccess) {
+      return -1.0f;
+    }
+    best = std::min(best, ms);
+  }
+  return best;
+}
+
 }  // namespace
+
+void tune_plan(const CachedPlan& plan, cudnnHandle_t handle, const std::unordered_map<int64_t, void*>& pointers,
+               const at::Device& device) {
+  cudaStream_t stream = nullptr;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudnnGetStream(handle, &stream) != CUDNN_STATUS_SUCCESS ||
+      cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
+    return;  // never time inside a CUDA graph capture: a later call outside one tunes
+  }
+  std::lock_guard<std::mutex> lock(plan.tune_mutex);
+  if (plan.tuned.load()) return;
+  auto& graph = *plan.graph;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) return;
+  int64_t best_index = -1, best_workspace = 0;
+  float best_ms = std::numeric_limits<float>::max();
+  int64_t candidates = std::min<int64_t>(graph.get_execution_plan_count(), kPlansToTune);
+  for (int64_t index = 0; index < candidates; ++index) {
+    if (graph.build_plan_at_index(index).is_bad()) continue;  // deselected (numerical notes) or unbuildable
+    int64_t workspace_bytes = graph.get_workspace_size_plan_at_index(index);
+    auto workspace = at::empty({std::max<int64_t>(workspace_bytes, 1)},
+                               at::TensorOptions().dtype(at::kByte).device(device));
+    float ms = time_plan(graph, index, handle, stream, pointers, workspace.data_ptr(), start, stop);
+    if (ms >= 0 && ms < best_ms) {
+      best_ms = ms;
+      best_index = index;
+      best_workspace = workspace_bytes;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (best_index >= 0) {
+    plan.tuned_workspace_bytes.store(best_workspace);
+    plan.tuned_index.store(best_index, std::memory_order_release);
+  }
+  plan.tuned.store(true, std::memory_order_release);
+  PlanCache::instance().count_tuned();
+}
 
 std::array<int64_t, 4> ConvProblem::y_size() const {
   GraphKey key;
@@ -353,13 +416,19 @@ std::shared_ptr<const CachedPlan> get_plan(const GraphKey& key) {
 bool execute_plan(const CachedPlan& plan, GraphKind kind, std::unordered_map<int64_t, void*>& pointers,
                   const at::Device& device) {
   cudnnHandle_t handle = at::native::getCudnnHandle();  // bound to the current stream
+  if (at::globalContext().benchmarkCuDNN() && !plan.tuned.load(std::memory_order_acquire)) {
+    tune_plan(plan, handle, pointers, device);
+  }
+  int64_t index = plan.tuned_index.load(std::memory_order_acquire);
+  int64_t workspace_bytes = index >= 0 ? plan.tuned_workspace_bytes.load() : plan.workspace_bytes;
   at::Tensor workspace;
   void* workspace_ptr = nullptr;
-  if (plan.workspace_bytes > 0) {
-    workspace = at::empty({plan.workspace_bytes}, at::TensorOptions().dtype(at::kByte).device(device));
+  if (workspace_bytes > 0) {
+    workspace = at::empty({workspace_bytes}, at::TensorOptions().dtype(at::kByte).device(device));
     workspace_ptr = workspace.data_ptr();
   }
-  auto status = plan.graph->execute(handle, pointers, workspace_ptr);
+  auto status = index >= 0 ? plan.graph->execute_plan_at_index(handle, pointers, workspace_ptr, index)
+                           : plan.graph->execute(handle, pointers, workspace_ptr);
   if (status.is_good()) return true;
   PlanCache::instance().count_runtime_fallback(std::string("cuDNN failed to execute the ") + graph_kind_name(kind) +
                                                " graph: " + status.get_message());

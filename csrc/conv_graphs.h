@@ -63,6 +63,11 @@ std::shared_ptr<const CachedPlan> get_plan(const GraphKey& key);
 bool execute_plan(const CachedPlan& plan, GraphKind kind, std::unordered_map<int64_t, void*>& pointers,
                   const at::Device& device);
 
+// Times the heuristic's first plans on these pointers and keeps the fastest for every later run of `plan`
+// (done once, by execute_plan, while torch.backends.cudnn.benchmark is on; skipped inside CUDA graph capture).
+void tune_plan(const CachedPlan& plan, cudnnHandle_t handle, const std::unordered_map<int64_t, void*>& pointers,
+               const at::Device& device);
+
 // Strides cuDNN must be given for a dense tensor of `size` in the layout: set explicitly for every tensor,
 // outputs included (the frontend's default output strides are NHWC, which silently wrote NHWC data into
 // NCHW buffers when they were left unset).

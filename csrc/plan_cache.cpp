@@ -58,7 +58,7 @@ PlanCache& PlanCache::instance() {
 }
 
 std::shared_ptr<const CachedPlan> PlanCache::get_or_build(const GraphKey& key,
-                                                          const std::function<CachedPlan()>& build) {
+                                                          const std::function<std::shared_ptr<CachedPlan>()>& build) {
   // Builds run under the lock: they take a few milliseconds, happen once per configuration, and holding
   // the lock keeps two threads from building the same plan at once.
   std::lock_guard<std::mutex> lock(mutex_);
@@ -70,7 +70,7 @@ std::shared_ptr<const CachedPlan> PlanCache::get_or_build(const GraphKey& key,
   }
   ++stats_.misses;
   auto start = std::chrono::steady_clock::now();
-  auto plan = std::make_shared<const CachedPlan>(build());
+  std::shared_ptr<const CachedPlan> plan = build();
   stats_.build_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (plan->ok()) {
     ++stats_.builds;
@@ -110,6 +110,11 @@ void PlanCache::set_capacity(int64_t capacity) {
   std::lock_guard<std::mutex> lock(mutex_);
   capacity_ = capacity;
   evict_to_capacity_locked();
+}
+
+void PlanCache::count_tuned() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++stats_.tuned;
 }
 
 void PlanCache::count_runtime_fallback(const std::string& why) {

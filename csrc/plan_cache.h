@@ -2,6 +2,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <list>
@@ -64,8 +65,15 @@ struct GraphKeyHash {
 // A built graph ready to execute, or the reason cuDNN refused to build it.
 struct CachedPlan {
   std::shared_ptr<fe::graph::Graph> graph;  // null when refused
-  int64_t workspace_bytes = 0;
+  int64_t workspace_bytes = 0;              // of the heuristic's first buildable plan
   std::string refusal;                      // empty when built
+
+  // Set once, when torch.backends.cudnn.benchmark is on: the fastest of the heuristic's first plans on the first
+  // run (the heuristic's first choice measured up to 1.7x slower than another of its top plans on H200).
+  mutable std::mutex tune_mutex;
+  mutable std::atomic<bool> tuned{false};
+  mutable std::atomic<int64_t> tuned_index{-1};  // -1: the heuristic's choice
+  mutable std::atomic<int64_t> tuned_workspace_bytes{0};
 
   bool ok() const { return graph != nullptr; }
 };
@@ -79,6 +87,7 @@ struct PlanCacheStats {
   int64_t refusals = 0;       // graphs cuDNN refused (cached as refused)
   int64_t evictions = 0;
   double build_seconds = 0;   // total time spent building, refused attempts included
+  int64_t tuned = 0;          // plans autotuned (torch.backends.cudnn.benchmark)
   int64_t runtime_fallbacks = 0;  // op calls that ran the ATen composition: plan refused, or execution failed
   std::string last_runtime_fallback;  // why the latest of those did
 };
@@ -90,12 +99,13 @@ class PlanCache {
   // Returns the cached plan for `key`, building it with `build` on a miss. Refusals are cached too, so a
   // configuration cuDNN refused is not rebuilt on every call.
   std::shared_ptr<const CachedPlan> get_or_build(const GraphKey& key,
-                                                 const std::function<CachedPlan()>& build);
+                                                 const std::function<std::shared_ptr<CachedPlan>()>& build);
 
   PlanCacheStats stats();
   void clear();  // drops every plan and zeroes the counters
   void set_capacity(int64_t capacity);
   void count_runtime_fallback(const std::string& why);
+  void count_tuned();
 
  private:
   using Entry = std::pair<GraphKey, std::shared_ptr<const CachedPlan>>;

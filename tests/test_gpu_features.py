@@ -287,3 +287,22 @@ def test_raw_op_on_a_misaligned_pointer_falls_back_and_counts_it(extension):
     assert stats["runtime_fallbacks"] == before + 1
     assert "not 16-byte aligned" in stats["last_runtime_fallback"], stats["last_runtime_fallback"]
     assert rel_err(out, F.relu(F.conv2d(x.double(), w.double(), padding=1))) < 1e-2
+
+
+def test_cudnn_benchmark_tunes_each_plan_once_and_stays_correct(extension):
+    tcf.clear_plan_cache()
+    previous = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    try:
+        layer = _layer(tcf.Conv2dReLU, 64, 128, 1)
+        x = _input(8, 64, 28, 28, requires_grad=True)
+        for _ in range(3):
+            out = layer(x)
+            out.float().sum().backward()
+        stats = tcf.plan_cache_stats()
+        assert stats["tuned"] == 4, stats  # forward, relu+bias backward, dgrad, wgrad: once each
+        expected = F.relu(F.conv2d(x.double(), layer.weight.double(), layer.bias.double()))
+        assert rel_err(out, expected) < 1e-2
+    finally:
+        torch.backends.cudnn.benchmark = previous
+        tcf.clear_plan_cache()
