@@ -110,6 +110,13 @@ at::Tensor conv_bias_act_autograd(const at::Tensor& x, const at::Tensor& weight,
                                   const std::optional<at::Tensor>& residual, at::IntArrayRef stride,
                                   at::IntArrayRef padding_pre, at::IntArrayRef padding_post, at::IntArrayRef dilation,
                                   int64_t groups, bool relu) {
+  auto requires_grad = [](const std::optional<at::Tensor>& t) { return t.has_value() && t->requires_grad(); };
+  if (!at::GradMode::is_enabled() ||
+      !(x.requires_grad() || weight.requires_grad() || requires_grad(bias) || requires_grad(residual))) {
+    // Nothing to record (inference): skip the autograd node and its saved state.
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return call_conv_bias_act(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, relu);
+  }
   return ConvBiasActFunction::apply(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups,
                                     relu)[0];
 }

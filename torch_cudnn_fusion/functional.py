@@ -160,8 +160,14 @@ def conv2d_bias_act(
     return _run(decision[0], x, weight, bias, residual, conv_args, padding_mode)
 
 
+_fused_op = None  # torch.ops.cudnn_fusion.conv_bias_act.default, looked up once
+
+
 def _run(fused: bool, x, weight, bias, residual, conv_args, padding_mode):
+    global _fused_op
     if fused:
-        return torch.ops.cudnn_fusion.conv_bias_act(x, weight, bias, residual, *conv_args)
+        if _fused_op is None:
+            _fused_op = torch.ops.cudnn_fusion.conv_bias_act.default
+        return _fused_op(x, weight, bias, residual, *conv_args)
     stride, padding_pre, padding_post, dilation, groups, relu = conv_args
     return _eager(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, relu, padding_mode)
