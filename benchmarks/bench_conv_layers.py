@@ -4,7 +4,8 @@ layer shapes (batch 128, bf16, channels_last): forward, and forward + backward.
     python benchmarks/bench_conv_layers.py [--batch 128] [--json benchmarks/results/conv_layers.json]
 
 Each number is the median over repeats of the mean time per call of back-to-back calls between two CUDA events
-(so the Python cost of issuing each call counts, as it does in a model), rotating over several input sets.
+(so the Python cost of issuing each call counts, as it does in a model), rotating over several input sets; the
+GPU-only ratios replay the same calls from a CUDA graph, which removes the host cost.
 """
 
 from __future__ import annotations
@@ -55,6 +56,32 @@ def time_ms(fn, input_sets, calls=10, repeats=11, warmup=5) -> float:
         end.record()
         end.synchronize()
         samples.append(start.elapsed_time(end) / calls)
+    return statistics.median(samples)
+
+
+def graph_time_ms(fn, input_sets, calls=10, replays=11) -> float:
+    """GPU time per call with no host cost: `calls` calls captured in one CUDA graph, replayed."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up (plans built and tuned) outside the capture
+        for i in range(3):
+            fn(*input_sets[i % len(input_sets)])
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(*input_sets[i % len(input_sets)])
+    graph.replay()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / calls)
+    del graph
     return statistics.median(samples)
 
 
@@ -110,6 +137,9 @@ def bench_shape(name, cin, cout, kernel, stride, size, residual, batch, dtype):
         for x, r, _ in input_sets:
             x.grad = None
             r.grad = None
+    for label, fn in (("fused", fused), ("eager", eager)):  # GPU time alone (CUDA graph replay)
+        row[f"{label}_fwd_gpu_ms"] = graph_time_ms(forward(fn), input_sets)
+        row[f"{label}_fwd_bwd_gpu_ms"] = graph_time_ms(train_step(fn), input_sets)
     with torch.no_grad():
         fused(*input_sets[0][:2])
     row["fused_status"] = str(layer.fusion_status)
@@ -136,17 +166,20 @@ def print_table(rows, env):
           f"cudnn-frontend {env['cudnn_frontend']}, {env['date']}; batch {env['batch']}, bf16, channels_last, "
           f"cudnn.benchmark={env['cudnn_benchmark']}; ms")
     header = (f"{'layer':<30} {'conv':>6} {'fused':>6} {'eager':>6} {'comp':>6} | {'fused':>6} {'eager':>6} "
-              f"{'comp':>6} | {'f/conv':>6} {'e/f':>5} {'e/f bw':>6} {'c/f bw':>6}  path")
-    print(f"{'':<30} {'forward':^27} | {'forward + backward':^20} |")
+              f"{'comp':>6} | {'f/conv':>6} {'e/f':>5} {'e/f bw':>6} {'c/f bw':>6} | {'e/f':>5} {'e/f bw':>6}  path")
+    print(f"{'':<30} {'forward':^27} | {'forward + backward':^20} | {'ratios':^27} | {'GPU only':^12} |")
     print(header)
     for r in rows:
         print(f"{r['shape']:<30} {r['conv_only_fwd_ms']:6.3f} {r['fused_fwd_ms']:6.3f} {r['eager_fwd_ms']:6.3f} "
               f"{r['compile_fwd_ms']:6.3f} | {r['fused_fwd_bwd_ms']:6.3f} {r['eager_fwd_bwd_ms']:6.3f} "
               f"{r['compile_fwd_bwd_ms']:6.3f} | {r['fused_fwd_ms'] / r['conv_only_fwd_ms']:6.2f} "
               f"{r['eager_fwd_ms'] / r['fused_fwd_ms']:5.2f} {r['eager_fwd_bwd_ms'] / r['fused_fwd_bwd_ms']:6.2f} "
-              f"{r['compile_fwd_bwd_ms'] / r['fused_fwd_bwd_ms']:6.2f}  {'fused' if r['fused'] else 'eager'}")
+              f"{r['compile_fwd_bwd_ms'] / r['fused_fwd_bwd_ms']:6.2f} | "
+              f"{r['eager_fwd_gpu_ms'] / r['fused_fwd_gpu_ms']:5.2f} {r['eager_fwd_bwd_gpu_ms'] / r['fused_fwd_bwd_gpu_ms']:6.2f}"
+              f"  {'fused' if r['fused'] else 'eager'}")
     print("f/conv: fused forward over the conv alone; e/f: eager over fused (above 1: fused is faster); "
-          "c/f: torch.compile over fused")
+          "c/f: torch.compile over fused; bw: forward + backward. Times: back-to-back calls, host cost included. "
+          "GPU only: the same calls replayed from a CUDA graph, no host cost")
 
 
 def main():
