@@ -182,6 +182,30 @@ def print_table(rows, env):
           "GPU only: the same calls replayed from a CUDA graph, no host cost")
 
 
+def markdown_table(path: Path) -> str:
+    """The README's table, from a results JSON this script wrote."""
+    data = json.loads(path.read_text())
+    env, rows = data["environment"], data["rows"]
+    lines = [
+        f"{env['gpu']}, torch {env['torch']}, cuDNN {env['cudnn']}, cudnn-frontend {env['cudnn_frontend']}, "
+        f"{env['date']}; batch {env['batch']}, bf16, channels_last, cudnn.benchmark={env['cudnn_benchmark']}. "
+        "Milliseconds per call, host cost included; speed-ups are eager / fused; GPU only = CUDA graph replay.",
+        "",
+        "| layer | conv alone | fused fwd | eager fwd | compile fwd | fused fwd+bwd | eager fwd+bwd | compile fwd+bwd "
+        "| fused / conv | fwd speed-up | fwd+bwd speed-up | GPU-only fwd / fwd+bwd speed-up | path |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['shape']} | {r['conv_only_fwd_ms']:.3f} | {r['fused_fwd_ms']:.3f} | {r['eager_fwd_ms']:.3f} | "
+            f"{r['compile_fwd_ms']:.3f} | {r['fused_fwd_bwd_ms']:.3f} | {r['eager_fwd_bwd_ms']:.3f} | "
+            f"{r['compile_fwd_bwd_ms']:.3f} | {r['fused_fwd_ms'] / r['conv_only_fwd_ms']:.2f} | "
+            f"{r['eager_fwd_ms'] / r['fused_fwd_ms']:.2f}x | {r['eager_fwd_bwd_ms'] / r['fused_fwd_bwd_ms']:.2f}x | "
+            f"{r['eager_fwd_gpu_ms'] / r['fused_fwd_gpu_ms']:.2f}x / "
+            f"{r['eager_fwd_bwd_gpu_ms'] / r['fused_fwd_bwd_gpu_ms']:.2f}x | {'fused' if r['fused'] else 'eager'} |")
+    return "\n".join(lines)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=128)
@@ -190,7 +214,11 @@ def main():
     parser.add_argument("--heuristic", action="store_true",
                         help="torch.backends.cudnn.benchmark=False for every variant (default: True, so eager's convs "
                              "and the fused graphs are both autotuned)")
+    parser.add_argument("--markdown", type=Path, help="print the README table of a results JSON and exit")
     args = parser.parse_args()
+    if args.markdown:
+        print(markdown_table(args.markdown))
+        return
     torch.backends.cudnn.benchmark = not args.heuristic
     torch._dynamo.config.cache_size_limit = 256
     env = environment()
