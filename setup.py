@@ -44,12 +44,12 @@ def _extension_modules():
               "extension; layers run eager until a GPU build is available")
         return [], {}
     paths = _load_build_paths()
-    sources = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").glob("*.cpp"))
+    sources = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").glob("*.c[pu]*"))
     extension = cpp_extension.CUDAExtension(
         "torch_cudnn_fusion._C",
         sources=sources,
         include_dirs=[str(paths.frontend_include_dir()), str(paths.cudnn_include_dir())],
-        extra_compile_args={"cxx": paths.COMPILE_ARGS},
+        extra_compile_args={"cxx": paths.COMPILE_ARGS, "nvcc": ["-O3"]},
         extra_link_args=paths.link_args(),
     )
     return [extension], {"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)}

@@ -363,6 +363,19 @@ std::vector<int64_t> dense_strides(const std::array<int64_t, 4>& size, bool chan
   return {c * h * w, h * w, w, 1};
 }
 
+int multiprocessor_count(int device) {
+  static std::mutex mutex;
+  static std::unordered_map<int, int> known;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto found = known.find(device);
+  if (found != known.end()) return found->second;
+  int count = 0;
+  TORCH_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) == cudaSuccess,
+              "torch_cudnn_fusion: could not read the multiprocessor count of cuda:", device);
+  known.emplace(device, count);
+  return count;
+}
+
 int8_t pointer_alignment(const void* ptr) {
   auto address = reinterpret_cast<uintptr_t>(ptr);
   int8_t alignment = 16;

@@ -46,6 +46,9 @@ enum TensorUid : int64_t {
   kUidDw = 10,
 };
 
+// Multiprocessors of a CUDA device (cached).
+int multiprocessor_count(int device);
+
 // Byte alignment of a data pointer, capped at 16 (what cuDNN's vectorized engines ask for).
 int8_t pointer_alignment(const void* ptr);
 

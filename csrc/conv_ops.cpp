@@ -3,7 +3,10 @@
 #include <atomic>
 #include <limits>
 
+#include <ATen/cudnn/Handle.h>
 #include <c10/core/DeviceGuard.h>
+
+#include "relu_bias_backward_kernel.h"
 
 namespace tcf {
 
@@ -132,6 +135,15 @@ at::Tensor fallback_wgrad(const at::Tensor& dz, const at::Tensor& x, const ConvP
   return dw.contiguous(memory_format(p.channels_last));
 }
 
+// Our NHWC kernel takes ReLU backward + bias gradient when the channels fill 16-byte vectors.
+bool use_relu_bias_kernel(bool channels_last, at::ScalarType dtype, int64_t channels) {
+  return channels_last && channels % (16 / static_cast<int64_t>(c10::elementSize(dtype))) == 0;
+}
+
+ElementType element_type(at::ScalarType dtype) {
+  return dtype == at::kHalf ? ElementType::kHalf : dtype == at::kBFloat16 ? ElementType::kBFloat16 : ElementType::kFloat;
+}
+
 // Finds the plan; on a refusal counts a runtime fallback and returns null so the caller runs ATen.
 std::shared_ptr<const CachedPlan> plan_or_null(GraphKind kind, const ConvProblem& p,
                                                const std::array<int8_t, 5>& alignment) {
@@ -204,6 +216,27 @@ std::tuple<at::Tensor, at::Tensor> relu_bias_backward(const at::Tensor& grad_out
   int64_t k = out.size(1);
   auto dz = at::empty(out.sizes(), out.options().memory_format(format));
   if (out.numel() == 0) return {dz, at::zeros({k}, out.options())};
+
+  if (use_relu_bias_kernel(channels_last, out.scalar_type(), k) && alignment_of(dy) == 16 && alignment_of(y) == 16 &&
+      alignment_of(dz) == 16) {
+    int device = out.device().index();
+    int multiprocessors = multiprocessor_count(device);
+    int64_t rows = out.numel() / k;
+    int64_t parts = relu_bias_backward_partial_rows(rows, k, static_cast<int>(out.element_size()), multiprocessors);
+    auto partial = at::empty({parts, k}, out.options().dtype(at::kFloat));
+    auto dbias = at::empty({k}, out.options());
+    poison(dz);
+    poison(dbias);
+    cudaStream_t stream = nullptr;  // the current stream, which PyTorch's cuDNN handle is bound to
+    TORCH_CHECK(cudnnGetStream(at::native::getCudnnHandle(), &stream) == CUDNN_STATUS_SUCCESS,
+                "cudnn_fusion: could not read the current CUDA stream");
+    auto status = launch_relu_bias_backward_nhwc(element_type(out.scalar_type()), dy.data_ptr(), y.data_ptr(),
+                                                 dz.data_ptr(), partial.data_ptr<float>(), dbias.data_ptr(), rows, k,
+                                                 multiprocessors, stream);
+    TORCH_CHECK(status == cudaSuccess, "cudnn_fusion: the relu_bias_backward kernel failed to launch: ",
+                cudaGetErrorString(status));
+    return {dz, dbias};
+  }
 
   ConvProblem p;
   p.dtype = out.scalar_type();
@@ -297,7 +330,11 @@ std::unordered_map<std::string, std::string> check_conv_layer(const ConvProblem&
   };
   refusals["forward"] = refusal(GraphKind::kConvBiasAct, {alignment[0], alignment[1], alignment[2], alignment[3], fresh});
   if (backward) {
-    if (problem.relu) refusals["relu_bias_backward"] = refusal(GraphKind::kReluBiasBackward, {fresh, fresh, fresh, fresh, 0});
+    if (problem.relu) {
+      bool kernel = use_relu_bias_kernel(problem.channels_last, problem.dtype, problem.w_size[0]);
+      refusals["relu_bias_backward"] =
+          kernel ? "" : refusal(GraphKind::kReluBiasBackward, {fresh, fresh, fresh, fresh, 0});
+    }
     refusals["dgrad"] = refusal(GraphKind::kConvDgrad, {fresh, alignment[1], fresh, 0, 0});
     refusals["wgrad"] = refusal(GraphKind::kConvWgrad, {fresh, alignment[0], fresh, 0, 0});
   }

@@ -306,3 +306,20 @@ def test_cudnn_benchmark_tunes_each_plan_once_and_stays_correct(extension):
     finally:
         torch.backends.cudnn.benchmark = previous
         tcf.clear_plan_cache()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("shape", [(3, 8, 5, 7), (2, 24, 9, 9), (1, 1024, 7, 7), (4, 64, 33, 1)])
+def test_relu_bias_backward_kernel_matches_aten(extension, dtype, shape):
+    """Our NHWC kernel: dz = grad where y > 0, grad_bias = sum over N, H, W (float32 accumulation)."""
+    grad = torch.randn(*shape, device="cuda", dtype=dtype).contiguous(memory_format=CL)
+    y = torch.relu(torch.randn(*shape, device="cuda", dtype=dtype)).contiguous(memory_format=CL)
+    y.view(-1)[::7] = 0  # exact zeros must mask too
+    dz, dbias = torch.ops.cudnn_fusion.relu_bias_backward(grad, y)
+    expected = torch.ops.aten.threshold_backward(grad, y, 0)
+    torch.testing.assert_close(dz, expected, rtol=0, atol=0)
+    assert dz.is_contiguous(memory_format=CL)
+    reference = expected.double().sum((0, 2, 3))
+    assert dbias.dtype == dtype
+    tolerance = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype]
+    torch.testing.assert_close(dbias.double(), reference, rtol=tolerance, atol=tolerance * reference.abs().max().item())

@@ -23,7 +23,7 @@ def _jit_build() -> ModuleType:
             "the CUDA toolkit was not found (CUDA_HOME is unset and nvcc is not on PATH): install the toolkit "
             f"matching torch's CUDA {torch.version.cuda}, or install a build of torch_cudnn_fusion made with it"
         )
-    sources = sorted(str(p) for p in _build_paths.csrc_dir().glob("*.cpp"))
+    sources = sorted(str(p) for p in _build_paths.csrc_dir().glob("*.c[pu]*"))
     includes = [str(_build_paths.frontend_include_dir()), str(_build_paths.cudnn_include_dir())]
     link = _build_paths.link_args()
     print(
@@ -37,6 +37,7 @@ def _jit_build() -> ModuleType:
         sources=sources,
         extra_include_paths=includes,
         extra_cflags=_build_paths.COMPILE_ARGS,
+        extra_cuda_cflags=["-O3"],
         extra_ldflags=link,
         with_cuda=True,
         is_python_module=True,
