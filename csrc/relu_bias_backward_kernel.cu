@@ -46,11 +46,9 @@ __global__ void relu_bias_backward_nhwc(const T* __restrict__ dy, const T* __res
 #pragma unroll
   for (int v = 0; v < kVec; ++v) sums[v] = 0.f;
   if (group < groups) {
-    for (int64_t row = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; row < rows;
-         row += static_cast<int64_t>(gridDim.y) * blockDim.y) {
-      const int64_t offset = row * channels + group * kVec;
-      uint4 dy_bits = *reinterpret_cast<const uint4*>(dy + offset);
-      uint4 y_bits = *reinterpret_cast<const uint4*>(y + offset);
+    const int64_t step = static_cast<int64_t>(gridDim.y) * blockDim.y;
+    const int64_t column = group * kVec;
+    auto process = [&](const uint4& dy_bits, const uint4& y_bits, int64_t offset) {
       const T* dy_vals = reinterpret_cast<const T*>(&dy_bits);
       const T* y_vals = reinterpret_cast<const T*>(&y_bits);
       uint4 dz_bits;
@@ -62,6 +60,24 @@ __global__ void relu_bias_backward_nhwc(const T* __restrict__ dy, const T* __res
         sums[v] += g;
       }
       *reinterpret_cast<uint4*>(dz + offset) = dz_bits;
+    };
+    int64_t row = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y;
+    // Four rows a step, all loads issued before any use: more bytes in flight per thread.
+    constexpr int kUnroll = 4;
+    for (; row + (kUnroll - 1) * step < rows; row += kUnroll * step) {
+      uint4 dy_bits[kUnroll], y_bits[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t offset = (row + u * step) * channels + column;
+        dy_bits[u] = *reinterpret_cast<const uint4*>(dy + offset);
+        y_bits[u] = *reinterpret_cast<const uint4*>(y + offset);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) process(dy_bits[u], y_bits[u], (row + u * step) * channels + column);
+    }
+    for (; row < rows; row += step) {
+      const int64_t offset = row * channels + column;
+      process(*reinterpret_cast<const uint4*>(dy + offset), *reinterpret_cast<const uint4*>(y + offset), offset);
     }
   }
   const int width = blockDim.x * kVec;

@@ -300,7 +300,8 @@ def test_cudnn_benchmark_tunes_each_plan_once_and_stays_correct(extension):
             out = layer(x)
             out.float().sum().backward()
         stats = tcf.plan_cache_stats()
-        assert stats["tuned"] == 4, stats  # forward, relu+bias backward, dgrad, wgrad: once each
+        # forward, dgrad, wgrad: once each (ReLU + bias backward is our own kernel in NHWC, nothing to tune)
+        assert stats["tuned"] == 3, stats
         expected = F.relu(F.conv2d(x.double(), layer.weight.double(), layer.bias.double()))
         assert rel_err(out, expected) < 1e-2
     finally:
@@ -314,7 +315,7 @@ def test_relu_bias_backward_kernel_matches_aten(extension, dtype, shape):
     """Our NHWC kernel: dz = grad where y > 0, grad_bias = sum over N, H, W (float32 accumulation)."""
     grad = torch.randn(*shape, device="cuda", dtype=dtype).contiguous(memory_format=CL)
     y = torch.relu(torch.randn(*shape, device="cuda", dtype=dtype)).contiguous(memory_format=CL)
-    y.view(-1)[::7] = 0  # exact zeros must mask too
+    y.masked_fill_(torch.rand_like(y) < 0.1, 0)  # exact zeros must mask too
     dz, dbias = torch.ops.cudnn_fusion.relu_bias_backward(grad, y)
     expected = torch.ops.aten.threshold_backward(grad, y, 0)
     torch.testing.assert_close(dz, expected, rtol=0, atol=0)
