@@ -95,14 +95,24 @@ __global__ void relu_bias_backward_nhwc(const T* __restrict__ dy, const T* __res
   }
 }
 
+// One block per 32 channels: 32 threads down the partial rows of each channel, then a fixed-order sum (the
+// partial rows number a few per multiprocessor: one thread per channel summing them all took tens of us).
 template <typename T>
 __global__ void finalize_bias_grad(const float* __restrict__ partial, T* __restrict__ dbias, int parts,
                                    int64_t channels) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= channels) return;
+  __shared__ float shared[32][33];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   float total = 0.f;
-  for (int p = 0; p < parts; ++p) total += partial[static_cast<int64_t>(p) * channels + c];
-  dbias[c] = from_float<T>(total);
+  if (c < channels) {
+    for (int p = threadIdx.y; p < parts; p += 32) total += partial[static_cast<int64_t>(p) * channels + c];
+  }
+  shared[threadIdx.y][threadIdx.x] = total;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < channels) {
+    float sum = 0.f;
+    for (int r = 0; r < 32; ++r) sum += shared[r][threadIdx.x];
+    dbias[c] = from_float<T>(sum);
+  }
 }
 
 struct Launch {
@@ -130,8 +140,7 @@ cudaError_t launch(const void* dy, const void* y, void* dz, float* partial, void
       static_cast<const T*>(dy), static_cast<const T*>(y), static_cast<T*>(dz), partial, rows, channels);
   cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess) return status;
-  const int threads = 256;
-  finalize_bias_grad<T><<<static_cast<unsigned>((channels + threads - 1) / threads), threads, 0, stream>>>(
+  finalize_bias_grad<T><<<static_cast<unsigned>((channels + 31) / 32), dim3(32, 32), 0, stream>>>(
       partial, static_cast<T*>(dbias), static_cast<int>(shape.grid.y), channels);
   return cudaGetLastError();
 }
