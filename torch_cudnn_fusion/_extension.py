@@ -27,8 +27,8 @@ def _jit_build() -> ModuleType:
     includes = [str(_build_paths.frontend_include_dir()), str(_build_paths.cudnn_include_dir())]
     link = _build_paths.link_args()
     print(
-        "torch_cudnn_fusion: building the cuDNN extension just in time (first use only, about a minute; "
-        "later runs reuse torch's extension cache)...",
+        "torch_cudnn_fusion: loading the cuDNN extension from torch's extension cache, building it first if it is "
+        "not there (about a minute)...",
         file=sys.stderr,
         flush=True,
     )
