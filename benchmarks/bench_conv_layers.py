@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_cudnn_fusion as tcf
+from timing import graph_replay_ms
 
 # name, in_channels, out_channels, kernel, stride, input size, residual add
 SHAPES = [
@@ -59,30 +60,10 @@ def time_ms(fn, input_sets, calls=10, repeats=11, warmup=5) -> float:
     return statistics.median(samples)
 
 
-def graph_time_ms(fn, input_sets, calls=10, replays=11) -> float:
-    """GPU time per call with no host cost: `calls` calls captured in one CUDA graph, replayed."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm up (plans built and tuned) outside the capture
-        for i in range(3):
-            fn(*input_sets[i % len(input_sets)])
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fn(*input_sets[i % len(input_sets)])
-    graph.replay()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / calls)
-    del graph
-    return statistics.median(samples)
+def graph_time_ms(fn, input_sets) -> float:
+    """GPU time per call with no host cost (CUDA graph replay), rotating over the input sets."""
+    calls = iter(range(10**9))
+    return graph_replay_ms(lambda: fn(*input_sets[next(calls) % len(input_sets)]))
 
 
 def bench_shape(name, cin, cout, kernel, stride, size, residual, batch, dtype):

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 import torch_cudnn_fusion as tcf
 from torch_cudnn_fusion import fusion
 from torch_cudnn_fusion.functional import conv2d_bias_act
+from timing import graph_replay_ms
 
 
 def host_us(fn, calls=300, repeats=5):
@@ -31,28 +32,8 @@ def host_us(fn, calls=300, repeats=5):
     return statistics.median(samples)
 
 
-def gpu_us(fn, calls=20, replays=20):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / calls * 1e3)
-    return statistics.median(samples)
+def gpu_us(fn):
+    return graph_replay_ms(fn, calls=20, replays=20) * 1e3
 
 
 def main():

@@ -144,13 +144,46 @@ ElementType element_type(at::ScalarType dtype) {
   return dtype == at::kHalf ? ElementType::kHalf : dtype == at::kBFloat16 ? ElementType::kBFloat16 : ElementType::kFloat;
 }
 
-// Finds the plan; on a refusal counts a runtime fallback and returns null so the caller runs ATen.
-std::shared_ptr<const CachedPlan> plan_or_null(GraphKind kind, const ConvProblem& p,
-                                               const std::array<int8_t, 5>& alignment) {
+// Our NHWC kernel: writes dz and returns the bias gradient (in out's dtype).
+at::Tensor relu_bias_backward_with_kernel(const at::Tensor& dy, const at::Tensor& y, const at::Tensor& dz) {
+  int64_t k = y.size(1);
+  int device = y.device().index();
+  int multiprocessors = multiprocessor_count(device);
+  int64_t rows = y.numel() / k;
+  int64_t parts = relu_bias_backward_partial_rows(rows, k, static_cast<int>(y.element_size()), multiprocessors);
+  auto partial = at::empty({parts, k}, y.options().dtype(at::kFloat));
+  auto dbias = at::empty({k}, y.options());
+  poison(dz);
+  poison(dbias);
+  cudaStream_t stream = nullptr;  // the current stream, which PyTorch's cuDNN handle is bound to
+  TORCH_CHECK(cudnnGetStream(at::native::getCudnnHandle(), &stream) == CUDNN_STATUS_SUCCESS,
+              "cudnn_fusion: could not read the current CUDA stream");
+  auto status = launch_relu_bias_backward_nhwc(element_type(y.scalar_type()), dy.data_ptr(), y.data_ptr(),
+                                               dz.data_ptr(), partial.data_ptr<float>(), dbias.data_ptr(), rows, k,
+                                               multiprocessors, stream);
+  TORCH_CHECK(status == cudaSuccess, "cudnn_fusion: the relu_bias_backward kernel failed to launch: ",
+              cudaGetErrorString(status));
+  return dbias;
+}
+
+// Runs `kind`'s graph on `pointers` after poisoning `outputs` (when the test aid is on). Returns false, with a
+// run-time fallback counted, when cuDNN refused the plan or failed to execute it: the caller then computes the
+// result with ATen.
+bool run_graph(GraphKind kind, const ConvProblem& p, const std::array<int8_t, 5>& alignment,
+               std::unordered_map<int64_t, void*> pointers, std::initializer_list<at::Tensor> outputs,
+               const at::Device& device) {
   auto plan = get_plan(make_graph_key(kind, p, alignment));
-  if (plan->ok()) return plan;
-  PlanCache::instance().count_runtime_fallback(plan->refusal);
-  return nullptr;
+  if (!plan->ok()) {
+    PlanCache::instance().count_runtime_fallback(plan->refusal);
+    return false;
+  }
+  for (const auto& output : outputs) poison(output);
+  return execute_plan(*plan, kind, pointers, device);
+}
+
+void check_grad_z(const at::Tensor& grad_z, const ConvProblem& p) {
+  TORCH_CHECK(grad_z.sizes() == at::IntArrayRef(p.y_size()), "cudnn_fusion: grad_z must have the conv output's shape ",
+              at::IntArrayRef(p.y_size()), ", got ", grad_z.sizes());
 }
 
 }  // namespace
@@ -189,15 +222,12 @@ at::Tensor conv_bias_act(const at::Tensor& x, const at::Tensor& weight, const st
   auto y = at::empty(y_size, x.options().memory_format(format));
   if (y.numel() == 0) return y;
 
-  auto plan = plan_or_null(GraphKind::kConvBiasAct, p,
-                           {alignment_of(x_dense), alignment_of(w_dense), alignment_of(bias_dense),
-                            alignment_of(residual_dense), alignment_of(y)});
-  if (!plan) return fallback_forward(x_dense, w_dense, bias, residual, p);
   std::unordered_map<int64_t, void*> pointers{{kUidX, x_dense.data_ptr()}, {kUidW, w_dense.data_ptr()}, {kUidY, y.data_ptr()}};
   if (p.has_bias) pointers[kUidBias] = bias_dense.data_ptr();
   if (p.has_residual) pointers[kUidResidual] = residual_dense.data_ptr();
-  poison(y);
-  if (!execute_plan(*plan, GraphKind::kConvBiasAct, pointers, x.device())) {
+  std::array<int8_t, 5> alignment{alignment_of(x_dense), alignment_of(w_dense), alignment_of(bias_dense),
+                                  alignment_of(residual_dense), alignment_of(y)};
+  if (!run_graph(GraphKind::kConvBiasAct, p, alignment, std::move(pointers), {y}, x.device())) {
     return fallback_forward(x_dense, w_dense, bias, residual, p);
   }
   return y;
@@ -219,23 +249,7 @@ std::tuple<at::Tensor, at::Tensor> relu_bias_backward(const at::Tensor& grad_out
 
   if (use_relu_bias_kernel(channels_last, out.scalar_type(), k) && alignment_of(dy) == 16 && alignment_of(y) == 16 &&
       alignment_of(dz) == 16) {
-    int device = out.device().index();
-    int multiprocessors = multiprocessor_count(device);
-    int64_t rows = out.numel() / k;
-    int64_t parts = relu_bias_backward_partial_rows(rows, k, static_cast<int>(out.element_size()), multiprocessors);
-    auto partial = at::empty({parts, k}, out.options().dtype(at::kFloat));
-    auto dbias = at::empty({k}, out.options());
-    poison(dz);
-    poison(dbias);
-    cudaStream_t stream = nullptr;  // the current stream, which PyTorch's cuDNN handle is bound to
-    TORCH_CHECK(cudnnGetStream(at::native::getCudnnHandle(), &stream) == CUDNN_STATUS_SUCCESS,
-                "cudnn_fusion: could not read the current CUDA stream");
-    auto status = launch_relu_bias_backward_nhwc(element_type(out.scalar_type()), dy.data_ptr(), y.data_ptr(),
-                                                 dz.data_ptr(), partial.data_ptr<float>(), dbias.data_ptr(), rows, k,
-                                                 multiprocessors, stream);
-    TORCH_CHECK(status == cudaSuccess, "cudnn_fusion: the relu_bias_backward kernel failed to launch: ",
-                cudaGetErrorString(status));
-    return {dz, dbias};
+    return {dz, relu_bias_backward_with_kernel(dy, y, dz)};
   }
 
   ConvProblem p;
@@ -245,18 +259,13 @@ std::tuple<at::Tensor, at::Tensor> relu_bias_backward(const at::Tensor& grad_out
   p.x_size = size4(out.sizes());
   p.w_size = {k, k, 1, 1};
   auto dbias = at::empty({k}, out.options().dtype(at::kFloat));
-  auto plan = plan_or_null(GraphKind::kReluBiasBackward, p,
-                           {alignment_of(dy), alignment_of(y), alignment_of(dz), alignment_of(dbias), 0});
-  auto aten = [&]() -> std::tuple<at::Tensor, at::Tensor> {
-    auto grad_z = at::threshold_backward(dy, y, 0);
-    return {grad_z, grad_z.sum({0, 2, 3}, false, at::kFloat).to(out.scalar_type())};
-  };
-  if (!plan) return aten();
+  std::array<int8_t, 5> alignment{alignment_of(dy), alignment_of(y), alignment_of(dz), alignment_of(dbias), 0};
   std::unordered_map<int64_t, void*> pointers{
       {kUidDy, dy.data_ptr()}, {kUidY, y.data_ptr()}, {kUidDz, dz.data_ptr()}, {kUidDbias, dbias.data_ptr()}};
-  poison(dz);
-  poison(dbias);
-  if (!execute_plan(*plan, GraphKind::kReluBiasBackward, pointers, out.device())) return aten();
+  if (!run_graph(GraphKind::kReluBiasBackward, p, alignment, std::move(pointers), {dz, dbias}, out.device())) {
+    auto grad_z = at::threshold_backward(dy, y, 0);
+    return {grad_z, grad_z.sum({0, 2, 3}, false, at::kFloat).to(out.scalar_type())};
+  }
   return {dz, dbias.to(out.scalar_type())};
 }
 
@@ -270,8 +279,7 @@ at::Tensor conv_dgrad(const at::Tensor& grad_z, const at::Tensor& weight, at::In
   bool channels_last = use_channels_last(grad_z, weight);
   auto p = make_problem(grad_z, x_size, weight.sizes(), stride, padding_pre, padding_post, dilation, groups,
                         channels_last);
-  TORCH_CHECK(grad_z.sizes() == at::IntArrayRef(p.y_size()), "cudnn_fusion: grad_z must have the conv output's shape ",
-              at::IntArrayRef(p.y_size()), ", got ", grad_z.sizes());
+  check_grad_z(grad_z, p);
   c10::DeviceGuard guard(grad_z.device());
   auto format = memory_format(channels_last);
   auto dz = grad_z.contiguous(format);
@@ -279,12 +287,11 @@ at::Tensor conv_dgrad(const at::Tensor& grad_z, const at::Tensor& weight, at::In
   auto dx = at::empty(x_size, grad_z.options().memory_format(format));
   if (dx.numel() == 0) return dx;
 
-  auto plan = plan_or_null(GraphKind::kConvDgrad, p,
-                           {alignment_of(dz), alignment_of(w_dense), alignment_of(dx), 0, 0});
-  if (!plan) return fallback_dgrad(dz, w_dense, p);
-  std::unordered_map<int64_t, void*> pointers{{kUidDz, dz.data_ptr()}, {kUidW, w_dense.data_ptr()}, {kUidDx, dx.data_ptr()}};
-  poison(dx);
-  if (!execute_plan(*plan, GraphKind::kConvDgrad, pointers, grad_z.device())) return fallback_dgrad(dz, w_dense, p);
+  if (!run_graph(GraphKind::kConvDgrad, p, {alignment_of(dz), alignment_of(w_dense), alignment_of(dx), 0, 0},
+                 {{kUidDz, dz.data_ptr()}, {kUidW, w_dense.data_ptr()}, {kUidDx, dx.data_ptr()}}, {dx},
+                 grad_z.device())) {
+    return fallback_dgrad(dz, w_dense, p);
+  }
   return dx;
 }
 
@@ -299,8 +306,7 @@ at::Tensor conv_wgrad(const at::Tensor& grad_z, const at::Tensor& x, at::IntArra
   bool channels_last = use_channels_last(x, grad_z);
   auto p = make_problem(grad_z, x.sizes(), weight_size, stride, padding_pre, padding_post, dilation, groups,
                         channels_last);
-  TORCH_CHECK(grad_z.sizes() == at::IntArrayRef(p.y_size()), "cudnn_fusion: grad_z must have the conv output's shape ",
-              at::IntArrayRef(p.y_size()), ", got ", grad_z.sizes());
+  check_grad_z(grad_z, p);
   c10::DeviceGuard guard(grad_z.device());
   auto format = memory_format(channels_last);
   auto dz = grad_z.contiguous(format);
@@ -309,12 +315,11 @@ at::Tensor conv_wgrad(const at::Tensor& grad_z, const at::Tensor& x, at::IntArra
   if (dw.numel() == 0) return dw;
   if (dz.numel() == 0) return dw.zero_();  // an empty batch contributes nothing to the weight gradient
 
-  auto plan = plan_or_null(GraphKind::kConvWgrad, p,
-                           {alignment_of(dz), alignment_of(x_dense), alignment_of(dw), 0, 0});
-  if (!plan) return fallback_wgrad(dz, x_dense, p);
-  std::unordered_map<int64_t, void*> pointers{{kUidDz, dz.data_ptr()}, {kUidX, x_dense.data_ptr()}, {kUidDw, dw.data_ptr()}};
-  poison(dw);
-  if (!execute_plan(*plan, GraphKind::kConvWgrad, pointers, grad_z.device())) return fallback_wgrad(dz, x_dense, p);
+  if (!run_graph(GraphKind::kConvWgrad, p, {alignment_of(dz), alignment_of(x_dense), alignment_of(dw), 0, 0},
+                 {{kUidDz, dz.data_ptr()}, {kUidX, x_dense.data_ptr()}, {kUidDw, dw.data_ptr()}}, {dw},
+                 grad_z.device())) {
+    return fallback_wgrad(dz, x_dense, p);
+  }
   return dw;
 }
 

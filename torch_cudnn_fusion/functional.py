@@ -153,7 +153,9 @@ def conv2d_bias_act(
     config = fusion.layer_config(x, weight, bias, residual, stride_, padding_pre, padding_post, dilation_, groups,
                                  relu, padding_mode)
     decision = fusion.decide_and_record(layer_id, config)
-    fusion.raise_if_strict(decision, strict, "this conv layer" if layer_id < 0 else f"layer {layer_id}")
+    where = (f"the conv layer {x.shape[1]}->{weight.shape[0]} channels, kernel {weight.shape[2]}x{weight.shape[3]}, "
+             f"input {list(x.shape)}")
+    fusion.raise_if_strict(decision, strict, where)
     conv_args = (list(stride_), list(padding_pre), list(padding_post), list(dilation_), groups, relu)
     if signature is not None:
         _last_call[layer_id] = (signature, decision[0], conv_args)

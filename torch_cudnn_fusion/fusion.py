@@ -30,8 +30,9 @@ class FusionStatus:
     """How a fused layer last ran.
 
     fused: the forward runs as one cuDNN graph. reason: why not, when it does not (for a fused layer, a note, if
-    any). backward: for each backward graph ("relu_bias_backward", "dgrad", "wgrad"), "" when cuDNN built it or
-    the reason it runs in ATen.
+    any). backward: for each fused backward step, "" when it runs fused or the reason it runs in ATen:
+    "relu_bias_backward" (ReLU backward with the bias-gradient reduction: our kernel for NHWC, a cuDNN graph
+    otherwise), "dgrad" and "wgrad" (cuDNN graphs).
     """
 
     fused: bool
