@@ -5,6 +5,7 @@
 #include <cudnn_frontend_version.h>
 
 #include "conv_ops.h"
+#include "engine_listing.h"
 
 namespace tcf {
 namespace {
@@ -24,11 +25,11 @@ std::array<int64_t, N> fixed(const std::vector<int64_t>& values, const char* nam
   return out;
 }
 
-std::unordered_map<std::string, std::string> check_conv_layer_py(
-    const std::string& dtype, bool channels_last, int64_t device, const std::vector<int64_t>& x_size,
-    const std::vector<int64_t>& w_size, const std::vector<int64_t>& stride, const std::vector<int64_t>& padding_pre,
-    const std::vector<int64_t>& padding_post, const std::vector<int64_t>& dilation, int64_t groups, bool has_bias,
-    bool has_residual, bool relu, bool backward, const std::vector<int64_t>& alignment) {
+ConvProblem problem_from(const std::string& dtype, bool channels_last, int64_t device, const std::vector<int64_t>& x_size,
+                         const std::vector<int64_t>& w_size, const std::vector<int64_t>& stride,
+                         const std::vector<int64_t>& padding_pre, const std::vector<int64_t>& padding_post,
+                         const std::vector<int64_t>& dilation, int64_t groups, bool has_bias, bool has_residual,
+                         bool relu) {
   ConvProblem p;
   p.dtype = dtype_from_name(dtype);
   p.channels_last = channels_last;
@@ -43,9 +44,54 @@ std::unordered_map<std::string, std::string> check_conv_layer_py(
   p.has_bias = has_bias;
   p.has_residual = has_residual;
   p.relu = relu;
+  return p;
+}
+
+std::unordered_map<std::string, std::string> check_conv_layer_py(
+    const std::string& dtype, bool channels_last, int64_t device, const std::vector<int64_t>& x_size,
+    const std::vector<int64_t>& w_size, const std::vector<int64_t>& stride, const std::vector<int64_t>& padding_pre,
+    const std::vector<int64_t>& padding_post, const std::vector<int64_t>& dilation, int64_t groups, bool has_bias,
+    bool has_residual, bool relu, bool backward, const std::vector<int64_t>& alignment) {
+  auto p = problem_from(dtype, channels_last, device, x_size, w_size, stride, padding_pre, padding_post, dilation,
+                        groups, has_bias, has_residual, relu);
   auto a = fixed<4>(alignment, "alignment");
   return check_conv_layer(p, backward, {static_cast<int8_t>(a[0]), static_cast<int8_t>(a[1]),
                                         static_cast<int8_t>(a[2]), static_cast<int8_t>(a[3])});
+}
+
+GraphKind graph_kind_from_name(const std::string& name) {
+  if (name == "forward") return GraphKind::kConvBiasAct;
+  if (name == "relu_bias_backward") return GraphKind::kReluBiasBackward;
+  if (name == "dgrad") return GraphKind::kConvDgrad;
+  if (name == "wgrad") return GraphKind::kConvWgrad;
+  TORCH_CHECK(false, "cudnn_fusion: graph must be 'forward', 'relu_bias_backward', 'dgrad' or 'wgrad', got '", name,
+              "'");
+}
+
+pybind11::dict list_engines_py(const std::string& graph, const std::string& dtype, bool channels_last, int64_t device,
+                               const std::vector<int64_t>& x_size, const std::vector<int64_t>& w_size,
+                               const std::vector<int64_t>& stride, const std::vector<int64_t>& padding_pre,
+                               const std::vector<int64_t>& padding_post, const std::vector<int64_t>& dilation,
+                               int64_t groups, bool has_bias, bool has_residual, bool relu, bool time, int64_t repeats) {
+  auto p = problem_from(dtype, channels_last, device, x_size, w_size, stride, padding_pre, padding_post, dilation,
+                        groups, has_bias, has_residual, relu);
+  auto listing = list_engines(graph_kind_from_name(graph), p, time, static_cast<int>(repeats));
+  pybind11::list candidates;
+  for (const auto& c : listing.candidates) {
+    pybind11::dict row;
+    row["index"] = c.index;
+    row["name"] = c.name;
+    row["behaviour_notes"] = c.behaviour_notes;
+    row["workspace_bytes"] = c.workspace_bytes;
+    row["error"] = c.error;
+    row["median_ms"] = c.median_ms >= 0 ? pybind11::cast(static_cast<double>(c.median_ms)) : pybind11::none();
+    candidates.append(row);
+  }
+  pybind11::dict out;
+  out["candidates"] = candidates;
+  out["heuristic_choice"] = listing.heuristic_choice;
+  out["refusal"] = listing.refusal;
+  return out;
 }
 
 pybind11::dict plan_cache_stats() {
@@ -92,6 +138,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "torch_cudnn_fusion's compiled core: cuDNN graphs, plan cache and ops";
   m.def("check_conv_layer", &tcf::check_conv_layer_py,
         "Build (or find) the plans a conv layer would use; returns each graph's refusal, '' when built");
+  m.def("list_engines", &tcf::list_engines_py,
+        "Every candidate plan cuDNN's heuristics offer for one graph of a conv layer, optionally timed");
   m.def("plan_cache_stats", &tcf::plan_cache_stats, "Counters of the plan cache");
   m.def("clear_plan_cache", []() { tcf::PlanCache::instance().clear(); }, "Drop every cached plan");
   m.def(

@@ -211,21 +211,57 @@ std::vector<std::string> unmet_requirements(const GraphKey& key) {
 }
 
 std::shared_ptr<CachedPlan> refused(const GraphKey& key, const char* stage, const std::string& message) {
-  std::ostringstream out;
-  out << "cuDNN refused the " << graph_kind_name(key.kind) << " graph (" << describe_problem(key) << ") at "
-      << stage << ": " << message;
-  auto unmet = unmet_requirements(key);
-  if (unmet.empty()) {
-    out << ". The configuration meets every requirement this library knows of (NHWC, channel and pointer "
-           "alignment, compute capability, TF32); cuDNN gave no further reason";
-  } else {
-    out << ". Requirements not met:";
-    for (const auto& requirement : unmet) out << " [" << requirement << "]";
-  }
   auto plan = std::make_shared<CachedPlan>();
-  plan->refusal = out.str();
+  plan->refusal = describe_refusal(key, stage, message);
   return plan;
 }
+
+#define TCF_BUILD_STEP(expr, stage)                                            \
+  do {                                                                         \
+    auto status = (expr);                                                      \
+    if (status.is_bad()) return BuildFailure{stage, status.get_message()};     \
+  } while (0)
+
+// Describes `key`'s graph and asks cuDNN's heuristics (mode A) for its candidate plans, with the numerical notes
+// PyTorch's own cuDNN convolutions exclude: never engines that down-convert inputs, and float32 uses the tensor
+// cores (TF32) only when torch.backends.cudnn.allow_tf32 says so.
+BuildFailure describe_and_query(fe::graph::Graph& graph, const GraphKey& key) {
+  switch (key.kind) {
+    case GraphKind::kConvBiasAct:
+      describe_conv_bias_act(graph, key);
+      break;
+    case GraphKind::kReluBiasBackward:
+      describe_relu_bias_backward(graph, key);
+      break;
+    case GraphKind::kConvDgrad:
+      describe_dgrad(graph, key);
+      break;
+    case GraphKind::kConvWgrad:
+      describe_wgrad(graph, key);
+      break;
+  }
+  cudnnHandle_t handle = at::native::getCudnnHandle();
+  TCF_BUILD_STEP(graph.validate(), "validate");
+  TCF_BUILD_STEP(graph.build_operation_graph(handle), "build_operation_graph");
+  TCF_BUILD_STEP(graph.create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans");
+  std::vector<fe::NumericalNote_t> excluded{fe::NumericalNote_t::DOWN_CONVERT_INPUTS};
+  if (static_cast<at::ScalarType>(key.dtype) == at::kFloat && !key.allow_tf32) {
+    excluded.push_back(fe::NumericalNote_t::TENSOR_CORE);
+  }
+  graph.deselect_numeric_notes(excluded);
+  return {};
+}
+
+BuildFailure build_heuristic_choice(fe::graph::Graph& graph, const GraphKey& key, int64_t& workspace) {
+  auto failure = describe_and_query(graph, key);
+  if (failure.failed()) return failure;
+  cudnnHandle_t handle = at::native::getCudnnHandle();
+  TCF_BUILD_STEP(graph.check_support(handle), "check_support");
+  TCF_BUILD_STEP(graph.build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), "build_plans");
+  TCF_BUILD_STEP(graph.get_workspace_size(workspace), "get_workspace_size");
+  return {};
+}
+#undef TCF_BUILD_STEP
 
 std::shared_ptr<CachedPlan> build_plan(const GraphKey& key) {
   // cuDNN builds plans without looking at pointers, then refuses to execute them on misaligned ones
@@ -237,41 +273,9 @@ std::shared_ptr<CachedPlan> build_plan(const GraphKey& key) {
   }
   auto graph = new_graph(key);
   try {
-    switch (key.kind) {
-      case GraphKind::kConvBiasAct:
-        describe_conv_bias_act(*graph, key);
-        break;
-      case GraphKind::kReluBiasBackward:
-        describe_relu_bias_backward(*graph, key);
-        break;
-      case GraphKind::kConvDgrad:
-        describe_dgrad(*graph, key);
-        break;
-      case GraphKind::kConvWgrad:
-        describe_wgrad(*graph, key);
-        break;
-    }
-    cudnnHandle_t handle = at::native::getCudnnHandle();
-#define TCF_BUILD_STEP(expr, stage)                                   \
-  do {                                                                \
-    auto status = (expr);                                             \
-    if (status.is_bad()) return refused(key, stage, status.get_message()); \
-  } while (0)
-    TCF_BUILD_STEP(graph->validate(), "validate");
-    TCF_BUILD_STEP(graph->build_operation_graph(handle), "build_operation_graph");
-    TCF_BUILD_STEP(graph->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans");
-    // As PyTorch's own cuDNN convolutions: never engines that down-convert inputs, and float32 uses the
-    // tensor cores (TF32) only when torch.backends.cudnn.allow_tf32 says so.
-    std::vector<fe::NumericalNote_t> excluded{fe::NumericalNote_t::DOWN_CONVERT_INPUTS};
-    if (static_cast<at::ScalarType>(key.dtype) == at::kFloat && !key.allow_tf32) {
-      excluded.push_back(fe::NumericalNote_t::TENSOR_CORE);
-    }
-    graph->deselect_numeric_notes(excluded);
-    TCF_BUILD_STEP(graph->check_support(handle), "check_support");
-    TCF_BUILD_STEP(graph->build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), "build_plans");
     int64_t workspace = 0;
-    TCF_BUILD_STEP(graph->get_workspace_size(workspace), "get_workspace_size");
-#undef TCF_BUILD_STEP
+    auto failure = build_heuristic_choice(*graph, key, workspace);
+    if (failure.failed()) return refused(key, failure.stage.c_str(), failure.message);
     auto plan = std::make_shared<CachedPlan>();
     plan->graph = graph;
     plan->workspace_bytes = workspace;
@@ -283,60 +287,97 @@ std::shared_ptr<CachedPlan> build_plan(const GraphKey& key) {
 
 constexpr int64_t kPlansToTune = 8;
 
-// Milliseconds one run of plan `index` takes (the least of three after a warm-up), or a negative value if it
-// cannot run.
-float time_plan(fe::graph::Graph& graph, int64_t index, cudnnHandle_t handle, cudaStream_t stream,
-                const std::unordered_map<int64_t, void*>& pointers, void* workspace, cudaEvent_t start,
-                cudaEvent_t stop) {
-  auto run = [&]() {
-    auto variant_pack = pointers;  // execute extends the map it is given
-    return graph.execute_plan_at_index(handle, variant_pack, workspace, index).is_good();
-  };
-  if (!run()) return -1.0f;
-  float best = std::numeric_limits<float>::max();
-  for (int repeat = 0; repeat < 3; ++repeat) {
-    float ms = 0;
-    if (cudaEventRecord(start, stream) != cudaSuccess || !run() || cudaEventRecord(stop, stream) != cudaSuccess ||
-        cudaEventSynchronize(stop) != cudaSuccess || cudaEventElapsedTime(&ms, start, stop) != cudaSuccess) {
-      return -1.0f;
-    }
-    best = std::min(best, ms);
-  }
-  return best;
-}
-
 }  // namespace
 
-void tune_plan(const CachedPlan& plan, cudnnHandle_t handle, const std::unordered_map<int64_t, void*>& pointers,
-               const at::Device& device) {
+std::string describe_refusal(const GraphKey& key, const std::string& stage, const std::string& message) {
+  std::ostringstream out;
+  out << "cuDNN refused the " << graph_kind_name(key.kind) << " graph (" << describe_problem(key) << ") at "
+      << stage << ": " << message;
+  auto unmet = unmet_requirements(key);
+  if (unmet.empty()) {
+    out << ". The configuration meets every requirement this library knows of (NHWC, channel and pointer "
+           "alignment, compute capability, TF32); cuDNN gave no further reason";
+  } else {
+    out << ". Requirements not met:";
+    for (const auto& requirement : unmet) out << " [" << requirement << "]";
+  }
+  return out.str();
+}
+
+std::shared_ptr<fe::graph::Graph> candidate_graph(const GraphKey& key, BuildFailure& failure) {
+  auto graph = new_graph(key);
+  try {
+    failure = describe_and_query(*graph, key);
+  } catch (const std::exception& e) {
+    failure = BuildFailure{"graph construction", e.what()};
+  }
+  return failure.failed() ? nullptr : graph;
+}
+
+namespace {
+
+// The current stream (PyTorch's cuDNN handle is bound to it), or null while it captures a CUDA graph: nothing is
+// timed inside a capture.
+cudaStream_t stream_if_not_capturing(cudnnHandle_t handle) {
   cudaStream_t stream = nullptr;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   if (cudnnGetStream(handle, &stream) != CUDNN_STATUS_SUCCESS ||
       cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
-    return;  // never time inside a CUDA graph capture: a later call outside one tunes
+    return nullptr;
   }
+  return stream == nullptr ? cudaStreamLegacy : stream;
+}
+
+}  // namespace
+
+float time_plan_ms(fe::graph::Graph& graph, int64_t index, const std::unordered_map<int64_t, void*>& pointers,
+                   const at::Device& device, int repeats) {
+  cudnnHandle_t handle = at::native::getCudnnHandle();
+  cudaStream_t stream = stream_if_not_capturing(handle);
+  if (stream == nullptr) return -1.0f;
+  int64_t workspace_bytes = graph.get_workspace_size_plan_at_index(index);
+  auto workspace = at::empty({std::max<int64_t>(workspace_bytes, 1)}, at::TensorOptions().dtype(at::kByte).device(device));
+  auto run = [&]() {
+    auto variant_pack = pointers;  // execute extends the map it is given
+    return graph.execute_plan_at_index(handle, variant_pack, workspace.data_ptr(), index).is_good();
+  };
+  if (!run()) return -1.0f;  // warm-up
+  cudaEvent_t start = nullptr, stop = nullptr;
+  if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) return -1.0f;
+  std::vector<float> samples;
+  for (int repeat = 0; repeat < repeats; ++repeat) {
+    float ms = 0;
+    if (cudaEventRecord(start, stream) != cudaSuccess || !run() || cudaEventRecord(stop, stream) != cudaSuccess ||
+        cudaEventSynchronize(stop) != cudaSuccess || cudaEventElapsedTime(&ms, start, stop) != cudaSuccess) {
+      samples.clear();
+      break;
+    }
+    samples.push_back(ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (samples.empty()) return -1.0f;
+  std::nth_element(samples.begin(), samples.begin() + samples.size() / 2, samples.end());
+  return samples[samples.size() / 2];
+}
+
+void tune_plan(const CachedPlan& plan, const std::unordered_map<int64_t, void*>& pointers, const at::Device& device) {
+  if (stream_if_not_capturing(at::native::getCudnnHandle()) == nullptr) return;  // a later call outside one tunes
   std::lock_guard<std::mutex> lock(plan.tune_mutex);
   if (plan.tuned.load()) return;
   auto& graph = *plan.graph;
-  cudaEvent_t start = nullptr, stop = nullptr;
-  if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) return;
   int64_t best_index = -1, best_workspace = 0;
   float best_ms = std::numeric_limits<float>::max();
   int64_t candidates = std::min<int64_t>(graph.get_execution_plan_count(), kPlansToTune);
   for (int64_t index = 0; index < candidates; ++index) {
     if (graph.build_plan_at_index(index).is_bad()) continue;  // deselected (numerical notes) or unbuildable
-    int64_t workspace_bytes = graph.get_workspace_size_plan_at_index(index);
-    auto workspace = at::empty({std::max<int64_t>(workspace_bytes, 1)},
-                               at::TensorOptions().dtype(at::kByte).device(device));
-    float ms = time_plan(graph, index, handle, stream, pointers, workspace.data_ptr(), start, stop);
+    float ms = time_plan_ms(graph, index, pointers, device, 3);
     if (ms >= 0 && ms < best_ms) {
       best_ms = ms;
       best_index = index;
-      best_workspace = workspace_bytes;
+      best_workspace = graph.get_workspace_size_plan_at_index(index);
     }
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   if (best_index >= 0) {
     plan.tuned_workspace_bytes.store(best_workspace);
     plan.tuned_index.store(best_index, std::memory_order_release);
@@ -430,7 +471,7 @@ bool execute_plan(const CachedPlan& plan, GraphKind kind, std::unordered_map<int
                   const at::Device& device) {
   cudnnHandle_t handle = at::native::getCudnnHandle();  // bound to the current stream
   if (at::globalContext().benchmarkCuDNN() && !plan.tuned.load(std::memory_order_acquire)) {
-    tune_plan(plan, handle, pointers, device);
+    tune_plan(plan, pointers, device);
   }
   int64_t index = plan.tuned_index.load(std::memory_order_acquire);
   int64_t workspace_bytes = index >= 0 ? plan.tuned_workspace_bytes.load() : plan.workspace_bytes;

@@ -68,8 +68,27 @@ bool execute_plan(const CachedPlan& plan, GraphKind kind, std::unordered_map<int
 
 // Times the heuristic's first plans on these pointers and keeps the fastest for every later run of `plan`
 // (done once, by execute_plan, while torch.backends.cudnn.benchmark is on; skipped inside CUDA graph capture).
-void tune_plan(const CachedPlan& plan, cudnnHandle_t handle, const std::unordered_map<int64_t, void*>& pointers,
-               const at::Device& device);
+void tune_plan(const CachedPlan& plan, const std::unordered_map<int64_t, void*>& pointers, const at::Device& device);
+
+// Where cuDNN refused a graph: the build step and cuDNN's message (both empty when nothing failed).
+struct BuildFailure {
+  std::string stage;
+  std::string message;
+  bool failed() const { return !stage.empty(); }
+};
+
+// "cuDNN refused the <graph> graph (<configuration>) at <stage>: <message>. Requirements not met: [...]": names the
+// requirements of the fused engines the configuration does not meet, not only cuDNN's status.
+std::string describe_refusal(const GraphKey& key, const std::string& stage, const std::string& message);
+
+// `key`'s graph with the heuristic's candidate plans listed but none built (for engine listing), or null with
+// `failure` set.
+std::shared_ptr<fe::graph::Graph> candidate_graph(const GraphKey& key, BuildFailure& failure);
+
+// Median milliseconds of `repeats` runs of built plan `index` on `pointers` after a warm-up, on the current
+// stream; negative if it cannot run (or while a CUDA graph is being captured).
+float time_plan_ms(fe::graph::Graph& graph, int64_t index, const std::unordered_map<int64_t, void*>& pointers,
+                   const at::Device& device, int repeats);
 
 // Strides cuDNN must be given for a dense tensor of `size` in the layout: set explicitly for every tensor,
 // outputs included (the frontend's default output strides are NHWC, which silently wrote NHWC data into

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from . import _extension
 from .diagnostics import FusionReport, FusionReportRow, fusion_report
+from .engine_listing import EngineCandidate, EngineTable, engines
 from .functional import conv2d_bias_act
 from .fusion import FusionError, FusionStatus, is_strict, set_strict, strict
 from .nn import Conv2dAddReLU, Conv2dReLU, FusedConv2d
@@ -44,6 +45,8 @@ def set_plan_cache_capacity(capacity: int) -> None:
 
 __all__ = [
     "Conv2dAddReLU",
+    "EngineCandidate",
+    "EngineTable",
     "Conv2dReLU",
     "FusedConv2d",
     "FusionError",
@@ -52,6 +55,7 @@ __all__ = [
     "FusionStatus",
     "clear_plan_cache",
     "conv2d_bias_act",
+    "engines",
     "fusion_report",
     "is_available",
     "is_strict",
