@@ -2,6 +2,7 @@
 // support check. Fake (meta) kernels and autograd are registered from Python (torch_cudnn_fusion/ops.py).
 #include <torch/extension.h>
 
+#include <c10/core/DeviceGuard.h>
 #include <cudnn_frontend_version.h>
 
 #include "conv_ops.h"
@@ -66,6 +67,28 @@ GraphKind graph_kind_from_name(const std::string& name) {
   if (name == "wgrad") return GraphKind::kConvWgrad;
   TORCH_CHECK(false, "cudnn_fusion: graph must be 'forward', 'relu_bias_backward', 'dgrad' or 'wgrad', got '", name,
               "'");
+}
+
+pybind11::dict plan_in_use_py(const std::string& graph, const std::string& dtype, bool channels_last, int64_t device,
+                              const std::vector<int64_t>& x_size, const std::vector<int64_t>& w_size,
+                              const std::vector<int64_t>& stride, const std::vector<int64_t>& padding_pre,
+                              const std::vector<int64_t>& padding_post, const std::vector<int64_t>& dilation,
+                              int64_t groups, bool has_bias, bool has_residual, bool relu,
+                              const std::vector<int64_t>& alignment) {
+  auto p = problem_from(dtype, channels_last, device, x_size, w_size, stride, padding_pre, padding_post, dilation,
+                        groups, has_bias, has_residual, relu);
+  auto a = fixed<5>(alignment, "alignment");
+  c10::DeviceGuard guard(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
+  auto info = plan_in_use(make_graph_key(
+      graph_kind_from_name(graph), p,
+      {static_cast<int8_t>(a[0]), static_cast<int8_t>(a[1]), static_cast<int8_t>(a[2]), static_cast<int8_t>(a[3]),
+       static_cast<int8_t>(a[4])}));
+  pybind11::dict out;
+  out["name"] = info.name;
+  out["workspace_bytes"] = info.workspace_bytes;
+  out["tuned"] = info.tuned;
+  out["refusal"] = info.refusal;
+  return out;
 }
 
 pybind11::dict list_engines_py(const std::string& graph, const std::string& dtype, bool channels_last, int64_t device,
@@ -140,6 +163,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Build (or find) the plans a conv layer would use; returns each graph's refusal, '' when built");
   m.def("list_engines", &tcf::list_engines_py,
         "Every candidate plan cuDNN's heuristics offer for one graph of a conv layer, optionally timed");
+  m.def("plan_in_use", &tcf::plan_in_use_py, "The plan the cache runs for one graph of a conv layer");
   m.def("plan_cache_stats", &tcf::plan_cache_stats, "Counters of the plan cache");
   m.def("clear_plan_cache", []() { tcf::PlanCache::instance().clear(); }, "Drop every cached plan");
   m.def(

@@ -1,5 +1,8 @@
 #include "conv_graphs.h"
 
+#include <atomic>
+#include <cstdlib>
+#include <fstream>
 #include <limits>
 #include <mutex>
 #include <sstream>
@@ -263,6 +266,26 @@ BuildFailure build_heuristic_choice(fe::graph::Graph& graph, const GraphKey& key
 }
 #undef TCF_BUILD_STEP
 
+// With TORCH_CUDNN_FUSION_DEBUG_DIR set, every graph the plan cache builds is written there as JSON, with its
+// configuration and cuDNN's refusal if any (Python also turns cudnn-frontend's and cuDNN's logs on, to files there).
+void dump_graph_if_asked(const GraphKey& key, const fe::graph::Graph& graph, const std::string& refusal) {
+  static const char* directory = std::getenv("TORCH_CUDNN_FUSION_DEBUG_DIR");
+  if (directory == nullptr || *directory == '\0') return;
+  static std::atomic<int> counter{0};
+  int number = counter++;
+  nlohmann::json out;
+  out["graph_kind"] = graph_kind_name(key.kind);
+  out["configuration"] = describe_problem(key);
+  out["refusal"] = refusal;
+  try {
+    out["graph"] = nlohmann::json::parse(graph.print());
+  } catch (const std::exception& e) {
+    out["graph"] = std::string("could not serialize: ") + e.what();
+  }
+  std::ofstream file(std::string(directory) + "/graph_" + std::to_string(number) + ".json");
+  file << out.dump(1) << "\n";
+}
+
 std::shared_ptr<CachedPlan> build_plan(const GraphKey& key) {
   // cuDNN builds plans without looking at pointers, then refuses to execute them on misaligned ones
   // (CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER, seen with a 2-byte aligned bf16 input): check first.
@@ -275,7 +298,12 @@ std::shared_ptr<CachedPlan> build_plan(const GraphKey& key) {
   try {
     int64_t workspace = 0;
     auto failure = build_heuristic_choice(*graph, key, workspace);
-    if (failure.failed()) return refused(key, failure.stage.c_str(), failure.message);
+    if (failure.failed()) {
+      auto refusal = refused(key, failure.stage.c_str(), failure.message);
+      dump_graph_if_asked(key, *graph, refusal->refusal);
+      return refusal;
+    }
+    dump_graph_if_asked(key, *graph, "");
     auto plan = std::make_shared<CachedPlan>();
     plan->graph = graph;
     plan->workspace_bytes = workspace;
@@ -384,6 +412,21 @@ void tune_plan(const CachedPlan& plan, const std::unordered_map<int64_t, void*>&
   }
   plan.tuned.store(true, std::memory_order_release);
   PlanCache::instance().count_tuned();
+}
+
+PlanInUse plan_in_use(const GraphKey& key) {
+  PlanInUse info;
+  auto plan = get_plan(key);
+  if (!plan->ok()) {
+    info.refusal = plan->refusal;
+    return info;
+  }
+  int64_t index = plan->tuned_index.load();
+  info.tuned = index >= 0;
+  auto status = info.tuned ? plan->graph->get_plan_name_at_index(index, info.name) : plan->graph->get_plan_name(info.name);
+  if (status.is_bad()) info.name = "unknown (" + status.get_message() + ")";
+  info.workspace_bytes = info.tuned ? plan->tuned_workspace_bytes.load() : plan->workspace_bytes;
+  return info;
 }
 
 std::array<int64_t, 4> ConvProblem::y_size() const {

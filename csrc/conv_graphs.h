@@ -90,6 +90,16 @@ std::shared_ptr<fe::graph::Graph> candidate_graph(const GraphKey& key, BuildFail
 float time_plan_ms(fe::graph::Graph& graph, int64_t index, const std::unordered_map<int64_t, void*>& pointers,
                    const at::Device& device, int repeats);
 
+// The plan the cache runs for `key` (building it if needed): cuDNN's name for it (engine id and knobs), its
+// workspace, whether autotuning chose it; or the refusal.
+struct PlanInUse {
+  std::string name;
+  int64_t workspace_bytes = 0;
+  bool tuned = false;
+  std::string refusal;
+};
+PlanInUse plan_in_use(const GraphKey& key);
+
 // Strides cuDNN must be given for a dense tensor of `size` in the layout: set explicitly for every tensor,
 // outputs included (the frontend's default output strides are NHWC, which silently wrote NHWC data into
 // NCHW buffers when they were left unset).

@@ -1,6 +1,7 @@
 """GPU behaviour beyond numerics: opcheck, torch.compile, CUDA graphs, the plan cache, autocast, DDP, threads,
 saved-activation memory, fallbacks and errors."""
 
+import os
 import socket
 import threading
 
@@ -324,3 +325,38 @@ def test_relu_bias_backward_kernel_matches_aten(extension, dtype, shape):
     assert dbias.dtype == dtype
     tolerance = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype]
     torch.testing.assert_close(dbias.double(), reference, rtol=tolerance, atol=tolerance * reference.abs().max().item())
+
+
+def test_explain_names_the_plan_that_ran(extension):
+    tcf.clear_plan_cache()
+    model = nn.Sequential(tcf.Conv2dReLU(64, 64, 3, padding=1), tcf.Conv2dReLU(64, 64, 3, padding=1, groups=2))
+    model = model.cuda().to(dtype=torch.bfloat16, memory_format=CL)
+    report = tcf.explain(model, _input(8, 64, 28, 28), repeats=3)
+    fused, fallback = report
+    assert fused.fused and fused.operations == ("conv_fprop", "add bias", "relu")
+    heuristic = [c for c in tcf.engines([8, 64, 28, 28], [64, 64, 3, 3], padding=1) if c.heuristic_choice]
+    assert fused.engine == heuristic[0].name and fused.workspace_bytes == heuristic[0].workspace_bytes
+    assert not fused.autotuned and fused.median_ms > 0
+    assert not fallback.fused and fallback.reason.startswith("groups=2") and fallback.median_ms > 0
+    assert fused.engine in str(report)
+
+
+def test_debug_dir_dumps_graphs_and_logs(extension, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, torch_cudnn_fusion as t\n"
+        "layer = t.Conv2dReLU(16, 16, 3, padding=1).cuda().to(memory_format=torch.channels_last)\n"
+        "layer(torch.randn(2, 16, 8, 8, device='cuda').to(memory_format=torch.channels_last))\n"
+        "torch.cuda.synchronize()\n"
+    )
+    env = dict(os.environ, TORCH_CUDNN_FUSION_DEBUG_DIR=str(tmp_path))
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True)
+    graphs = sorted(tmp_path.glob("graph_*.json"))
+    assert graphs, list(tmp_path.iterdir())
+    dumped = json.loads(graphs[0].read_text())
+    assert dumped["graph_kind"] == "conv_bias_act forward" and dumped["refusal"] == "" and dumped["graph"]
+    assert (tmp_path / "cudnn_frontend.log").stat().st_size > 0
+    assert (tmp_path / "cudnn.log").stat().st_size > 0

@@ -222,3 +222,14 @@ def test_environment_variable_turns_strict_on():
     env = dict(os.environ, TORCH_CUDNN_FUSION_STRICT="1")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"
+
+
+def test_explain_on_cpu_reports_each_fallback():
+    model = nn.Sequential(tcf.Conv2dReLU(8, 8, 3, padding=1), nn.Sequential(tcf.Conv2dReLU(8, 8, 3, padding=1, groups=2)),
+                          tcf.Conv2dReLU(8, 8, 1))
+    report = tcf.explain(model[:2], torch.randn(1, 8, 6, 6))
+    assert [row.path for row in report] == ["0", "1.0"]
+    assert not report[0].fused and report[0].reason.startswith("x is on cpu")
+    assert report[1].reason.startswith("groups=2")
+    assert report[0].median_ms is None  # timed on CUDA only
+    assert "eager: groups=2" in str(report)

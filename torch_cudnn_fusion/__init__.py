@@ -4,7 +4,7 @@ nn.Modules, with an honest record of what ran fused and why not."""
 from __future__ import annotations
 
 from . import _extension
-from .diagnostics import FusionReport, FusionReportRow, fusion_report
+from .diagnostics import Explanation, ExplainRow, FusionReport, FusionReportRow, explain, fusion_report
 from .engine_listing import EngineCandidate, EngineTable, engines
 from .functional import conv2d_bias_act
 from .fusion import FusionError, FusionStatus, is_strict, set_strict, strict
@@ -46,6 +46,8 @@ def set_plan_cache_capacity(capacity: int) -> None:
 __all__ = [
     "Conv2dAddReLU",
     "EngineCandidate",
+    "ExplainRow",
+    "Explanation",
     "EngineTable",
     "Conv2dReLU",
     "FusedConv2d",
@@ -56,6 +58,7 @@ __all__ = [
     "clear_plan_cache",
     "conv2d_bias_act",
     "engines",
+    "explain",
     "fusion_report",
     "is_available",
     "is_strict",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from types import ModuleType
@@ -45,6 +46,23 @@ def _jit_build() -> ModuleType:
     )
 
 
+DEBUG_DIR_VARIABLE = "TORCH_CUDNN_FUSION_DEBUG_DIR"
+
+
+def _configure_debug_output() -> None:
+    """With TORCH_CUDNN_FUSION_DEBUG_DIR set: cudnn-frontend's and cuDNN's own logs go to files there (set before
+    anything of ours touches cuDNN; variables already set are left alone), and the extension writes each graph it
+    builds there as JSON."""
+    directory = os.environ.get(DEBUG_DIR_VARIABLE)
+    if not directory:
+        return
+    os.makedirs(directory, exist_ok=True)
+    os.environ.setdefault("CUDNN_FRONTEND_LOG_INFO", "1")
+    os.environ.setdefault("CUDNN_FRONTEND_LOG_FILE", os.path.join(directory, "cudnn_frontend.log"))
+    os.environ.setdefault("CUDNN_LOGLEVEL_DBG", "3")
+    os.environ.setdefault("CUDNN_LOGDEST_DBG", os.path.join(directory, "cudnn.log"))
+
+
 def load() -> ModuleType | None:
     """The compiled module, loading or building it once; None (see `load_error()`) where it cannot be had."""
     global _module, _error
@@ -56,6 +74,7 @@ def load() -> ModuleType | None:
         if torch.version.cuda is None or not torch.cuda.is_available():
             _error = "torch has no usable CUDA here, so the cuDNN extension is not loaded"
             return None
+        _configure_debug_output()
         try:
             from . import _C as module  # built by `pip install` where torch had CUDA
         except ImportError:

@@ -1,9 +1,13 @@
-"""fusion_report: for every fused layer of a model, whether it ran fused and, if not, why."""
+"""fusion_report: for every fused layer of a model, whether it ran fused and, if not, why; explain: the same with
+the operations fused, the engine and workspace of the plan that ran, and its time."""
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
+from typing import Optional
 
+import torch
 from torch import nn
 
 from .fusion import FusionStatus
@@ -38,3 +42,103 @@ def fusion_report(model: nn.Module) -> FusionReport:
         for path, m in model.named_modules()
         if isinstance(m, FusedConv2d)
     )
+
+
+@dataclass(frozen=True)
+class ExplainRow:
+    path: str
+    module: str
+    fused: bool
+    operations: tuple[str, ...] = ()  # the graph's operations, in order: cuDNN runs all of them with the one plan
+    engine: str = ""  # cuDNN's name of the plan in use: engine id and knob choices
+    workspace_bytes: int = 0
+    autotuned: bool = False  # chosen by timing (torch.backends.cudnn.benchmark) rather than by the heuristic
+    median_ms: Optional[float] = None  # the layer's forward on the example input
+    reason: str = ""  # why it runs eager, or a note
+
+
+class Explanation(list):
+    """A list of ExplainRow that prints as a table."""
+
+    def __str__(self) -> str:
+        lines = [f"{'layer':<16} {'fused operations / fallback reason':<48} {'engine':<34} {'workspace':>10} "
+                 f"{'ms':>8}"]
+        for r in self:
+            time = "" if r.median_ms is None else f"{r.median_ms:.4f}"
+            what = " -> ".join(r.operations) if r.fused else f"eager: {r.reason}"
+            engine = r.engine + (" (autotuned)" if r.autotuned else "")
+            lines.append(f"{r.path:<16} {what:<48} {engine:<34} {r.workspace_bytes:>10} {time:>8}")
+            if r.fused and r.reason:
+                lines.append(f"{'':<16} note: {r.reason}")
+        return "\n".join(lines)
+
+
+def _median_forward_ms(module: nn.Module, inputs: tuple, repeats: int) -> Optional[float]:
+    if not inputs or not inputs[0].is_cuda:
+        return None
+    with torch.no_grad():
+        for _ in range(2):
+            module(*inputs)
+        samples = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            module(*inputs)
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end))
+    return statistics.median(samples)
+
+
+def _explain_fused(path: str, module: nn.Module, config: tuple) -> ExplainRow:
+    from . import _extension
+    from .fusion import _SUPPORTED_DTYPES, TRACED
+
+    (_, device, dtype, channels_last, x_size, w_size, stride, pre, post, dilation, groups, has_bias, has_residual,
+     relu, _, _, _, alignment) = config
+    operations = ("conv_fprop",) + (("add bias",) if has_bias else ()) + (("add residual",) if has_residual else ())
+    operations += ("relu",) if relu else ()
+    name = type(module).__name__
+    if TRACED in x_size:
+        return ExplainRow(path, name, True, operations, reason="under torch.compile: the plan is chosen at run time")
+    if x_size[0] == 0:
+        return ExplainRow(path, name, True, operations, reason="empty batch: nothing ran")
+    info = _extension.require().plan_in_use(
+        "forward", _SUPPORTED_DTYPES[dtype], channels_last, device, list(x_size), list(w_size), list(stride),
+        list(pre), list(post), list(dilation), groups, has_bias, has_residual, relu, list(alignment) + [16])
+    if info["refusal"]:
+        return ExplainRow(path, name, False, reason=info["refusal"])
+    return ExplainRow(path, name, True, operations, info["name"], info["workspace_bytes"], info["tuned"])
+
+
+def explain(model: nn.Module, *example_inputs, time: bool = True, repeats: int = 10) -> Explanation:
+    """Runs `model(*example_inputs)` once without gradients and reports, per fused layer: the operations fused in
+    its forward graph, the engine and workspace of the plan that ran and (with `time`, on CUDA) the layer's median
+    forward time on its input from that run; or the fallback and its reason."""
+    from .fusion import recorded_config, recorded_decision
+    from .nn.conv import FusedConv2d
+
+    layers = [(path or "(root)", m) for path, m in model.named_modules() if isinstance(m, FusedConv2d)]
+    inputs: dict[int, tuple] = {}
+    hooks = [m.register_forward_pre_hook(lambda m, args: inputs.__setitem__(id(m), args)) for _, m in layers]
+    try:
+        with torch.no_grad():
+            model(*example_inputs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    report = Explanation()
+    for path, m in layers:
+        decision, config = recorded_decision(m.layer_id), recorded_config(m.layer_id)
+        if id(m) not in inputs or decision is None:
+            report.append(ExplainRow(path, type(m).__name__, False, reason="not run by the example input"))
+            continue
+        fused, reason, _ = decision
+        row = (_explain_fused(path, m, config) if fused
+               else ExplainRow(path, type(m).__name__, False, reason=reason))
+        if fused and reason and not row.reason:
+            row = ExplainRow(**{**row.__dict__, "reason": reason})
+        if time:
+            row = ExplainRow(**{**row.__dict__, "median_ms": _median_forward_ms(m, inputs[id(m)], repeats)})
+        report.append(row)
+    return report

@@ -170,20 +170,28 @@ def _decide(config: tuple) -> tuple:
     return True, "", backward
 
 
-# The last decision of each layer, by layer id. Recorded inside the function torch.compile folds to a constant,
-# so a compiled layer reports the decision its compiled graph keeps (compiled code runs no Python).
-_decisions_by_layer: dict[int, tuple] = {}
+# The last decision of each layer, with the configuration it was made for, by layer id. Recorded inside the
+# function torch.compile folds to a constant, so a compiled layer reports the decision its compiled graph keeps
+# (compiled code runs no Python).
+_decisions_by_layer: dict[int, tuple[tuple, tuple]] = {}
 
 
 @torch.compiler.assume_constant_result
 def decide_and_record(layer_id: int, config: tuple) -> tuple:
     decision = _decide(config)
-    _decisions_by_layer[layer_id] = decision
+    _decisions_by_layer[layer_id] = (decision, config)
     return decision
 
 
 def recorded_decision(layer_id: int) -> Optional[tuple]:
-    return _decisions_by_layer.get(layer_id)
+    recorded = _decisions_by_layer.get(layer_id)
+    return None if recorded is None else recorded[0]
+
+
+def recorded_config(layer_id: int) -> Optional[tuple]:
+    """The configuration (see layer_config) of the layer's last decision."""
+    recorded = _decisions_by_layer.get(layer_id)
+    return None if recorded is None else recorded[1]
 
 
 def status_from_decision(decision: Optional[tuple]) -> FusionStatus:
