@@ -5,6 +5,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <cudnn_frontend_version.h>
 
+#include "bn_ops.h"
 #include "conv_ops.h"
 #include "engine_listing.h"
 
@@ -117,6 +118,23 @@ pybind11::dict list_engines_py(const std::string& graph, const std::string& dtyp
   return out;
 }
 
+std::unordered_map<std::string, std::string> check_batch_norm_layer_py(const std::string& dtype, bool channels_last,
+                                                                    int64_t device, const std::vector<int64_t>& x_size,
+                                                                    bool running_stats, bool has_residual,
+                                                                    int64_t activation, double eps) {
+  BatchNormProblem p;
+  p.dtype = dtype_from_name(dtype);
+  p.channels_last = channels_last;
+  p.device = static_cast<int>(device);
+  p.x_size = fixed<4>(x_size, "x_size");
+  p.running_stats = running_stats;
+  p.has_residual = has_residual;
+  TORCH_CHECK(activation >= 0 && activation <= 2, "cudnn_fusion: activation must be 0 (none), 1 (ReLU) or 2 (ReLU6), "
+              "got ", activation);
+  p.activation = static_cast<Activation>(activation);
+  return check_batch_norm_layer(p, eps);
+}
+
 pybind11::dict plan_cache_stats() {
   auto s = PlanCache::instance().stats();
   pybind11::dict out;
@@ -148,6 +166,14 @@ TORCH_LIBRARY(cudnn_fusion, m) {
   m.def(
       "conv_wgrad(Tensor grad_z, Tensor x, int[4] weight_size, int[2] stride, int[2] padding_pre, "
       "int[2] padding_post, int[2] dilation, int groups) -> Tensor");
+  m.def(
+      "batch_norm_act(Tensor x, Tensor weight, Tensor bias, Tensor? running_mean, Tensor? running_var, "
+      "Tensor? residual, float momentum, float eps, int activation, int implementation) -> "
+      "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "batch_norm_act_backward(Tensor grad_y, Tensor x, Tensor y, Tensor weight, Tensor bias, Tensor save_mean, "
+      "Tensor save_invstd, Tensor reserve, float eps, int activation, bool has_residual, int implementation) -> "
+      "(Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(cudnn_fusion, CUDA, m) {
@@ -155,12 +181,16 @@ TORCH_LIBRARY_IMPL(cudnn_fusion, CUDA, m) {
   m.impl("relu_bias_backward", &tcf::relu_bias_backward);
   m.impl("conv_dgrad", &tcf::conv_dgrad);
   m.impl("conv_wgrad", &tcf::conv_wgrad);
+  m.impl("batch_norm_act", &tcf::batch_norm_act_forward);
+  m.impl("batch_norm_act_backward", &tcf::batch_norm_act_backward);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "torch_cudnn_fusion's compiled core: cuDNN graphs, plan cache and ops";
   m.def("check_conv_layer", &tcf::check_conv_layer_py,
         "Build (or find) the plans a conv layer would use; returns each graph's refusal, '' when built");
+  m.def("check_batch_norm_layer", &tcf::check_batch_norm_layer_py,
+        "Why each BatchNorm implementation (cuDNN graph forward/backward, legacy API) cannot run a layer, '' if it can");
   m.def("list_engines", &tcf::list_engines_py,
         "Every candidate plan cuDNN's heuristics offer for one graph of a conv layer, optionally timed");
   m.def("plan_in_use", &tcf::plan_in_use_py, "The plan the cache runs for one graph of a conv layer");

@@ -1,5 +1,7 @@
 #include "conv_graphs.h"
 
+#include "bn_graphs.h"
+
 #include <atomic>
 #include <cstdlib>
 #include <fstream>
@@ -11,15 +13,6 @@
 #include <cuda_runtime_api.h>
 
 namespace tcf {
-
-namespace {
-
-using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
-
-struct ComputeCapability {
-  int8_t major = 0;
-  int8_t minor = 0;
-};
 
 ComputeCapability compute_capability(int device) {
   thread_local int last_device = -1;  // the per-call path asks for one device again and again
@@ -92,7 +85,7 @@ void mark_output(const TensorPtr& tensor, const char* name, int64_t uid, const s
 }
 
 // Bias and its gradient: one value per output channel, shaped [1, K, 1, 1].
-std::array<int64_t, 4> channel_vector_size(const GraphKey& key) { return {1, key.w_size[0], 1, 1}; }
+static std::array<int64_t, 4> channel_vector_size(const GraphKey& key) { return {1, key.w_size[0], 1, 1}; }
 
 std::shared_ptr<fe::graph::Graph> new_graph(const GraphKey& key) {
   auto graph = std::make_shared<fe::graph::Graph>();
@@ -101,6 +94,8 @@ std::shared_ptr<fe::graph::Graph> new_graph(const GraphKey& key) {
       .set_compute_data_type(fe::DataType_t::FLOAT);
   return graph;
 }
+
+namespace {
 
 template <typename Attributes>
 Attributes conv_attributes(const GraphKey& key, Attributes attributes) {
@@ -164,6 +159,12 @@ void describe_wgrad(fe::graph::Graph& graph, const GraphKey& key) {
 
 std::string describe_problem(const GraphKey& key) {
   std::ostringstream out;
+  if (key.kind == GraphKind::kBatchNormForward || key.kind == GraphKind::kBatchNormBackward) {
+    out << "x [" << key.x_size[0] << ", " << key.x_size[1] << ", " << key.x_size[2] << ", " << key.x_size[3] << "], "
+        << static_cast<at::ScalarType>(key.dtype) << ", " << (key.channels_last ? "NHWC" : "NCHW") << ", sm_"
+        << int(key.cc_major) << int(key.cc_minor) << ", cuDNN " << key.cudnn_version;
+    return out.str();
+  }
   out << "x [" << key.x_size[0] << ", " << key.x_size[1] << ", " << key.x_size[2] << ", " << key.x_size[3]
       << "], w [" << key.w_size[0] << ", " << key.w_size[1] << ", " << key.w_size[2] << ", " << key.w_size[3]
       << "], " << static_cast<at::ScalarType>(key.dtype) << ", " << (key.channels_last ? "NHWC" : "NCHW")
@@ -206,7 +207,8 @@ std::vector<std::string> unmet_requirements(const GraphKey& key) {
         << "0, the oldest GPU with fused engines for " << dtype;
     unmet.push_back(msg.str());
   }
-  if (dtype == at::kFloat && !key.allow_tf32) {
+  bool batch_norm = key.kind == GraphKind::kBatchNormForward || key.kind == GraphKind::kBatchNormBackward;
+  if (dtype == at::kFloat && !key.allow_tf32 && !batch_norm) {
     unmet.push_back("math: float32 with torch.backends.cudnn.allow_tf32=False excludes every tensor-core engine");
   }
   if (key.groups > 1) unmet.push_back("groups: grouped convolutions have few fused engines");
@@ -241,6 +243,12 @@ BuildFailure describe_and_query(fe::graph::Graph& graph, const GraphKey& key) {
       break;
     case GraphKind::kConvWgrad:
       describe_wgrad(graph, key);
+      break;
+    case GraphKind::kBatchNormForward:
+      describe_batch_norm_forward(graph, key);
+      break;
+    case GraphKind::kBatchNormBackward:
+      describe_batch_norm_backward(graph, key);
       break;
   }
   cudnnHandle_t handle = at::native::getCudnnHandle();

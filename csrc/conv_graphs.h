@@ -44,7 +44,40 @@ enum TensorUid : int64_t {
   kUidDbias = 8,
   kUidDx = 9,
   kUidDw = 10,
+  // batchnorm graphs
+  kUidScale = 11,
+  kUidShift = 12,
+  kUidSavedMean = 13,
+  kUidSavedInvStd = 14,
+  kUidRunningMeanIn = 15,
+  kUidRunningVarIn = 16,
+  kUidRunningMeanOut = 17,
+  kUidRunningVarOut = 18,
+  kUidEpsilon = 19,
+  kUidMomentum = 20,
+  kUidDscale = 21,
+  kUidDshift = 22,
 };
+
+// Helpers shared by the graph builders (conv_graphs.cpp, bn_graphs.cpp).
+using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
+
+struct ComputeCapability {
+  int8_t major = 0;
+  int8_t minor = 0;
+};
+ComputeCapability compute_capability(int device);  // cached per device
+fe::DataType_t fe_dtype(at::ScalarType dtype);
+std::vector<int64_t> as_vector(const std::array<int64_t, 4>& a);
+std::vector<int64_t> as_vector(const std::array<int64_t, 2>& a);
+std::array<int64_t, 4> output_size(const GraphKey& key);  // of the conv a key describes
+// A graph input / a graph output with explicit dims and dense strides in the layout.
+TensorPtr add_tensor(fe::graph::Graph& graph, const char* name, int64_t uid, const std::array<int64_t, 4>& size,
+                     bool channels_last, fe::DataType_t dtype);
+void mark_output(const TensorPtr& tensor, const char* name, int64_t uid, const std::array<int64_t, 4>& size,
+                 bool channels_last, fe::DataType_t dtype);
+// An empty graph in the key's I/O dtype, float32 intermediates and compute.
+std::shared_ptr<fe::graph::Graph> new_graph(const GraphKey& key);
 
 // Multiprocessors of a CUDA device (cached).
 int multiprocessor_count(int device);

@@ -325,6 +325,8 @@ at::Tensor conv_wgrad(const at::Tensor& grad_z, const at::Tensor& x, at::IntArra
 
 void set_poison_outputs(bool enabled) { poison_outputs.store(enabled); }
 
+void poison_output(const at::Tensor& t) { poison(t); }
+
 std::unordered_map<std::string, std::string> check_conv_layer(const ConvProblem& problem, bool backward,
                                                               const std::array<int8_t, 4>& alignment) {
   c10::DeviceGuard guard(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(problem.device)));

@@ -39,6 +39,8 @@ at::Tensor conv_wgrad(const at::Tensor& grad_z, const at::Tensor& x, at::IntArra
 // Test aid: when on, every output is filled with NaN before its graph runs, so an element cuDNN did not write
 // shows up in the comparison with eager.
 void set_poison_outputs(bool enabled);
+// Fills `t` with NaN when the test aid above is on (before a graph or kernel writes it).
+void poison_output(const at::Tensor& t);
 
 // For Python's fusion decision: builds (or finds) the plans a layer would use, from metadata alone, and
 // returns each graph's refusal ("" when cuDNN built it). Keys: "forward", and with `backward` also

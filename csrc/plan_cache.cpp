@@ -14,6 +14,10 @@ const char* graph_kind_name(GraphKind kind) {
       return "conv dgrad";
     case GraphKind::kConvWgrad:
       return "conv wgrad";
+    case GraphKind::kBatchNormForward:
+      return "batchnorm forward";
+    case GraphKind::kBatchNormBackward:
+      return "batchnorm backward";
   }
   return "unknown graph";
 }
@@ -38,7 +42,7 @@ size_t GraphKeyHash::operator()(const GraphKey& k) const {
   hash_combine(seed, k.cc_major * 16 + k.cc_minor);
   hash_combine(seed, k.cudnn_version);
   hash_combine(seed, k.dtype);
-  hash_combine(seed, (k.channels_last << 5) | (k.has_bias << 4) | (k.has_residual << 3) | (k.relu << 2) |
+  hash_combine(seed, (k.relu6 << 7) | (k.running_stats << 6) | (k.channels_last << 5) | (k.has_bias << 4) | (k.has_residual << 3) | (k.relu << 2) |
                          (k.allow_tf32 << 1));
   hash_combine(seed, k.x_size);
   hash_combine(seed, k.w_size);

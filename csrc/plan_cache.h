@@ -24,6 +24,8 @@ enum class GraphKind : int8_t {
   kReluBiasBackward = 1, // dz = relu_backward(dy, y); dbias = sum(dz) over N, H, W
   kConvDgrad = 2,        // dx = conv_dgrad(dz, w)
   kConvWgrad = 3,        // dw = conv_wgrad(dz, x)
+  kBatchNormForward = 4, // batchnorm (batch statistics, running statistics update) -> (+ residual) -> (ReLU / ReLU6)
+  kBatchNormBackward = 5,  // dx, dscale, dbias = batchnorm_backward(dy, x, scale, saved mean and inverse std)
 };
 
 const char* graph_kind_name(GraphKind kind);
@@ -47,12 +49,15 @@ struct GraphKey {
   bool has_bias = false;
   bool has_residual = false;
   bool relu = false;
+  bool relu6 = false;               // ReLU clipped at 6 (batchnorm forward only)
+  bool running_stats = false;       // batchnorm forward updates running mean and variance
   bool allow_tf32 = false;          // matters for float32 only; kept false otherwise
   std::array<int8_t, 5> alignment{};  // bytes (1..16) of each operand's data pointer, per kind's order
 
   auto tie() const {
     return std::tie(kind, device, cc_major, cc_minor, cudnn_version, dtype, channels_last, x_size, w_size,
-                    stride, pad_pre, pad_post, dilation, groups, has_bias, has_residual, relu, allow_tf32,
+                    stride, pad_pre, pad_post, dilation, groups, has_bias, has_residual, relu, relu6, running_stats,
+                    allow_tf32,
                     alignment);
   }
   bool operator==(const GraphKey& other) const { return tie() == other.tie(); }

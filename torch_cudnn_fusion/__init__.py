@@ -6,9 +6,11 @@ from __future__ import annotations
 from . import _extension
 from .diagnostics import Explanation, ExplainRow, FusionReport, FusionReportRow, explain, fusion_report
 from .engine_listing import EngineCandidate, EngineTable, engines
-from .functional import conv2d_bias_act
+from .functional import batch_norm_act, conv2d_bias_act
 from .fusion import FusionError, FusionStatus, is_strict, set_strict, strict
-from .nn import Conv2dAddReLU, Conv2dReLU, FusedConv2d
+from .nn import (BatchNorm2dReLU, Conv2dAddReLU, Conv2dBN, Conv2dBNAddReLU, Conv2dBNReLU, Conv2dReLU,
+                 FusedConv2d)
+from .rewrite import FuseReport, FuseRow, fuse
 
 __version__ = "0.1.0"
 
@@ -44,6 +46,14 @@ def set_plan_cache_capacity(capacity: int) -> None:
 
 
 __all__ = [
+    "BatchNorm2dReLU",
+    "Conv2dBN",
+    "Conv2dBNAddReLU",
+    "Conv2dBNReLU",
+    "FuseReport",
+    "FuseRow",
+    "batch_norm_act",
+    "fuse",
     "Conv2dAddReLU",
     "EngineCandidate",
     "ExplainRow",

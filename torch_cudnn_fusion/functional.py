@@ -173,3 +173,99 @@ def _run(fused: bool, x, weight, bias, residual, conv_args, padding_mode):
         return _fused_op(x, weight, bias, residual, *conv_args)
     stride, padding_pre, padding_post, dilation, groups, relu = conv_args
     return _eager(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, relu, padding_mode)
+
+
+def _eager_batch_norm_act(x, running_mean, running_var, weight, bias, training, momentum, eps, activation, residual):
+    """The composition the fused BatchNorm stands for, as nn.BatchNorm2d + add + ReLU / ReLU6 compute it."""
+    y = F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
+    if residual is not None:
+        y = y + residual
+    if activation == "relu":
+        return F.relu(y)
+    if activation == "relu6":
+        return F.relu6(y)
+    return y
+
+
+_ones_zeros: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _affine_or_identity(weight, bias, channels: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 scale and shift for the op: the module's (cast when they are not float32), or 1 and 0 (affine=False)."""
+    if weight is None or bias is None:
+        key = (channels, device)
+        if key not in _ones_zeros:
+            _ones_zeros[key] = (torch.ones(channels, device=device), torch.zeros(channels, device=device))
+        ones, zeros = _ones_zeros[key]
+        weight = ones if weight is None else weight
+        bias = zeros if bias is None else bias
+    return weight.float().contiguous(), bias.float().contiguous()
+
+
+_bn_op = None  # torch.ops.cudnn_fusion.batch_norm_act.default, looked up once
+
+
+def batch_norm_act(
+    x: torch.Tensor,
+    running_mean: Optional[torch.Tensor],
+    running_var: Optional[torch.Tensor],
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+    activation: Optional[str] = "relu",
+    residual: Optional[torch.Tensor] = None,
+    *,
+    strict: Optional[bool] = None,
+    layer_id: int = FUNCTIONAL_LAYER_ID,
+) -> torch.Tensor:
+    """activation(F.batch_norm(x, ...) + residual), arguments as F.batch_norm's; activation "relu", "relu6" or None.
+
+    With batch statistics (training, or no running statistics) it runs as one cuDNN graph (or the legacy cuDNN
+    BatchNorm API, where cuDNN refuses the graph), running statistics updated as F.batch_norm updates them; with
+    running statistics (inference) it runs eager — fold it into the conv before it instead (Conv2dBNReLU does).
+    """
+    if activation not in fusion.ACTIVATIONS:
+        raise ValueError(f"activation must be 'relu', 'relu6', 'identity' or None, got {activation!r}")
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a tensor, got {type(x).__name__}")
+    if (running_mean is None) != (running_var is None):
+        raise ValueError("running_mean and running_var must be given together (or both None)")
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype or residual.device != x.device):
+        raise ValueError(f"residual must match x ({list(x.shape)}, {x.dtype}, {x.device}), got "
+                         f"{list(residual.shape)}, {residual.dtype}, {residual.device}")
+    batch_stats = training or running_mean is None
+    if not batch_stats:
+        decision = (False, "inference with running statistics: eager BatchNorm (Conv2dBN* fold it into the conv)",
+                    (), "eager")
+        fusion.record_decision(layer_id, decision)
+        return _eager_batch_norm_act(x, running_mean, running_var, weight, bias, False, momentum, eps, activation,
+                                     residual)
+    if x.dim() >= 2 and x.shape[1] != (weight.shape[0] if weight is not None else x.shape[1]):
+        raise ValueError(f"weight must have shape [{x.shape[1]}] (x's channels), got {list(weight.shape)}")
+    update = training and running_mean is not None
+    config = fusion.batch_norm_config(x, update, residual, activation, eps, weight)
+    decision = fusion.decide_batch_norm_and_record(layer_id, config)
+    where = f"the BatchNorm layer over {x.shape[1] if x.dim() > 1 else '?'} channels, input {list(x.shape)}"
+    fusion.raise_if_strict(decision, strict, where)
+    if not decision[0]:
+        return _eager_batch_norm_act(x, running_mean, running_var, weight, bias, True, momentum, eps, activation,
+                                     residual)
+    global _bn_op
+    if _bn_op is None:
+        _bn_op = torch.ops.cudnn_fusion.batch_norm_act.default
+    scale, shift = _affine_or_identity(weight, bias, x.shape[1], x.device)
+    stats_in = (None, None)
+    if update:
+        stats_in = (running_mean, running_var)
+        if running_mean.dtype != torch.float32:
+            stats_in = (running_mean.float(), running_var.float())
+    implementation = fusion.LEGACY if decision[3] == "cudnn_legacy" else fusion.GRAPH
+    y, _, _, new_mean, new_var, _ = _bn_op(x, scale, shift, stats_in[0], stats_in[1], residual, float(momentum),
+                                           float(eps), fusion.ACTIVATIONS[activation], implementation)
+    if update:
+        with torch.no_grad():
+            running_mean.copy_(new_mean)
+            running_var.copy_(new_var)
+    return y

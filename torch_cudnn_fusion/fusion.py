@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Iterator, Optional
 
 import torch
+from torch._prims_common import suggest_memory_format
 
 from . import _extension
 
@@ -38,14 +39,20 @@ class FusionStatus:
     fused: bool
     reason: str = ""
     backward: tuple[tuple[str, str], ...] = ()
+    # "cudnn_graph", "cudnn_legacy" (the legacy cuDNN BatchNorm API) or "eager"; "" derives it from `fused`
+    implementation_name: str = ""
 
     @property
     def implementation(self) -> str:
+        if self.implementation_name:
+            return self.implementation_name
         return "cudnn_graph" if self.fused else "eager"
 
     def __str__(self) -> str:
         if not self.fused:
             return f"eager: {self.reason}"
+        if self.implementation == "cudnn_legacy":
+            return f"fused (legacy cuDNN BatchNorm API): {self.reason}"
         parts = [f"{name} {'fused' if not why else 'eager (' + why + ')'}" for name, why in self.backward]
         note = f" ({self.reason})" if self.reason else ""
         return f"fused (cuDNN graph){note}" + (f"; backward: {', '.join(parts)}" if parts else "")
@@ -197,15 +204,86 @@ def recorded_config(layer_id: int) -> Optional[tuple]:
 def status_from_decision(decision: Optional[tuple]) -> FusionStatus:
     if decision is None:
         return NOT_RUN
+    if len(decision) == 4:  # a BatchNorm decision: (fused, reason, backward, implementation)
+        return FusionStatus(*decision)
     fused, reason, backward = decision
     return FusionStatus(fused, reason, backward)
+
+
+# ---- BatchNorm (+ residual) (+ ReLU / ReLU6) in training ----
+
+ACTIVATIONS = {None: 0, "identity": 0, "relu": 1, "relu6": 2}
+GRAPH, LEGACY = 0, 1  # the C++ op's implementation argument
+
+
+def batch_norm_config(x, running_stats: bool, residual, activation: str, eps: float, weight) -> tuple:
+    """Everything a BatchNorm layer's decision depends on, as a hashable tuple."""
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, residual, weight)
+    )
+    return (
+        x.device.type,
+        x.device.index if x.device.index is not None else -1,
+        x.dtype,
+        x.dim() == 4 and suggest_memory_format(x) == torch.channels_last,
+        (TRACED,) * 4 if torch.compiler.is_compiling() else tuple(x.shape),
+        running_stats,
+        residual is not None,
+        ACTIVATIONS[activation],
+        float(eps),
+        needs_grad,
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def decide_batch_norm(config: tuple) -> tuple:
+    """(fused, reason, backward, implementation) for BatchNorm in training: the cuDNN graph when cuDNN builds its
+    forward (and backward, when gradients are needed), else the legacy cuDNN BatchNorm API, else eager."""
+    device_type, device, dtype, channels_last, x_size, running_stats, has_residual, activation, eps, needs_grad = config
+    if device_type != "cuda":
+        return False, f"x is on {device_type}: the fused path runs on CUDA tensors", (), "eager"
+    if dtype not in _SUPPORTED_DTYPES:
+        return False, f"dtype {dtype}: cuDNN's BatchNorm takes float16, bfloat16 or float32", (), "eager"
+    if len(x_size) != 4:
+        return False, f"x is {len(x_size)}-D: the fused BatchNorm takes 4-D [N, C, H, W] input", (), "eager"
+    if not channels_last:
+        return (False, "x is not channels_last: cuDNN's fused BatchNorm kernels are NHWC (use "
+                "x.to(memory_format=torch.channels_last))", (), "eager")
+    module = _extension.load()
+    if module is None:
+        return False, _extension.load_error() or "the cuDNN extension is unavailable", (), "eager"
+    if TRACED in x_size:
+        return True, TRACED_NOTE, (), "cudnn_graph"
+    if x_size[0] * x_size[2] * x_size[3] <= 1:
+        return False, "one value per channel: batch statistics are undefined (eager raises the error)", (), "eager"
+    refusals = module.check_batch_norm_layer(
+        _SUPPORTED_DTYPES[dtype], channels_last, device, list(x_size), running_stats, has_residual, activation, eps,
+    )
+    graph_refusal = refusals["graph_forward"] or (refusals["graph_backward"] if needs_grad else "")
+    if not graph_refusal:
+        return True, "", (), "cudnn_graph"
+    if not refusals["legacy"]:
+        return True, f"the cuDNN graph was refused: {graph_refusal}", (), "cudnn_legacy"
+    return False, f"{graph_refusal}; and {refusals['legacy']}", (), "eager"
+
+
+@torch.compiler.assume_constant_result
+def decide_batch_norm_and_record(layer_id: int, config: tuple) -> tuple:
+    decision = decide_batch_norm(config)
+    _decisions_by_layer[layer_id] = (decision, config)
+    return decision
+
+
+def record_decision(layer_id: int, decision: tuple, config: tuple = ()) -> None:
+    """Record a decision made outside decide_* (e.g. eval-mode BatchNorm, which runs eager)."""
+    _decisions_by_layer[layer_id] = (decision, config)
 
 
 def raise_if_strict(decision: tuple, strict_override: Optional[bool], where: str) -> None:
     strict_now = _strict if strict_override is None else strict_override
     if not strict_now:
         return
-    fused, reason, backward = decision
+    fused, reason, backward = decision[:3]
     if not fused:
         raise FusionError(f"{where} cannot run fused: {reason}")
     refused = [f"{name}: {why}" for name, why in backward if why]
@@ -218,4 +296,5 @@ def clear_decisions() -> None:
     from .functional import _last_call
 
     _decide.cache_clear()
+    decide_batch_norm.cache_clear()
     _last_call.clear()

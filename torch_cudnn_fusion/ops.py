@@ -1,6 +1,8 @@
-"""The Python half of the cudnn_fusion ops: fake kernels, so torch.compile traces through them.
+"""The Python half of the cudnn_fusion ops: fake kernels, so torch.compile traces through them, and the autograd
+of the BatchNorm op.
 
-Schemas and CUDA kernels live in csrc/bindings.cpp and csrc/conv_ops.cpp; autograd in csrc/conv_autograd.cpp.
+Schemas and CUDA kernels live in csrc/bindings.cpp, csrc/conv_ops.cpp and csrc/bn_ops.cpp; the conv op's autograd
+in csrc/conv_autograd.cpp.
 """
 
 from __future__ import annotations
@@ -63,6 +65,52 @@ def _fake_conv_wgrad(grad_z, x, weight_size, stride, padding_pre, padding_post, 
     return _empty(weight_size, grad_z, conv_memory_format(x, grad_z))
 
 
+def _fake_batch_norm_act(x, weight, bias, running_mean, running_var, residual, momentum, eps, activation,
+                         implementation):
+    torch._check(x.dim() == 4, lambda: f"cudnn_fusion: x must be a 4-D tensor [N, C, H, W], got {x.dim()}-D")
+    channels = x.shape[1]
+    stats = channels if running_mean is not None else 0
+    return (
+        _empty(x.shape, x, suggest_memory_format(x)),
+        x.new_empty(channels, dtype=torch.float32),
+        x.new_empty(channels, dtype=torch.float32),
+        x.new_empty(stats, dtype=torch.float32),
+        x.new_empty(stats, dtype=torch.float32),
+        x.new_empty(0, dtype=torch.uint8),  # the legacy API's reserve: its size is cuDNN's, only known at run time
+    )
+
+
+def _fake_batch_norm_act_backward(grad_y, x, y, weight, bias, save_mean, save_invstd, reserve, eps, activation,
+                                  has_residual, implementation):
+    memory_format = suggest_memory_format(x)
+    grad_residual = _empty(x.shape, x, memory_format) if has_residual else x.new_empty(0)
+    return (_empty(x.shape, x, memory_format), grad_residual, weight.new_empty(weight.shape),
+            bias.new_empty(bias.shape))
+
+
+def _batch_norm_act_setup_context(ctx, inputs, output) -> None:
+    x, weight, bias, _, _, residual, _, eps, activation, implementation = inputs
+    y, save_mean, save_invstd, _, _, reserve = output
+    ctx.save_for_backward(x, y, weight, bias, save_mean, save_invstd, reserve)
+    ctx.eps = eps
+    ctx.activation = activation
+    ctx.implementation = implementation
+    ctx.has_residual = residual is not None
+
+
+def _batch_norm_act_backward(ctx, grad_y, *unused_grads):
+    """Gradients of x, weight, bias and the residual; the statistics outputs are not differentiable."""
+    x, y, weight, bias, save_mean, save_invstd, reserve = ctx.saved_tensors
+    if grad_y is None:
+        grad_y = torch.zeros_like(y)
+    grad_x, grad_residual, grad_weight, grad_bias = torch.ops.cudnn_fusion.batch_norm_act_backward(
+        grad_y, x, y, weight, bias, save_mean, save_invstd, reserve, ctx.eps, ctx.activation, ctx.has_residual,
+        ctx.implementation,
+    )
+    return (grad_x, grad_weight, grad_bias, None, None, grad_residual if ctx.has_residual else None, None, None, None,
+            None)
+
+
 def register_python_parts() -> None:
     """Registers the fake kernels once the compiled module has defined the ops."""
     global _registered
@@ -72,4 +120,8 @@ def register_python_parts() -> None:
     torch.library.register_fake("cudnn_fusion::relu_bias_backward")(_fake_relu_bias_backward)
     torch.library.register_fake("cudnn_fusion::conv_dgrad")(_fake_conv_dgrad)
     torch.library.register_fake("cudnn_fusion::conv_wgrad")(_fake_conv_wgrad)
+    torch.library.register_fake("cudnn_fusion::batch_norm_act")(_fake_batch_norm_act)
+    torch.library.register_fake("cudnn_fusion::batch_norm_act_backward")(_fake_batch_norm_act_backward)
+    torch.library.register_autograd("cudnn_fusion::batch_norm_act", _batch_norm_act_backward,
+                                    setup_context=_batch_norm_act_setup_context)
     _registered = True

@@ -1,0 +1,397 @@
+#include "bn_ops.h"
+
+#include <sstream>
+
+#include <ATen/cudnn/Handle.h>
+#include <c10/core/DeviceGuard.h>
+
+#include "conv_ops.h"
+
+// The legacy BatchNorm API is deprecated in cuDNN 9 but still the one with fused ReLU forward and backward for
+// NHWC half precision (PyTorch's own cudnn_batch_norm uses it too).
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+
+namespace tcf {
+
+namespace {
+
+at::MemoryFormat memory_format(bool channels_last) {
+  return channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+}
+
+int8_t alignment_of(const at::Tensor& t) { return t.defined() && t.numel() > 0 ? pointer_alignment(t.data_ptr()) : 0; }
+
+Activation activation_from(int64_t value) {
+  TORCH_CHECK(value >= 0 && value <= 2, "cudnn_fusion: activation must be 0 (none), 1 (ReLU) or 2 (ReLU6), got ",
+              value);
+  return static_cast<Activation>(value);
+}
+
+BatchNormImplementation implementation_from(int64_t value) {
+  TORCH_CHECK(value == 0 || value == 1, "cudnn_fusion: implementation must be 0 (cuDNN graph) or 1 (legacy cuDNN "
+              "BatchNorm), got ", value);
+  return static_cast<BatchNormImplementation>(value);
+}
+
+void check_per_channel(const at::Tensor& t, const char* name, const at::Tensor& x) {
+  TORCH_CHECK(t.device() == x.device(), "cudnn_fusion: ", name, " must be on x's device (", x.device(), "), got ",
+              t.device());
+  TORCH_CHECK(t.scalar_type() == at::kFloat, "cudnn_fusion: ", name, " must be float32, got ", t.scalar_type());
+  TORCH_CHECK(t.dim() == 1 && t.size(0) == x.size(1) && t.is_contiguous(), "cudnn_fusion: ", name,
+              " must be a contiguous tensor of shape [", x.size(1), "] (x's channels), got ", t.sizes());
+}
+
+void check_x(const at::Tensor& x, const char* name) {
+  TORCH_CHECK(x.is_cuda(), "cudnn_fusion: ", name, " must be a CUDA tensor, got one on ", x.device());
+  TORCH_CHECK(x.dim() == 4, "cudnn_fusion: ", name, " must be a 4-D tensor [N, C, H, W], got ", x.dim(),
+              "-D with shape ", x.sizes());
+  auto dtype = x.scalar_type();
+  TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat, "cudnn_fusion: ", name,
+              " must be float16, bfloat16 or float32, got ", dtype);
+}
+
+void check_like(const at::Tensor& t, const char* name, const at::Tensor& x) {
+  TORCH_CHECK(t.device() == x.device() && t.scalar_type() == x.scalar_type() && t.sizes() == x.sizes(),
+              "cudnn_fusion: ", name, " must match x (", x.sizes(), ", ", x.scalar_type(), ", ", x.device(),
+              "), got ", t.sizes(), ", ", t.scalar_type(), ", ", t.device());
+}
+
+BatchNormProblem problem_of(const at::Tensor& x, bool channels_last, bool running_stats, bool has_residual,
+                            Activation activation) {
+  BatchNormProblem p;
+  p.dtype = x.scalar_type();
+  p.channels_last = channels_last;
+  p.device = x.device().index();
+  p.x_size = {x.size(0), x.size(1), x.size(2), x.size(3)};
+  p.running_stats = running_stats;
+  p.has_residual = has_residual;
+  p.activation = activation;
+  return p;
+}
+
+// Runs a batchnorm graph after poisoning its outputs (test aid). False, with a runtime fallback counted, when
+// cuDNN refused it or failed to execute it.
+bool run_batch_norm_graph(GraphKind kind, const BatchNormProblem& p, const std::array<int8_t, 3>& alignment,
+                          std::unordered_map<int64_t, void*> pointers, std::initializer_list<at::Tensor> outputs,
+                          const at::Device& device) {
+  auto plan = get_plan(make_batch_norm_key(kind, p, alignment));
+  if (!plan->ok()) {
+    PlanCache::instance().count_runtime_fallback(plan->refusal);
+    return false;
+  }
+  for (const auto& output : outputs) poison_output(output);
+  return execute_plan(*plan, kind, pointers, device);
+}
+
+void apply_activation_(at::Tensor& y, Activation activation) {
+  if (activation == Activation::kRelu) y.relu_();
+  if (activation == Activation::kRelu6) y.clamp_(0, 6);
+}
+
+at::Tensor activation_backward(const at::Tensor& grad_y, const at::Tensor& y, Activation activation) {
+  if (activation == Activation::kRelu) return at::threshold_backward(grad_y, y, 0);
+  if (activation == Activation::kRelu6) return at::hardtanh_backward(grad_y, y, 0, 6);
+  return grad_y;
+}
+
+// ---- the legacy cuDNN BatchNorm API ----
+
+cudnnDataType_t cudnn_dtype(at::ScalarType dtype) {
+  return dtype == at::kHalf ? CUDNN_DATA_HALF : dtype == at::kBFloat16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+}
+
+// The legacy API's descriptors for one layer, destroyed with it.
+struct LegacyDescriptors {
+  cudnnTensorDescriptor_t x = nullptr;
+  cudnnTensorDescriptor_t stats = nullptr;
+  cudnnActivationDescriptor_t activation = nullptr;
+  cudnnBatchNormMode_t mode = CUDNN_BATCHNORM_SPATIAL;
+  cudnnBatchNormOps_t ops = CUDNN_BATCHNORM_OPS_BN;
+  cudnnStatus_t status = CUDNN_STATUS_SUCCESS;  // of creating them
+
+  explicit LegacyDescriptors(const BatchNormProblem& p) {
+    // Persistent mode is the NHWC kernel family with the fused activation.
+    mode = p.channels_last ? CUDNN_BATCHNORM_SPATIAL_PERSISTENT : CUDNN_BATCHNORM_SPATIAL;
+    ops = p.activation == Activation::kNone ? CUDNN_BATCHNORM_OPS_BN
+          : p.has_residual                  ? CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION
+                                            : CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
+    auto format = p.channels_last ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+    if (!ok(cudnnCreateTensorDescriptor(&x)) || !ok(cudnnCreateTensorDescriptor(&stats)) ||
+        !ok(cudnnSetTensor4dDescriptor(x, format, cudnn_dtype(p.dtype), static_cast<int>(p.x_size[0]),
+                                       static_cast<int>(p.x_size[1]), static_cast<int>(p.x_size[2]),
+                                       static_cast<int>(p.x_size[3]))) ||
+        !ok(cudnnDeriveBNTensorDescriptor(stats, x, mode))) {
+      return;
+    }
+    if (p.activation != Activation::kNone) {
+      ok(cudnnCreateActivationDescriptor(&activation)) &&
+          ok(cudnnSetActivationDescriptor(activation, CUDNN_ACTIVATION_RELU, CUDNN_PROPAGATE_NAN, 0.0));
+    }
+  }
+  ~LegacyDescriptors() {
+    if (activation != nullptr) cudnnDestroyActivationDescriptor(activation);
+    if (stats != nullptr) cudnnDestroyTensorDescriptor(stats);
+    if (x != nullptr) cudnnDestroyTensorDescriptor(x);
+  }
+  LegacyDescriptors(const LegacyDescriptors&) = delete;
+  LegacyDescriptors& operator=(const LegacyDescriptors&) = delete;
+
+  bool ok(cudnnStatus_t s) {
+    if (status == CUDNN_STATUS_SUCCESS) status = s;
+    return s == CUDNN_STATUS_SUCCESS;
+  }
+  cudnnTensorDescriptor_t residual(const BatchNormProblem& p) const { return p.has_residual ? x : nullptr; }
+};
+
+struct LegacySizes {
+  size_t forward_workspace = 0;
+  size_t backward_workspace = 0;
+  size_t reserve = 0;
+  cudnnStatus_t status = CUDNN_STATUS_SUCCESS;
+};
+
+LegacySizes legacy_sizes(cudnnHandle_t handle, const BatchNormProblem& p, const LegacyDescriptors& d) {
+  LegacySizes s;
+  s.status = cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(handle, d.mode, d.ops, d.x, d.residual(p), d.x,
+                                                                      d.stats, d.activation, &s.forward_workspace);
+  if (s.status != CUDNN_STATUS_SUCCESS) return s;
+  s.status = cudnnGetBatchNormalizationTrainingExReserveSpaceSize(handle, d.mode, d.ops, d.activation, d.x, &s.reserve);
+  if (s.status != CUDNN_STATUS_SUCCESS) return s;
+  s.status = cudnnGetBatchNormalizationBackwardExWorkspaceSize(handle, d.mode, d.ops, d.x, d.x, d.x, d.residual(p),
+                                                               d.x, d.stats, d.activation, &s.backward_workspace);
+  return s;
+}
+
+// What the legacy API needs that this configuration lacks ("" when nothing we know of).
+std::string legacy_unmet(const BatchNormProblem& p, double eps) {
+  std::vector<std::string> unmet;
+  if (p.activation == Activation::kRelu6) unmet.push_back("activation: the legacy API fuses ReLU only, not ReLU6");
+  if (p.has_residual && p.activation == Activation::kNone) {
+    unmet.push_back("ops: the legacy API adds a residual only before an activation");
+  }
+  if (eps < CUDNN_BN_MIN_EPSILON) {
+    std::ostringstream msg;
+    msg << "eps: " << eps << " is below CUDNN_BN_MIN_EPSILON (" << CUDNN_BN_MIN_EPSILON << ")";
+    unmet.push_back(msg.str());
+  }
+  if (p.activation != Activation::kNone && !p.channels_last) {
+    unmet.push_back("layout: the fused activation needs NHWC (channels_last)");
+  }
+  std::string out;
+  for (const auto& u : unmet) out += "[" + u + "] ";
+  return out;
+}
+
+std::string legacy_refusal(cudnnHandle_t handle, const BatchNormProblem& p, double eps) {
+  auto unmet = legacy_unmet(p, eps);
+  if (!unmet.empty()) return "the legacy cuDNN BatchNorm API cannot run it: " + unmet;
+  LegacyDescriptors d(p);
+  cudnnStatus_t status = d.status;
+  if (status == CUDNN_STATUS_SUCCESS) status = legacy_sizes(handle, p, d).status;
+  if (status == CUDNN_STATUS_SUCCESS) return "";
+  return std::string("the legacy cuDNN BatchNorm API refused it: ") + cudnnGetErrorString(status);
+}
+
+// Returns false (and counts a runtime fallback) when cuDNN refuses; `reserve` is allocated here.
+bool legacy_forward(const BatchNormProblem& p, const at::Tensor& x, const at::Tensor& residual, const at::Tensor& y,
+                    const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& running_mean,
+                    const at::Tensor& running_var, double momentum, double eps, const at::Tensor& save_mean,
+                    const at::Tensor& save_invstd, at::Tensor& reserve) {
+  cudnnHandle_t handle = at::native::getCudnnHandle();
+  LegacyDescriptors d(p);
+  auto sizes = d.status == CUDNN_STATUS_SUCCESS ? legacy_sizes(handle, p, d) : LegacySizes{0, 0, 0, d.status};
+  cudnnStatus_t status = sizes.status;
+  if (status == CUDNN_STATUS_SUCCESS) {
+    auto bytes = x.options().dtype(at::kByte);
+    auto workspace = at::empty({static_cast<int64_t>(sizes.forward_workspace)}, bytes);
+    reserve = at::empty({static_cast<int64_t>(sizes.reserve)}, bytes);
+    const float one = 1.0f, zero = 0.0f;
+    poison_output(y);
+    status = cudnnBatchNormalizationForwardTrainingEx(
+        handle, d.mode, d.ops, &one, &zero, d.x, x.data_ptr(), d.residual(p),
+        p.has_residual ? residual.data_ptr() : nullptr, d.x, y.data_ptr(), d.stats, weight.data_ptr(),
+        bias.data_ptr(), momentum, p.running_stats ? running_mean.data_ptr() : nullptr,
+        p.running_stats ? running_var.data_ptr() : nullptr, eps, save_mean.data_ptr(), save_invstd.data_ptr(),
+        d.activation, workspace.data_ptr(), sizes.forward_workspace, reserve.data_ptr(), sizes.reserve);
+  }
+  if (status == CUDNN_STATUS_SUCCESS) return true;
+  PlanCache::instance().count_runtime_fallback(std::string("the legacy cuDNN BatchNorm forward failed: ") +
+                                               cudnnGetErrorString(status));
+  return false;
+}
+
+bool legacy_backward(const BatchNormProblem& p, const at::Tensor& x, const at::Tensor& y, const at::Tensor& dy,
+                     const at::Tensor& dresidual, const at::Tensor& dx, const at::Tensor& weight,
+                     const at::Tensor& bias, const at::Tensor& dweight, const at::Tensor& dbias, double eps,
+                     const at::Tensor& save_mean, const at::Tensor& save_invstd, const at::Tensor& reserve) {
+  cudnnHandle_t handle = at::native::getCudnnHandle();
+  LegacyDescriptors d(p);
+  auto sizes = d.status == CUDNN_STATUS_SUCCESS ? legacy_sizes(handle, p, d) : LegacySizes{0, 0, 0, d.status};
+  cudnnStatus_t status = sizes.status;
+  if (status == CUDNN_STATUS_SUCCESS && static_cast<size_t>(reserve.numel()) < sizes.reserve) {
+    status = CUDNN_STATUS_BAD_PARAM;  // the forward did not run the legacy API: no reserve to read
+  }
+  if (status == CUDNN_STATUS_SUCCESS) {
+    auto workspace = at::empty({static_cast<int64_t>(sizes.backward_workspace)}, x.options().dtype(at::kByte));
+    const float one = 1.0f, zero = 0.0f;
+    poison_output(dx);
+    status = cudnnBatchNormalizationBackwardEx(
+        handle, d.mode, d.ops, &one, &zero, &one, &zero, d.x, x.data_ptr(), d.x, y.data_ptr(), d.x, dy.data_ptr(),
+        d.residual(p), p.has_residual ? dresidual.data_ptr() : nullptr, d.x, dx.data_ptr(), d.stats,
+        weight.data_ptr(), bias.data_ptr(), dweight.data_ptr(), dbias.data_ptr(), eps, save_mean.data_ptr(),
+        save_invstd.data_ptr(), d.activation, workspace.data_ptr(), sizes.backward_workspace, reserve.data_ptr(),
+        sizes.reserve);
+  }
+  if (status == CUDNN_STATUS_SUCCESS) return true;
+  PlanCache::instance().count_runtime_fallback(std::string("the legacy cuDNN BatchNorm backward failed: ") +
+                                               cudnnGetErrorString(status));
+  return false;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_forward(
+    const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const std::optional<at::Tensor>& running_mean,
+    const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& residual, double momentum,
+    double eps, int64_t activation_value, int64_t implementation_value) {
+  check_x(x, "x");
+  auto activation = activation_from(activation_value);
+  auto implementation = implementation_from(implementation_value);
+  check_per_channel(weight, "weight", x);
+  check_per_channel(bias, "bias", x);
+  TORCH_CHECK(running_mean.has_value() == running_var.has_value(),
+              "cudnn_fusion: running_mean and running_var must be given together");
+  bool running_stats = running_mean.has_value();
+  if (running_stats) {
+    check_per_channel(*running_mean, "running_mean", x);
+    check_per_channel(*running_var, "running_var", x);
+  }
+  if (residual.has_value()) check_like(*residual, "residual", x);
+  TORCH_CHECK(x.numel() / x.size(1) > 1, "cudnn_fusion: expected more than 1 value per channel when training, got x "
+              "of shape ", x.sizes());
+
+  c10::DeviceGuard guard(x.device());
+  bool channels_last = x.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
+  auto format = memory_format(channels_last);
+  auto p = problem_of(x, channels_last, running_stats, residual.has_value(), activation);
+  auto x_dense = x.contiguous(format);
+  auto residual_dense = residual.has_value() ? residual->contiguous(format) : at::Tensor();
+  auto y = at::empty(x.sizes(), x.options().memory_format(format));
+  auto stats_options = x.options().dtype(at::kFloat);
+  int64_t c = x.size(1);
+  auto save_mean = at::empty({c}, stats_options);
+  auto save_invstd = at::empty({c}, stats_options);
+  auto next_mean = at::empty({running_stats ? c : 0}, stats_options);
+  auto next_var = at::empty({running_stats ? c : 0}, stats_options);
+  auto reserve = at::empty({0}, x.options().dtype(at::kByte));
+
+  bool done = false;
+  if (implementation == BatchNormImplementation::kGraph) {
+    float eps_value = static_cast<float>(eps), momentum_value = static_cast<float>(momentum);
+    std::unordered_map<int64_t, void*> pointers{
+        {kUidX, x_dense.data_ptr()},           {kUidScale, weight.data_ptr()},
+        {kUidShift, bias.data_ptr()},          {kUidEpsilon, &eps_value},
+        {kUidSavedMean, save_mean.data_ptr()}, {kUidSavedInvStd, save_invstd.data_ptr()},
+        {kUidY, y.data_ptr()}};
+    if (running_stats) {
+      pointers[kUidRunningMeanIn] = running_mean->data_ptr();
+      pointers[kUidRunningVarIn] = running_var->data_ptr();
+      pointers[kUidMomentum] = &momentum_value;
+      pointers[kUidRunningMeanOut] = next_mean.data_ptr();
+      pointers[kUidRunningVarOut] = next_var.data_ptr();
+    }
+    if (p.has_residual) pointers[kUidResidual] = residual_dense.data_ptr();
+    done = run_batch_norm_graph(GraphKind::kBatchNormForward, p,
+                                {alignment_of(x_dense), alignment_of(residual_dense), alignment_of(y)},
+                                std::move(pointers), {y, save_mean, save_invstd, next_mean, next_var}, x.device());
+  } else {
+    if (running_stats) {  // the legacy API updates running statistics in place: on copies, to stay functional
+      next_mean.copy_(*running_mean);
+      next_var.copy_(*running_var);
+    }
+    done = legacy_forward(p, x_dense, residual_dense, y, weight, bias, next_mean, next_var, momentum, eps, save_mean,
+                          save_invstd, reserve);
+  }
+  if (done) return {y, save_mean, save_invstd, next_mean, next_var, reserve};
+
+  // ATen: what nn.BatchNorm2d computes, on copies of the running statistics.
+  at::Tensor mean_copy, var_copy;
+  if (running_stats) {
+    mean_copy = running_mean->clone();
+    var_copy = running_var->clone();
+  }
+  auto [out, mean, invstd] = at::native_batch_norm(x_dense, weight, bias, mean_copy, var_copy, true, momentum, eps);
+  if (p.has_residual) out.add_(residual_dense);
+  apply_activation_(out, activation);
+  return {out.contiguous(format), mean, invstd, running_stats ? mean_copy : next_mean,
+          running_stats ? var_copy : next_var, at::empty({0}, x.options().dtype(at::kByte))};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward(
+    const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& y, const at::Tensor& weight,
+    const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd, const at::Tensor& reserve,
+    double eps, int64_t activation_value, bool has_residual, int64_t implementation_value) {
+  check_x(x, "x");
+  check_like(grad_y, "grad_y", x);
+  check_like(y, "y", x);
+  check_per_channel(weight, "weight", x);
+  check_per_channel(bias, "bias", x);
+  check_per_channel(save_mean, "save_mean", x);
+  check_per_channel(save_invstd, "save_invstd", x);
+  auto activation = activation_from(activation_value);
+  auto implementation = implementation_from(implementation_value);
+
+  c10::DeviceGuard guard(x.device());
+  bool channels_last = x.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
+  auto format = memory_format(channels_last);
+  auto p = problem_of(x, channels_last, false, has_residual, activation);
+  auto x_dense = x.contiguous(format);
+  auto y_dense = y.contiguous(format);
+  auto dy = grad_y.contiguous(format);
+  int64_t c = x.size(1);
+  auto stats_options = x.options().dtype(at::kFloat);
+  auto dx = at::empty(x.sizes(), x.options().memory_format(format));
+  auto dweight = at::empty({c}, stats_options);
+  auto dbias = at::empty({c}, stats_options);
+
+  if (implementation == BatchNormImplementation::kLegacy) {
+    auto dresidual = has_residual ? at::empty(x.sizes(), x.options().memory_format(format)) : at::Tensor();
+    if (legacy_backward(p, x_dense, y_dense, dy, dresidual, dx, weight, bias, dweight, dbias, eps, save_mean,
+                        save_invstd, reserve)) {
+      return {dx, has_residual ? dresidual : at::empty({0}, x.options()), dweight, dbias};
+    }
+  }
+  // The activation's backward, then BatchNorm's: a graph with ReLU backward reading a saved (non-virtual) tensor
+  // was refused, as was BN-inference -> ReLU backward -> BN backward with half-precision gradients.
+  auto dz = activation_backward(dy, y_dense, activation).contiguous(format);
+  auto dresidual = has_residual ? dz : at::empty({0}, x.options());
+  if (implementation == BatchNormImplementation::kGraph) {
+    std::unordered_map<int64_t, void*> pointers{
+        {kUidDy, dz.data_ptr()},          {kUidX, x_dense.data_ptr()},
+        {kUidScale, weight.data_ptr()},   {kUidSavedMean, save_mean.data_ptr()},
+        {kUidSavedInvStd, save_invstd.data_ptr()}, {kUidDx, dx.data_ptr()},
+        {kUidDscale, dweight.data_ptr()}, {kUidDshift, dbias.data_ptr()}};
+    if (run_batch_norm_graph(GraphKind::kBatchNormBackward, p,
+                             {alignment_of(dz), alignment_of(x_dense), alignment_of(dx)}, std::move(pointers),
+                             {dx, dweight, dbias}, x.device())) {
+      return {dx, dresidual, dweight, dbias};
+    }
+  }
+  auto [gx, gw, gb] = at::native_batch_norm_backward(dz, x_dense, weight, std::nullopt, std::nullopt, save_mean,
+                                                     save_invstd, true, eps, {true, true, true});
+  return {gx.contiguous(format), dresidual, gw, gb};
+}
+
+std::unordered_map<std::string, std::string> check_batch_norm_layer(const BatchNormProblem& problem, double eps) {
+  c10::DeviceGuard guard(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(problem.device)));
+  const int8_t fresh = 16;  // BatchNorm's input and output are fresh allocations from the caching allocator
+  std::unordered_map<std::string, std::string> refusals;
+  refusals["graph_forward"] =
+      get_plan(make_batch_norm_key(GraphKind::kBatchNormForward, problem, {fresh, fresh, fresh}))->refusal;
+  refusals["graph_backward"] =
+      get_plan(make_batch_norm_key(GraphKind::kBatchNormBackward, problem, {fresh, fresh, fresh}))->refusal;
+  refusals["legacy"] = legacy_refusal(at::native::getCudnnHandle(), problem, eps);
+  return refusals;
+}
+
+}  // namespace tcf

@@ -1,0 +1,3 @@
+from .mobilenet_v1 import MobileNetV1, mobilenet_v1
+
+__all__ = ["MobileNetV1", "mobilenet_v1"]

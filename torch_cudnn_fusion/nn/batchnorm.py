@@ -1,0 +1,114 @@
+"""BatchNorm modules: BatchNorm2dReLU (BatchNorm2d + ReLU / ReLU6 fused in training), and the placeholder a
+BatchNorm2d becomes when fuse() moves its work into the conv before it."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .. import fusion
+from ..functional import batch_norm_act
+from .conv import _layer_ids
+
+_ACTIVATIONS = ("relu", "relu6", None)
+
+
+def batch_norm_arguments(bn: nn.BatchNorm2d) -> tuple:
+    """(running_mean, running_var, use batch statistics, momentum) as nn.BatchNorm2d.forward computes them, with its
+    side effect: num_batches_tracked counts this training step."""
+    momentum = 0.0 if bn.momentum is None else bn.momentum
+    if bn.training and bn.track_running_stats and bn.num_batches_tracked is not None:
+        bn.num_batches_tracked.add_(1)
+        momentum = 1.0 / float(bn.num_batches_tracked) if bn.momentum is None else bn.momentum
+    batch_stats = bn.training or (bn.running_mean is None and bn.running_var is None)
+    keep_stats = not bn.training or bn.track_running_stats
+    running_mean = bn.running_mean if keep_stats else None
+    running_var = bn.running_var if keep_stats else None
+    return running_mean, running_var, batch_stats, momentum
+
+
+def check_activation(activation: Optional[str]) -> Optional[str]:
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"activation must be 'relu', 'relu6' or None, got {activation!r}")
+    return activation
+
+
+class BatchNorm2dReLU(nn.BatchNorm2d):
+    """relu(batch_norm(x)) — nn.BatchNorm2d followed by nn.ReLU (or nn.ReLU6 with activation="relu6").
+
+    Same constructor, parameters, buffers and state_dict keys as nn.BatchNorm2d. With batch statistics (training)
+    it runs as one cuDNN graph, or the legacy cuDNN BatchNorm API where the graph is refused, or eager; with running
+    statistics (eval) it runs eager. `fusion_status` says which, and why.
+    """
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: Optional[float] = 0.1, affine: bool = True,
+                 track_running_stats: bool = True, device=None, dtype=None, *, activation: Optional[str] = "relu",
+                 strict: Optional[bool] = None) -> None:
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype)
+        self.activation = check_activation(activation)
+        self.strict = strict
+        self._layer_id = next(_layer_ids)
+
+    @classmethod
+    def from_bn(cls, bn: nn.BatchNorm2d, *, activation: Optional[str] = "relu",
+                strict: Optional[bool] = None) -> "BatchNorm2dReLU":
+        """A fused module sharing `bn`'s Parameters and buffers."""
+        if not isinstance(bn, nn.BatchNorm2d):
+            raise TypeError(f"bn must be an nn.BatchNorm2d, got {type(bn).__name__}")
+        module = cls(bn.num_features, bn.eps, bn.momentum, bn.affine, bn.track_running_stats, device="meta",
+                     activation=activation, strict=strict)
+        for name in ("weight", "bias"):
+            setattr(module, name, getattr(bn, name))
+        for name in ("running_mean", "running_var", "num_batches_tracked"):
+            module._buffers[name] = bn._buffers.get(name)
+        module.train(bn.training)
+        return module
+
+    @property
+    def layer_id(self) -> int:
+        return self._layer_id
+
+    def __setstate__(self, state) -> None:
+        super().__setstate__(state)
+        self._layer_id = next(_layer_ids)
+
+    @property
+    def fusion_status(self) -> fusion.FusionStatus:
+        return fusion.status_from_decision(fusion.recorded_decision(self.layer_id))
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", activation={self.activation}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_input_dim(x)
+        running_mean, running_var, batch_stats, momentum = batch_norm_arguments(self)
+        return batch_norm_act(x, running_mean, running_var, self.weight, self.bias, batch_stats, momentum, self.eps,
+                              self.activation, strict=self.strict, layer_id=self.layer_id)
+
+
+class BatchNorm2dFused(nn.BatchNorm2d):
+    """A BatchNorm2d whose work fuse() moved into the fused conv layer before it (`fused_into`). It keeps its
+    parameters, buffers and state_dict keys in place, so checkpoints of the plain model load unchanged, and passes
+    its input through."""
+
+    fused_into: str = ""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", applied by {self.fused_into or 'the fused layer before it'}"
+
+
+class ActivationFused(nn.Identity):
+    """An activation module whose work fuse() moved into the fused layer before it; passes its input through."""
+
+    def __init__(self, original: nn.Module, fused_into: str) -> None:
+        super().__init__()
+        self.original_type = type(original).__name__
+        self.fused_into = fused_into
+
+    def extra_repr(self) -> str:
+        return f"{self.original_type}, applied by {self.fused_into}"

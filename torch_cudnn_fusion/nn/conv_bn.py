@@ -1,0 +1,167 @@
+"""Conv2d + BatchNorm2d (+ residual add) (+ ReLU / ReLU6) as drop-in modules.
+
+Training (batch statistics): the conv runs as its own cuDNN call — BatchNorm needs the whole conv output for its
+statistics before it can normalize any of it — and BatchNorm + add + activation run fused (see BatchNorm2dReLU).
+Eval (running statistics): BatchNorm folds into the conv's weight and bias and the layer runs as one fused
+conv + bias (+ residual) + ReLU graph; the fold is recomputed whenever a parameter or statistic changes.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch._prims_common import suggest_memory_format
+
+from .. import fusion
+from ..functional import _eager_batch_norm_act, batch_norm_act, conv2d_bias_act
+from .batchnorm import batch_norm_arguments, check_activation
+from .conv import FusedConv2d, _layer_ids
+
+
+class Conv2dBN(FusedConv2d):
+    """batch_norm(conv2d(x)) — nn.Conv2d followed by nn.BatchNorm2d (no activation).
+
+    Constructor: nn.Conv2d's arguments (bias defaults to False, as before a BatchNorm) and nn.BatchNorm2d's (eps,
+    momentum, affine, track_running_stats). The BatchNorm is the child `bn`: state_dict keys are the conv's
+    ("weight", "bias") and "bn.*". `from_modules(conv, bn)` shares existing Parameters and buffers.
+    """
+
+    activation: Optional[str] = None
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1, groups=1,
+                 bias: bool = False, padding_mode: str = "zeros", device=None, dtype=None, *, eps: float = 1e-5,
+                 momentum: Optional[float] = 0.1, affine: bool = True, track_running_stats: bool = True,
+                 activation: Optional[str] = "default", strict: Optional[bool] = None) -> None:
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode,
+                         device=device, dtype=dtype, strict=strict)
+        self.bn = nn.BatchNorm2d(out_channels, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
+        if activation != "default":
+            self.activation = check_activation(activation)
+        self._bn_layer_id = next(_layer_ids)
+        self._fold_cache: Optional[tuple] = None
+        self._last_mode = ""
+
+    @classmethod
+    def from_modules(cls, conv: nn.Conv2d, bn: nn.BatchNorm2d, *, activation: Optional[str] = "default",
+                     strict: Optional[bool] = None, bn_registered_elsewhere: bool = False) -> "Conv2dBN":
+        """A fused module sharing `conv`'s and `bn`'s Parameters and buffers.
+
+        bn_registered_elsewhere (used by fuse()): `bn` stays where it is in the model, so its state_dict keys do not
+        change, and this module applies it without registering it as a child.
+        """
+        if not isinstance(bn, nn.BatchNorm2d):
+            raise TypeError(f"bn must be an nn.BatchNorm2d, got {type(bn).__name__}")
+        if bn.num_features != conv.out_channels:
+            raise ValueError(f"bn.num_features ({bn.num_features}) must equal conv.out_channels ({conv.out_channels})")
+        module = cls.from_conv(conv, strict=strict)
+        if activation != "default":
+            module.activation = check_activation(activation)
+        if bn_registered_elsewhere:
+            del module._modules["bn"]
+            module.__dict__["bn"] = bn  # applied here, registered (and saved) at its own place in the model
+        else:
+            module.bn = bn
+        return module
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state["_fold_cache"] = None
+        return state
+
+    @property
+    def bn_layer_id(self) -> int:
+        return self._bn_layer_id
+
+    def __setstate__(self, state) -> None:
+        super().__setstate__(state)
+        self._bn_layer_id = next(_layer_ids)
+
+    @property
+    def fusion_status(self) -> fusion.FusionStatus:
+        """How the last forward ran: in training the BatchNorm + activation (the conv runs as its own cuDNN call),
+        in eval the conv with the BatchNorm folded in."""
+        if self._last_mode == "batch statistics":
+            status = fusion.status_from_decision(fusion.recorded_decision(self._bn_layer_id))
+            note = "training: conv as its own cuDNN call, then BatchNorm"
+        elif self._last_mode == "folded":
+            status = fusion.status_from_decision(fusion.recorded_decision(self.layer_id))
+            note = "eval: BatchNorm folded into the conv"
+        else:
+            return fusion.NOT_RUN
+        reason = f"{note}; {status.reason}" if status.reason else note
+        return fusion.FusionStatus(status.fused, reason, status.backward, status.implementation_name)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", activation={self.activation}"
+
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        bn = self.bn
+        running_mean, running_var, batch_stats, momentum = batch_norm_arguments(bn)
+        if batch_stats:
+            self._last_mode = "batch statistics"
+            z = self._conv_forward(x, self.weight, self.bias)
+            if residual is not None and residual.dtype != z.dtype:
+                # eager would promote the sum to the residual's dtype: keep its numbers and dtype exactly
+                fusion.record_decision(self._bn_layer_id, (
+                    False, f"the residual is {residual.dtype} but the conv output is {z.dtype}: eager promotes the "
+                    "sum, so the layer runs eager", (), "eager"))
+                return _eager_batch_norm_act(z, running_mean, running_var, bn.weight, bn.bias, True, momentum,
+                                             bn.eps, self.activation, residual)
+            return batch_norm_act(z, running_mean, running_var, bn.weight, bn.bias, True, momentum, bn.eps,
+                                  self.activation, residual, strict=self.strict, layer_id=self._bn_layer_id)
+        self._last_mode = "folded"
+        weight, bias = self._folded_weight_and_bias()
+        relu = self.activation == "relu"
+        y = conv2d_bias_act(x, weight, bias, residual, self.stride, self.padding, self.dilation, self.groups,
+                            "relu" if relu else None, padding_mode=self.padding_mode, strict=self.strict,
+                            layer_id=self.layer_id)
+        return F.relu6(y) if self.activation == "relu6" else y
+
+    def _folded_weight_and_bias(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The conv's weight and bias with the BatchNorm's running statistics, scale and shift folded in. Cached
+        while no tensor it reads changed (same storage, same version counter: in-place updates such as optimizer
+        steps and load_state_dict bump it); recomputed under autograd or torch.compile."""
+        bn = self.bn
+        tensors = (self.weight, self.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var)
+        cacheable = not torch.compiler.is_compiling() and not (
+            torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+        )
+        key = None
+        if cacheable:
+            key = tuple(None if t is None else (t.data_ptr(), t._version, t.dtype, t.device) for t in tensors) + (bn.eps,)
+            if self._fold_cache is not None and self._fold_cache[0] == key:
+                return self._fold_cache[1], self._fold_cache[2]
+        scale = torch.rsqrt(bn.running_var.float() + bn.eps)
+        if bn.weight is not None:
+            scale = scale * bn.weight.float()
+        weight = (self.weight.float() * scale.view(-1, 1, 1, 1)).to(self.weight.dtype)
+        weight = weight.contiguous(memory_format=suggest_memory_format(self.weight))
+        conv_bias = self.bias.float() if self.bias is not None else torch.zeros_like(scale)
+        bias = (conv_bias - bn.running_mean.float()) * scale
+        if bn.bias is not None:
+            bias = bias + bn.bias.float()
+        bias = bias.to(self.weight.dtype)
+        if cacheable:
+            self._fold_cache = (key, weight, bias)
+        return weight, bias
+
+
+class Conv2dBNReLU(Conv2dBN):
+    """relu(batch_norm(conv2d(x))) — nn.Conv2d, nn.BatchNorm2d and nn.ReLU (activation="relu6": nn.ReLU6)."""
+
+    activation: Optional[str] = "relu"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x)
+
+
+class Conv2dBNAddReLU(Conv2dBN):
+    """relu(batch_norm(conv2d(x)) + residual) — a ResNet block's last conv, its BatchNorm, the add and the ReLU."""
+
+    activation: Optional[str] = "relu"
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return super().forward(x, residual)
