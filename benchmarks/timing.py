@@ -31,3 +31,19 @@ def graph_replay_ms(fn, calls: int = 10, replays: int = 11) -> float:
         end.synchronize()
         samples.append(start.elapsed_time(end) / calls)
     return statistics.median(samples)
+
+
+def median_ms(fn, warmup: int = 5, repeats: int = 20) -> float:
+    """Median of `repeats` CUDA-event timings of one `fn()` call (host cost included), after `warmup` calls."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end))
+    return statistics.median(samples)

@@ -1,0 +1,204 @@
+"""Train MobileNet v1 end to end with torch_cudnn_fusion's fused layers.
+
+    python examples/train_mobilenet_v1.py                     # synthetic shapes, full size on a GPU, small on a CPU
+    python examples/train_mobilenet_v1.py --compare-eager     # + the eager model from the same weights and batches
+    python examples/train_mobilenet_v1.py --data /path/to/imagefolder   # real images (needs torchvision)
+    torchrun --nproc-per-node 2 examples/train_mobilenet_v1.py            # DistributedDataParallel over NCCL
+
+bf16 autocast by default (--dtype float16 uses a GradScaler), channels_last, SGD with momentum and a cosine
+learning-rate schedule. The default data (examples/synthetic_shapes.py) needs no download and is learnable: accuracy
+rises well above chance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_cudnn_fusion as tcf  # noqa: E402
+from png_plot import plot_lines  # noqa: E402
+from synthetic_shapes import PATTERNS, synthetic_batch  # noqa: E402
+from torch_cudnn_fusion.models import mobilenet_v1  # noqa: E402
+
+
+def parse_args():
+    gpu = torch.cuda.is_available()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=300 if gpu else 500)
+    p.add_argument("--batch-size", type=int, default=256 if gpu else 32, help="per process")
+    p.add_argument("--image-size", type=int, default=224 if gpu else 64)
+    p.add_argument("--width", type=float, default=1.0 if gpu else 0.25, help="MobileNet width multiplier")
+    p.add_argument("--classes", type=int, default=len(PATTERNS))
+    p.add_argument("--lr", type=float, default=0.2 if gpu else 0.1)
+    p.add_argument("--weight-decay", type=float, default=4e-5)
+    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16" if gpu else "float32")
+    p.add_argument("--data", default=None, help="an image folder (class per subdirectory); needs torchvision")
+    p.add_argument("--compare-eager", action="store_true",
+                   help="also train the eager model from the same initial weights on the same batches")
+    p.add_argument("--out", default="mobilenet_v1_run", help="directory for the loss plot and the JSON log")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args()
+
+
+class Progress:
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.enabled, self.start = total, enabled, time.time()
+
+    def update(self, step: int, text: str) -> None:
+        if not self.enabled or (step % max(1, self.total // 100) and step != self.total):
+            return
+        done = int(30 * step / self.total)
+        rate = step / max(time.time() - self.start, 1e-9)
+        sys.stdout.write(f"\r[{'#' * done}{'.' * (30 - done)}] {step}/{self.total} {rate:.1f} it/s {text}")
+        sys.stdout.flush()
+        if step == self.total:
+            sys.stdout.write("\n")
+
+
+def image_folder_batches(path, batch_size, image_size, device, seed):
+    try:
+        from torchvision import datasets, transforms
+    except ImportError as error:
+        raise SystemExit(f"--data needs torchvision ({error}); the default synthetic data needs nothing") from error
+    tf = transforms.Compose([transforms.RandomResizedCrop(image_size), transforms.RandomHorizontalFlip(),
+                             transforms.ToTensor(), transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+    dataset = datasets.ImageFolder(path, tf)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=8, drop_last=True,
+                                         generator=torch.Generator().manual_seed(seed))
+    while True:
+        for images, labels in loader:
+            yield images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+
+
+def synthetic_batches(batch_size, image_size, classes, device, seed):
+    generator = torch.Generator(device=device).manual_seed(seed)
+    while True:
+        yield synthetic_batch(batch_size, image_size, classes, generator, device)
+
+
+class Trainer:
+    def __init__(self, model, args, device, dtype, ddp_rank):
+        self.model = model
+        if ddp_rank is not None:
+            self.model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[ddp_rank])
+        self.opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=args.weight_decay,
+                                   nesterov=True)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, args.steps) / args.steps)))
+        self.dtype, self.device = dtype, device
+        self.scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+
+    def step(self, images, labels):
+        self.model.train()
+        self.opt.zero_grad(set_to_none=True)
+        with torch.autocast(self.device.type, self.dtype, enabled=self.dtype != torch.float32):
+            logits = self.model(images)
+            loss = F.cross_entropy(logits.float(), labels)
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.opt)
+        self.scaler.update()
+        self.sched.step()
+        return loss.detach(), (logits.argmax(1) == labels).float().mean()
+
+    @torch.no_grad()
+    def accuracy(self, batches):
+        self.model.eval()
+        correct = total = 0
+        for images, labels in batches:
+            with torch.autocast(self.device.type, self.dtype, enabled=self.dtype != torch.float32):
+                correct += (self.model(images).argmax(1) == labels).sum().item()
+            total += labels.numel()
+        return correct / total
+
+
+def main():
+    args = parse_args()
+    ddp = "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1
+    rank, local_rank = 0, None
+    if ddp:
+        dist.init_process_group("nccl")
+        rank, local_rank = dist.get_rank(), int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local_rank)
+    device = torch.device("cuda", local_rank or 0) if torch.cuda.is_available() else torch.device("cpu")
+    dtype = getattr(torch, args.dtype)
+    torch.backends.cudnn.benchmark = device.type == "cuda"
+    torch.manual_seed(args.seed)
+    classes = args.classes
+    if args.data:
+        batches = image_folder_batches(args.data, args.batch_size, args.image_size, device, args.seed + rank)
+        classes = len(os.listdir(args.data))
+    else:
+        batches = synthetic_batches(args.batch_size, args.image_size, classes, device, args.seed + rank)
+
+    plain = mobilenet_v1(num_classes=classes, width_multiplier=args.width).to(device)
+    plain = plain.to(memory_format=torch.channels_last)
+    initial = copy.deepcopy(plain) if args.compare_eager else None
+    fused_model, report = tcf.fuse(plain)
+    if rank == 0:
+        print(f"fuse(): {len(report.fused)} fused, {len(report.not_fused)} not fused")
+    trainers = {"fused": Trainer(fused_model, args, device, dtype, local_rank)}
+    if initial is not None:
+        trainers["eager"] = Trainer(initial, args, device, dtype, local_rank)
+
+    history = {name: [] for name in trainers}
+    accuracy = {name: [] for name in trainers}
+    max_diff = []
+    progress = Progress(args.steps, rank == 0)
+    start = time.time()
+    for step in range(1, args.steps + 1):
+        images, labels = next(batches)
+        images = images.to(memory_format=torch.channels_last)
+        for name, trainer in trainers.items():
+            loss, acc = trainer.step(images, labels)
+            history[name].append(loss.item())
+            accuracy[name].append(acc.item())
+        text = f"loss {history['fused'][-1]:.3f} acc {accuracy['fused'][-1]:.2f}"
+        if "eager" in trainers:
+            max_diff.append(abs(history["fused"][-1] - history["eager"][-1]))
+            text += f" |Δloss| vs eager {max_diff[-1]:.2e}"
+        progress.update(step, text)
+    elapsed = time.time() - start
+
+    held_out = list(synthetic_batches(args.batch_size, args.image_size, classes, device, 10_000 + args.seed)
+                    .__next__() for _ in range(4)) if not args.data else []
+    results = {"args": vars(args), "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+               "torch": torch.__version__, "seconds": elapsed, "loss": history, "train_accuracy": accuracy}
+    if held_out:
+        results["held_out_accuracy"] = {name: t.accuracy(held_out) for name, t in trainers.items()}
+    if max_diff:
+        results["max_loss_difference_per_step"] = max_diff
+    if rank == 0:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "train_log.json"), "w") as f:
+            json.dump(results, f, indent=1)
+        first, last = history["fused"][0], sum(history["fused"][-10:]) / min(10, len(history["fused"]))
+        print(f"fused: loss {first:.3f} -> {last:.3f} (mean of the last 10 steps) in {elapsed:.1f} s, "
+              f"{args.steps * args.batch_size * (dist.get_world_size() if ddp else 1) / elapsed:.0f} images/s "
+              "(both models, when comparing)")
+        if held_out:
+            chance = 1 / classes
+            for name, acc in results["held_out_accuracy"].items():
+                print(f"{name}: held-out accuracy {acc:.3f} (chance {chance:.3f})")
+        if max_diff:
+            print(f"largest |loss difference| fused vs eager over {len(max_diff)} steps: {max(max_diff):.3e} "
+                  f"(step {max_diff.index(max(max_diff)) + 1}); first 5 steps: "
+                  + ", ".join(f"{d:.1e}" for d in max_diff[:5]))
+            plot_lines(os.path.join(args.out, "loss_fused_vs_eager.png"),
+                       {"fused": history["fused"], "eager": history["eager"]})
+            print(f"loss curves: {os.path.join(args.out, 'loss_fused_vs_eager.png')} (blue fused, orange eager)")
+    if ddp:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""BatchNorm (+ residual) (+ ReLU / ReLU6) on the GPU: each implementation against eager and a float64 reference,
+forward, every gradient and the running statistics; the modules' decisions; MobileNet v1 fused vs eager."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_cudnn_fusion as tcf
+from torch_cudnn_fusion.models import mobilenet_v1
+
+from conftest import assert_as_accurate_as_eager, gpu, rel_err
+
+pytestmark = gpu
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+ACTIVATIONS = ["relu", "relu6", None]
+ACT_CODE = {None: 0, "relu": 1, "relu6": 2}
+
+
+def reference(x, rm, rv, w, b, momentum, eps, activation, residual):
+    y = F.batch_norm(x, rm, rv, w, b, True, momentum, eps)
+    if residual is not None:
+        y = y + residual
+    return {"relu": F.relu, "relu6": F.relu6, None: lambda t: t}[activation](y)
+
+
+def make_inputs(dtype, residual, shape=(8, 32, 14, 14)):
+    torch.manual_seed(0)
+    c = shape[1]
+    x = (torch.randn(shape, device="cuda") * 2 + 0.5).to(dtype).to(memory_format=torch.channels_last)
+    w = torch.rand(c, device="cuda") + 0.5
+    b = torch.randn(c, device="cuda")
+    rm, rv = torch.randn(c, device="cuda"), torch.rand(c, device="cuda") + 0.5
+    res = torch.randn(shape, device="cuda").to(dtype).to(memory_format=torch.channels_last) if residual else None
+    grad = torch.randn(shape, device="cuda").to(dtype).to(memory_format=torch.channels_last)
+    return x, w, b, rm, rv, res, grad
+
+
+def run(fn, x, w, b, res, grad, rm, rv):
+    leaves = [t.detach().clone().requires_grad_() if t is not None else None for t in (x, w, b, res)]
+    rm, rv = rm.clone(), rv.clone()
+    y = fn(*leaves, rm, rv)
+    y.backward(grad.to(y.dtype))
+    return y.detach(), [t.grad for t in leaves if t is not None], rm, rv
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("residual", [False, True], ids=["", "residual"])
+@pytest.mark.parametrize("implementation", ["graph", "legacy"])
+def test_batch_norm_act_matches_eager_and_float64(extension, dtype, activation, residual, implementation):
+    x, w, b, rm, rv, res, grad = make_inputs(dtype, residual)
+    momentum, eps = 0.1, 1e-5
+    refusals = extension.check_batch_norm_layer(str(dtype).split(".")[1], True, 0, list(x.shape), True, residual,
+                                                ACT_CODE[activation], eps)
+    refusal = refusals["legacy"] if implementation == "legacy" else refusals["graph_forward"] or refusals["graph_backward"]
+    if implementation == "legacy" and (activation == "relu6" or (residual and activation is None)):
+        assert refusal, "the legacy API has no ReLU6 and adds a residual only before an activation"
+        return
+    assert refusal == "", f"cuDNN refused the {implementation} implementation: {refusal}"
+    impl = 0 if implementation == "graph" else 1
+
+    def fused(x, w, b, res, rm, rv):
+        out = torch.ops.cudnn_fusion.batch_norm_act(x, w, b, rm, rv, res, momentum, eps, ACT_CODE[activation], impl)
+        rm.copy_(out[3]), rv.copy_(out[4])
+        return out[0]
+
+    def eager(x, w, b, res, rm, rv):
+        return reference(x, rm, rv, w, b, momentum, eps, activation, res)
+
+    fallbacks = tcf.plan_cache_stats()["runtime_fallbacks"]
+    y, grads, rm_f, rv_f = run(fused, x, w, b, res, grad, rm, rv)
+    assert tcf.plan_cache_stats()["runtime_fallbacks"] == fallbacks, tcf.plan_cache_stats()["last_runtime_fallback"]
+    y_e, grads_e, rm_e, rv_e = run(eager, x, w, b, res, grad, rm, rv)
+    d = lambda t: t.double() if t is not None else None
+    y_r, grads_r, rm_r, rv_r = run(eager, d(x), d(w), d(b), d(res), d(grad), d(rm), d(rv))
+    assert y.dtype == dtype and y.is_contiguous(memory_format=torch.channels_last)
+    assert_as_accurate_as_eager("y", y, y_e, y_r, dtype)
+    for name, g, g_e, g_r in zip(["grad_x", "grad_weight", "grad_bias", "grad_residual"], grads, grads_e, grads_r):
+        assert_as_accurate_as_eager(name, g, g_e, g_r, dtype)
+    for name, s, s_e, s_r in (("running_mean", rm_f, rm_e, rm_r), ("running_var", rv_f, rv_e, rv_r)):
+        assert rel_err(s, s_r) <= 2 * rel_err(s_e, s_r) + 1e-6, name
+
+
+@pytest.mark.parametrize("momentum", [0.1, None])
+@pytest.mark.parametrize("affine", [True, False])
+def test_module_semantics_momentum_none_affine_false_and_eval(extension, momentum, affine):
+    torch.manual_seed(0)
+    plain = torch.nn.Sequential(torch.nn.BatchNorm2d(32, momentum=momentum, affine=affine), torch.nn.ReLU()).cuda()
+    fused = tcf.BatchNorm2dReLU.from_bn(copy.deepcopy(plain[0]))
+    for _ in range(3):
+        x = torch.randn(8, 32, 10, 10, device="cuda").to(memory_format=torch.channels_last)
+        torch.testing.assert_close(fused(x), plain(x), rtol=1e-5, atol=1e-5)
+    assert fused.fusion_status.fused and fused.fusion_status.implementation == "cudnn_graph", fused.fusion_status
+    for name, buffer in plain[0].named_buffers():
+        torch.testing.assert_close(getattr(fused, name), buffer, rtol=1e-5, atol=1e-6, msg=name)
+    plain.eval(), fused.eval()
+    x = torch.randn(8, 32, 10, 10, device="cuda").to(memory_format=torch.channels_last)
+    torch.testing.assert_close(fused(x), plain(x), rtol=1e-5, atol=1e-5)
+    assert not fused.fusion_status.fused and "inference" in fused.fusion_status.reason
+
+
+def test_nchw_input_runs_eager_with_the_reason(extension):
+    bn = tcf.BatchNorm2dReLU(32).cuda()
+    x = torch.randn(4, 32, 8, 8, device="cuda")
+    torch.testing.assert_close(bn(x), F.relu(F.batch_norm(x, None, None, bn.weight, bn.bias, True)), rtol=1e-5,
+                               atol=1e-5)
+    assert not bn.fusion_status.fused and "not channels_last" in bn.fusion_status.reason
+    with tcf.strict(), pytest.raises(tcf.FusionError, match="not channels_last"):
+        bn(x)
+
+
+@pytest.mark.parametrize("groups", [1, 64])
+def test_conv_bn_relu_eval_runs_the_folded_fused_conv(extension, groups):
+    torch.manual_seed(0)
+    plain = torch.nn.Sequential(torch.nn.Conv2d(64, 64, 3, padding=1, groups=groups, bias=False),
+                                torch.nn.BatchNorm2d(64), torch.nn.ReLU()).cuda().to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        plain[1].running_mean.normal_(), plain[1].running_var.uniform_(0.5, 2.0)
+    fused = tcf.Conv2dBNReLU.from_modules(plain[0], plain[1])
+    plain.eval(), fused.eval()
+    x = torch.randn(8, 64, 14, 14, device="cuda").to(memory_format=torch.channels_last)
+    with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
+        y, y_e = fused(x), plain(x)
+    with torch.no_grad():
+        y_r = plain.double()(x.double())
+    plain.float()
+    assert_as_accurate_as_eager("y", y, y_e, y_r, torch.bfloat16)
+    status = fused.fusion_status
+    assert status.fused == (groups == 1), status
+    assert "BatchNorm folded into the conv" in status.reason
+
+
+def train_steps(model, batches, dtype, lr=0.05):
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    losses, first_grads = [], None
+    for x, target in batches:
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype, enabled=dtype != torch.float64):
+            loss = F.cross_entropy(model(x.to(torch.float64 if dtype == torch.float64 else torch.float32)), target)
+        loss.backward()
+        if first_grads is None:
+            first_grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        opt.step()
+        losses.append(loss.item())
+    return losses, first_grads
+
+
+def test_mobilenet_v1_full_size_fused_training_matches_eager(extension):
+    """Full width at 224x224 (batch 16), bf16 autocast, channels_last: three SGD steps from the same weights on the
+    same batches. The first step's gradients are compared with a float64 reference, losses and running statistics
+    with eager's."""
+    torch.manual_seed(0)
+    plain = mobilenet_v1().cuda().to(memory_format=torch.channels_last)
+    reference_model = copy.deepcopy(plain).double()
+    fused, report = tcf.fuse(copy.deepcopy(plain))
+    assert len(report.fused) == 27
+    batches = [(torch.randn(16, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last),
+                torch.randint(0, 1000, (16,), device="cuda")) for _ in range(3)]
+    fallbacks = tcf.plan_cache_stats()["runtime_fallbacks"]
+    losses, grads = train_steps(fused, batches, torch.bfloat16)
+    assert tcf.plan_cache_stats()["runtime_fallbacks"] == fallbacks
+    statuses = [fused.get_submodule(r.path).fusion_status for r in report]
+    assert all(s.fused and s.implementation == "cudnn_graph" for s in statuses), [str(s) for s in statuses]
+    losses_e, grads_e = train_steps(plain, batches, torch.bfloat16)
+    _, grads_r = train_steps(reference_model, batches[:1], torch.float64)
+    for step, (l, l_e) in enumerate(zip(losses, losses_e)):
+        assert abs(l - l_e) <= 0.02 * abs(l_e), f"step {step}: fused loss {l} vs eager {l_e}"
+    for name, g_r in grads_r.items():
+        error, eager_error = rel_err(grads[name], g_r), rel_err(grads_e[name], g_r)
+        assert error <= 2 * eager_error + 1e-3, f"{name}: {error:.3e} vs eager's {eager_error:.3e}"
+    for (name, b), b_e in zip(fused.named_buffers(), plain.buffers()):
+        if b.is_floating_point():
+            assert rel_err(b, b_e) <= 2e-2, name
+        else:
+            assert torch.equal(b, b_e), name
+    fused.eval(), plain.eval()
+    with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
+        x = batches[0][0]
+        out, out_e = fused(x).float(), plain(x).float()
+    assert rel_err(out, out_e) <= 3e-2
+    assert all(fused.get_submodule(r.path).fusion_status.reason.startswith("eval") for r in report)
