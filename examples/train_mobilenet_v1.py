@@ -5,8 +5,8 @@
     python examples/train_mobilenet_v1.py --data /path/to/imagefolder   # real images (needs torchvision)
     torchrun --nproc-per-node 2 examples/train_mobilenet_v1.py            # DistributedDataParallel over NCCL
 
-bf16 autocast by default (--dtype float16 uses a GradScaler), channels_last, SGD with momentum and a cosine
-learning-rate schedule. The default data (examples/synthetic_shapes.py) needs no download and is learnable: accuracy
+bf16 autocast by default (--dtype float16 uses a GradScaler), channels_last, SGD with momentum, a linear warm-up and a
+cosine learning-rate schedule. The default data (examples/synthetic_shapes.py) needs no download and is learnable: accuracy
 rises well above chance.
 """
 
@@ -93,8 +93,10 @@ class Trainer:
             self.model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[ddp_rank])
         self.opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=args.weight_decay,
                                    nesterov=True)
+        warmup = max(1, args.steps // 10)  # linear warm-up, then cosine decay to 0
         self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, args.steps) / args.steps)))
+            self.opt, lambda s: (s + 1) / warmup if s < warmup
+            else 0.5 * (1 + math.cos(math.pi * min(s - warmup, args.steps - warmup) / (args.steps - warmup))))
         self.dtype, self.device = dtype, device
         self.scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
 

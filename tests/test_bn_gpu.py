@@ -58,6 +58,10 @@ def test_batch_norm_act_matches_eager_and_float64(extension, dtype, activation, 
     if implementation == "legacy" and (activation == "relu6" or (residual and activation is None)):
         assert refusal, "the legacy API has no ReLU6 and adds a residual only before an activation"
         return
+    if implementation == "graph" and residual and activation is None:
+        # cuDNN 9.19 on H200 builds BN + add only with a ReLU after the add ("add_Y_connections.size() != 1")
+        assert "batchnorm forward" in refusal and "No valid engine configs" in refusal, refusal
+        return
     assert refusal == "", f"cuDNN refused the {implementation} implementation: {refusal}"
     impl = 0 if implementation == "graph" else 1
 
@@ -170,8 +174,13 @@ def test_mobilenet_v1_full_size_fused_training_matches_eager(extension):
     for name, g_r in grads_r.items():
         error, eager_error = rel_err(grads[name], g_r), rel_err(grads_e[name], g_r)
         assert error <= 2 * eager_error + 1e-3, f"{name}: {error:.3e} vs eager's {eager_error:.3e}"
-    for (name, b), b_e in zip(fused.named_buffers(), plain.buffers()):
-        if b.is_floating_point():
+    buffers_e = dict(plain.named_buffers())
+    for name, b in fused.named_buffers():
+        b_e = buffers_e[name]
+        if name.endswith("running_mean"):  # means are near 0: measure the difference in standard deviations
+            std = buffers_e[name.replace("running_mean", "running_var")].sqrt()
+            assert ((b - b_e).abs() / std).max() <= 2e-2, name
+        elif b.is_floating_point():
             assert rel_err(b, b_e) <= 2e-2, name
         else:
             assert torch.equal(b, b_e), name
