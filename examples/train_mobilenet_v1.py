@@ -39,7 +39,7 @@ def parse_args():
     p.add_argument("--image-size", type=int, default=224 if gpu else 64)
     p.add_argument("--width", type=float, default=1.0 if gpu else 0.25, help="MobileNet width multiplier")
     p.add_argument("--classes", type=int, default=len(PATTERNS))
-    p.add_argument("--lr", type=float, default=0.2 if gpu else 0.1)
+    p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--weight-decay", type=float, default=4e-5)
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16" if gpu else "float32")
     p.add_argument("--data", default=None, help="an image folder (class per subdirectory); needs torchvision")

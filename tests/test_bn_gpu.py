@@ -138,7 +138,7 @@ def test_conv_bn_relu_eval_runs_the_folded_fused_conv(extension, groups):
 
 def train_steps(model, batches, dtype, lr=0.05):
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    losses, first_grads = [], None
+    losses, first_grads, first_buffers = [], None, None
     for x, target in batches:
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype, enabled=dtype != torch.float64):
@@ -148,13 +148,15 @@ def train_steps(model, batches, dtype, lr=0.05):
             first_grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
         opt.step()
         losses.append(loss.item())
-    return losses, first_grads
+        if first_buffers is None:
+            first_buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+    return losses, first_grads, first_buffers
 
 
 def test_mobilenet_v1_full_size_fused_training_matches_eager(extension):
     """Full width at 224x224 (batch 16), bf16 autocast, channels_last: three SGD steps from the same weights on the
-    same batches. The first step's gradients are compared with a float64 reference, losses and running statistics
-    with eager's."""
+    same batches. The first step's gradients and running statistics are compared with a float64 reference, the
+    losses of all three steps with eager's."""
     torch.manual_seed(0)
     plain = mobilenet_v1().cuda().to(memory_format=torch.channels_last)
     reference_model = copy.deepcopy(plain).double()
@@ -163,25 +165,26 @@ def test_mobilenet_v1_full_size_fused_training_matches_eager(extension):
     batches = [(torch.randn(16, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last),
                 torch.randint(0, 1000, (16,), device="cuda")) for _ in range(3)]
     fallbacks = tcf.plan_cache_stats()["runtime_fallbacks"]
-    losses, grads = train_steps(fused, batches, torch.bfloat16)
+    losses, grads, buffers = train_steps(fused, batches, torch.bfloat16)
     assert tcf.plan_cache_stats()["runtime_fallbacks"] == fallbacks
     statuses = [fused.get_submodule(r.path).fusion_status for r in report]
     assert all(s.fused and s.implementation == "cudnn_graph" for s in statuses), [str(s) for s in statuses]
-    losses_e, grads_e = train_steps(plain, batches, torch.bfloat16)
-    _, grads_r = train_steps(reference_model, batches[:1], torch.float64)
+    losses_e, grads_e, buffers_e = train_steps(plain, batches, torch.bfloat16)
+    _, grads_r, buffers_r = train_steps(reference_model, batches[:1], torch.float64)
     for step, (l, l_e) in enumerate(zip(losses, losses_e)):
         assert abs(l - l_e) <= 0.02 * abs(l_e), f"step {step}: fused loss {l} vs eager {l_e}"
     for name, g_r in grads_r.items():
         error, eager_error = rel_err(grads[name], g_r), rel_err(grads_e[name], g_r)
         assert error <= 2 * eager_error + 1e-3, f"{name}: {error:.3e} vs eager's {eager_error:.3e}"
-    buffers_e = dict(plain.named_buffers())
-    for name, b in fused.named_buffers():
-        b_e = buffers_e[name]
+    for name, b_r in buffers_r.items():  # running statistics after the first step, against float64
+        b, b_e = buffers[name], buffers_e[name]
         if name.endswith("running_mean"):  # means are near 0: measure the difference in standard deviations
-            std = buffers_e[name.replace("running_mean", "running_var")].sqrt()
-            assert ((b - b_e).abs() / std).max() <= 2e-2, name
+            std = buffers_r[name.replace("running_mean", "running_var")].sqrt()
+            error, eager_error = ((b - b_r).abs() / std).max().item(), ((b_e - b_r).abs() / std).max().item()
+            assert error <= 2 * eager_error + 1e-3, f"{name}: {error:.3e} vs eager's {eager_error:.3e}"
         elif b.is_floating_point():
-            assert rel_err(b, b_e) <= 2e-2, name
+            error, eager_error = rel_err(b, b_r), rel_err(b_e, b_r)
+            assert error <= 2 * eager_error + 1e-4, f"{name}: {error:.3e} vs eager's {eager_error:.3e}"
         else:
             assert torch.equal(b, b_e), name
     fused.eval(), plain.eval()
