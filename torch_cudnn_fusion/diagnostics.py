@@ -35,12 +35,13 @@ class FusionReport(list):
 
 def fusion_report(model: nn.Module) -> FusionReport:
     """One row per fused layer in `model` (in module order), with how its last forward ran."""
+    from .nn.batchnorm import BatchNorm2dReLU
     from .nn.conv import FusedConv2d
 
     return FusionReport(
         FusionReportRow(path or "(root)", type(m).__name__, m.fusion_status)
         for path, m in model.named_modules()
-        if isinstance(m, FusedConv2d)
+        if isinstance(m, (FusedConv2d, BatchNorm2dReLU))
     )
 
 
