@@ -1,7 +1,5 @@
 #include "bn_ops.h"
 
-#include <algorithm>
-#include <functional>
 #include <mutex>
 #include <sstream>
 
@@ -251,44 +249,11 @@ bool legacy_backward(const BatchNormProblem& p, const at::Tensor& x, const at::T
   return false;
 }
 
-// Median milliseconds of `repeats` runs of `run` on `stream` after one warm-up; negative if a run fails.
-float median_ms(const std::function<bool()>& run, cudaStream_t stream, int repeats) {
-  if (!run()) return -1.0f;
-  cudaEvent_t start = nullptr, stop = nullptr;
-  if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) return -1.0f;
-  std::vector<float> samples;
-  for (int i = 0; i < repeats; ++i) {
-    float ms = 0;
-    if (cudaEventRecord(start, stream) != cudaSuccess || !run() || cudaEventRecord(stop, stream) != cudaSuccess ||
-        cudaEventSynchronize(stop) != cudaSuccess || cudaEventElapsedTime(&ms, start, stop) != cudaSuccess) {
-      samples.clear();
-      break;
-    }
-    samples.push_back(ms);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  if (samples.empty()) return -1.0f;
-  std::nth_element(samples.begin(), samples.begin() + samples.size() / 2, samples.end());
-  return samples[samples.size() / 2];
-}
-
 // Per configuration: whether ATen's BatchNorm backward kernel beat cuDNN's batchnorm_backward graph when both were
 // timed (with torch.backends.cudnn.benchmark on). On H200 the graph took ~0.8 ms at 7x7 and 14x14 feature maps
 // (batch 256) where ATen's kernel took far less, and was faster at 56x56 and above.
 std::mutex backward_choice_mutex;
 std::unordered_map<GraphKey, bool, GraphKeyHash> aten_backward_faster;
-
-// The current stream, or null while it is being captured into a CUDA graph (nothing is timed then).
-cudaStream_t timing_stream() {
-  cudaStream_t stream = nullptr;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudnnGetStream(at::native::getCudnnHandle(), &stream) != CUDNN_STATUS_SUCCESS ||
-      cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
-    return nullptr;
-  }
-  return stream == nullptr ? cudaStreamLegacy : stream;
-}
 
 }  // namespace
 
@@ -423,16 +388,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
     if (at::globalContext().benchmarkCuDNN()) {
       std::lock_guard<std::mutex> lock(backward_choice_mutex);
       auto found = aten_backward_faster.find(key);
-      cudaStream_t stream = found == aten_backward_faster.end() ? timing_stream() : nullptr;
+      cudaStream_t stream =
+          found == aten_backward_faster.end() ? stream_if_not_capturing(at::native::getCudnnHandle()) : nullptr;
       if (found != aten_backward_faster.end()) {
         use_aten = found->second;
       } else if (stream != nullptr) {
         auto plan = get_plan(key);
-        float graph_ms = plan->ok() ? median_ms([&]() {
+        float graph_ms = plan->ok() ? median_event_ms([&]() {
           auto pack = pointers;
           return execute_plan(*plan, GraphKind::kBatchNormBackward, pack, x.device());
         }, stream, 5) : -1.0f;
-        float aten_ms = median_ms([&]() { aten_backward(); return true; }, stream, 5);
+        float aten_ms = median_event_ms([&]() { aten_backward(); return true; }, stream, 5);
         use_aten = graph_ms < 0 || (aten_ms >= 0 && aten_ms < graph_ms);
         aten_backward_faster.emplace(key, use_aten);
       }

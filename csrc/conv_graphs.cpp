@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <sstream>
@@ -350,8 +351,6 @@ std::shared_ptr<fe::graph::Graph> candidate_graph(const GraphKey& key, BuildFail
   return failure.failed() ? nullptr : graph;
 }
 
-namespace {
-
 // The current stream (PyTorch's cuDNN handle is bound to it), or null while it captures a CUDA graph: nothing is
 // timed inside a capture.
 cudaStream_t stream_if_not_capturing(cudnnHandle_t handle) {
@@ -364,19 +363,7 @@ cudaStream_t stream_if_not_capturing(cudnnHandle_t handle) {
   return stream == nullptr ? cudaStreamLegacy : stream;
 }
 
-}  // namespace
-
-float time_plan_ms(fe::graph::Graph& graph, int64_t index, const std::unordered_map<int64_t, void*>& pointers,
-                   const at::Device& device, int repeats) {
-  cudnnHandle_t handle = at::native::getCudnnHandle();
-  cudaStream_t stream = stream_if_not_capturing(handle);
-  if (stream == nullptr) return -1.0f;
-  int64_t workspace_bytes = graph.get_workspace_size_plan_at_index(index);
-  auto workspace = at::empty({std::max<int64_t>(workspace_bytes, 1)}, at::TensorOptions().dtype(at::kByte).device(device));
-  auto run = [&]() {
-    auto variant_pack = pointers;  // execute extends the map it is given
-    return graph.execute_plan_at_index(handle, variant_pack, workspace.data_ptr(), index).is_good();
-  };
+float median_event_ms(const std::function<bool()>& run, cudaStream_t stream, int repeats) {
   if (!run()) return -1.0f;  // warm-up
   cudaEvent_t start = nullptr, stop = nullptr;
   if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) return -1.0f;
@@ -395,6 +382,20 @@ float time_plan_ms(fe::graph::Graph& graph, int64_t index, const std::unordered_
   if (samples.empty()) return -1.0f;
   std::nth_element(samples.begin(), samples.begin() + samples.size() / 2, samples.end());
   return samples[samples.size() / 2];
+}
+
+float time_plan_ms(fe::graph::Graph& graph, int64_t index, const std::unordered_map<int64_t, void*>& pointers,
+                   const at::Device& device, int repeats) {
+  cudnnHandle_t handle = at::native::getCudnnHandle();
+  cudaStream_t stream = stream_if_not_capturing(handle);
+  if (stream == nullptr) return -1.0f;
+  int64_t workspace_bytes = graph.get_workspace_size_plan_at_index(index);
+  auto workspace = at::empty({std::max<int64_t>(workspace_bytes, 1)}, at::TensorOptions().dtype(at::kByte).device(device));
+  auto run = [&]() {
+    auto variant_pack = pointers;  // execute extends the map it is given
+    return graph.execute_plan_at_index(handle, variant_pack, workspace.data_ptr(), index).is_good();
+  };
+  return median_event_ms(run, stream, repeats);
 }
 
 void tune_plan(const CachedPlan& plan, const std::unordered_map<int64_t, void*>& pointers, const at::Device& device) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -117,6 +118,14 @@ std::string describe_refusal(const GraphKey& key, const std::string& stage, cons
 // `key`'s graph with the heuristic's candidate plans listed but none built (for engine listing), or null with
 // `failure` set.
 std::shared_ptr<fe::graph::Graph> candidate_graph(const GraphKey& key, BuildFailure& failure);
+
+// The current stream (PyTorch's cuDNN handle is bound to it), or null while it captures a CUDA graph: nothing is
+// timed inside a capture.
+cudaStream_t stream_if_not_capturing(cudnnHandle_t handle);
+
+// Median milliseconds of `repeats` CUDA-event timings of `run` on `stream`, after one warm-up run; negative if a
+// run returns false or an event fails.
+float median_event_ms(const std::function<bool()>& run, cudaStream_t stream, int repeats);
 
 // Median milliseconds of `repeats` runs of built plan `index` on `pointers` after a warm-up, on the current
 // stream; negative if it cannot run (or while a CUDA graph is being captured).

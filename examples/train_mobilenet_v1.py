@@ -171,8 +171,10 @@ def main():
         progress.update(step, text)
     elapsed = time.time() - start
 
-    held_out = list(synthetic_batches(args.batch_size, args.image_size, classes, device, 10_000 + args.seed)
-                    .__next__() for _ in range(4)) if not args.data else []
+    held_out = []
+    if not args.data:  # 4 batches never trained on (another seed)
+        held_out_batches = synthetic_batches(args.batch_size, args.image_size, classes, device, 10_000 + args.seed)
+        held_out = [next(held_out_batches) for _ in range(4)]
     results = {"args": vars(args), "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                "torch": torch.__version__, "seconds": elapsed, "loss": history, "train_accuracy": accuracy}
     if held_out:

@@ -87,6 +87,29 @@ def test_batch_norm_act_matches_eager_and_float64(extension, dtype, activation, 
         assert rel_err(s, s_r) <= 2 * rel_err(s_e, s_r) + 1e-6, name
 
 
+@pytest.mark.parametrize("shape", [(256, 1024, 7, 7), (32, 64, 56, 56)], ids=["7x7", "56x56"])
+def test_backward_chosen_by_timing_under_cudnn_benchmark_is_correct(extension, shape):
+    """With cudnn.benchmark the first backward of a shape times cuDNN's graph against ATen's kernel (both write
+    the outputs) before the chosen one runs: the gradients must still be right."""
+    x, w, b, rm, rv, _, grad = make_inputs(torch.bfloat16, False, shape)
+    previous = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    try:
+        def fused(x, w, b, res, rm, rv):
+            return torch.ops.cudnn_fusion.batch_norm_act(x, w, b, rm, rv, None, 0.1, 1e-5, 1, 0)[0]
+
+        y, grads, _, _ = run(fused, x, w, b, None, grad, rm, rv)
+    finally:
+        torch.backends.cudnn.benchmark = previous
+    eager = lambda x, w, b, res, rm, rv: reference(x, rm, rv, w, b, 0.1, 1e-5, "relu", None)
+    y_e, grads_e, _, _ = run(eager, x, w, b, None, grad, rm, rv)
+    d = lambda t: t.double()
+    y_r, grads_r, _, _ = run(eager, d(x), d(w), d(b), None, d(grad), d(rm), d(rv))
+    assert_as_accurate_as_eager("y", y, y_e, y_r, torch.bfloat16)
+    for name, g, g_e, g_r in zip(["grad_x", "grad_weight", "grad_bias"], grads, grads_e, grads_r):
+        assert_as_accurate_as_eager(name, g, g_e, g_r, torch.bfloat16)
+
+
 @pytest.mark.parametrize("momentum", [0.1, None])
 @pytest.mark.parametrize("affine", [True, False])
 def test_module_semantics_momentum_none_affine_false_and_eval(extension, momentum, affine):
