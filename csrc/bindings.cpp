@@ -8,6 +8,8 @@
 #include "bn_ops.h"
 #include "conv_ops.h"
 #include "engine_listing.h"
+#include "engine_policy.h"
+#include "plan_file.h"
 
 namespace tcf {
 namespace {
@@ -31,7 +33,7 @@ ConvProblem problem_from(const std::string& dtype, bool channels_last, int64_t d
                          const std::vector<int64_t>& w_size, const std::vector<int64_t>& stride,
                          const std::vector<int64_t>& padding_pre, const std::vector<int64_t>& padding_post,
                          const std::vector<int64_t>& dilation, int64_t groups, bool has_bias, bool has_residual,
-                         bool relu) {
+                         bool relu, int64_t policy) {
   ConvProblem p;
   p.dtype = dtype_from_name(dtype);
   p.channels_last = channels_last;
@@ -46,6 +48,7 @@ ConvProblem problem_from(const std::string& dtype, bool channels_last, int64_t d
   p.has_bias = has_bias;
   p.has_residual = has_residual;
   p.relu = relu;
+  p.policy = policy;
   return p;
 }
 
@@ -53,9 +56,9 @@ std::unordered_map<std::string, std::string> check_conv_layer_py(
     const std::string& dtype, bool channels_last, int64_t device, const std::vector<int64_t>& x_size,
     const std::vector<int64_t>& w_size, const std::vector<int64_t>& stride, const std::vector<int64_t>& padding_pre,
     const std::vector<int64_t>& padding_post, const std::vector<int64_t>& dilation, int64_t groups, bool has_bias,
-    bool has_residual, bool relu, bool backward, const std::vector<int64_t>& alignment) {
+    bool has_residual, bool relu, bool backward, const std::vector<int64_t>& alignment, int64_t policy) {
   auto p = problem_from(dtype, channels_last, device, x_size, w_size, stride, padding_pre, padding_post, dilation,
-                        groups, has_bias, has_residual, relu);
+                        groups, has_bias, has_residual, relu, policy);
   auto a = fixed<4>(alignment, "alignment");
   return check_conv_layer(p, backward, {static_cast<int8_t>(a[0]), static_cast<int8_t>(a[1]),
                                         static_cast<int8_t>(a[2]), static_cast<int8_t>(a[3])});
@@ -75,9 +78,9 @@ pybind11::dict plan_in_use_py(const std::string& graph, const std::string& dtype
                               const std::vector<int64_t>& stride, const std::vector<int64_t>& padding_pre,
                               const std::vector<int64_t>& padding_post, const std::vector<int64_t>& dilation,
                               int64_t groups, bool has_bias, bool has_residual, bool relu,
-                              const std::vector<int64_t>& alignment) {
+                              const std::vector<int64_t>& alignment, int64_t policy) {
   auto p = problem_from(dtype, channels_last, device, x_size, w_size, stride, padding_pre, padding_post, dilation,
-                        groups, has_bias, has_residual, relu);
+                        groups, has_bias, has_residual, relu, policy);
   auto a = fixed<5>(alignment, "alignment");
   c10::DeviceGuard guard(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
   auto info = plan_in_use(make_graph_key(
@@ -88,6 +91,10 @@ pybind11::dict plan_in_use_py(const std::string& graph, const std::string& dtype
   out["name"] = info.name;
   out["workspace_bytes"] = info.workspace_bytes;
   out["tuned"] = info.tuned;
+  out["aten_faster"] = info.aten_faster;
+  out["tuned_ms"] = info.tuned_ms >= 0 ? pybind11::cast(static_cast<double>(info.tuned_ms)) : pybind11::none();
+  out["aten_ms"] = info.aten_ms >= 0 ? pybind11::cast(static_cast<double>(info.aten_ms)) : pybind11::none();
+  out["deserialized"] = info.deserialized;
   out["refusal"] = info.refusal;
   return out;
 }
@@ -96,9 +103,10 @@ pybind11::dict list_engines_py(const std::string& graph, const std::string& dtyp
                                const std::vector<int64_t>& x_size, const std::vector<int64_t>& w_size,
                                const std::vector<int64_t>& stride, const std::vector<int64_t>& padding_pre,
                                const std::vector<int64_t>& padding_post, const std::vector<int64_t>& dilation,
-                               int64_t groups, bool has_bias, bool has_residual, bool relu, bool time, int64_t repeats) {
+                               int64_t groups, bool has_bias, bool has_residual, bool relu, bool time, int64_t repeats,
+                               int64_t policy) {
   auto p = problem_from(dtype, channels_last, device, x_size, w_size, stride, padding_pre, padding_post, dilation,
-                        groups, has_bias, has_residual, relu);
+                        groups, has_bias, has_residual, relu, policy);
   auto listing = list_engines(graph_kind_from_name(graph), p, time, static_cast<int>(repeats));
   pybind11::list candidates;
   for (const auto& c : listing.candidates) {
@@ -121,8 +129,9 @@ pybind11::dict list_engines_py(const std::string& graph, const std::string& dtyp
 std::unordered_map<std::string, std::string> check_batch_norm_layer_py(const std::string& dtype, bool channels_last,
                                                                     int64_t device, const std::vector<int64_t>& x_size,
                                                                     bool running_stats, bool has_residual,
-                                                                    int64_t activation, double eps) {
+                                                                    int64_t activation, double eps, int64_t policy) {
   BatchNormProblem p;
+  p.policy = policy;
   p.dtype = dtype_from_name(dtype);
   p.channels_last = channels_last;
   p.device = static_cast<int>(device);
@@ -133,6 +142,130 @@ std::unordered_map<std::string, std::string> check_batch_norm_layer_py(const std
               "got ", activation);
   p.activation = static_cast<Activation>(activation);
   return check_batch_norm_layer(p, eps);
+}
+
+int64_t register_policy_py(int64_t mode, bool deterministic, int64_t workspace_limit,
+                           const std::unordered_map<std::string, std::string>& pinned) {
+  TORCH_CHECK_VALUE(mode >= 0 && mode <= 2, "cudnn_fusion: mode must be 0 (heuristic), 1 (autotune) or 2 (pinned), "
+                    "got ", mode);
+  RegisteredPolicy policy;
+  policy.mode = static_cast<PolicyMode>(mode);
+  policy.deterministic = deterministic;
+  policy.workspace_limit = workspace_limit;
+  policy.pinned = pinned;
+  return register_policy(policy);
+}
+
+template <size_t N, typename T>
+pybind11::list to_list(const std::array<T, N>& values) {
+  pybind11::list out;
+  for (auto v : values) out.append(static_cast<int64_t>(v));
+  return out;
+}
+
+template <size_t N, typename T>
+std::array<T, N> from_list(const pybind11::handle& values, const char* name) {
+  auto list = values.cast<std::vector<int64_t>>();
+  TORCH_CHECK_VALUE(list.size() == N, "cudnn_fusion: saved plan field ", name, " must have ", N, " values, got ",
+                    list.size());
+  std::array<T, N> out{};
+  for (size_t i = 0; i < N; ++i) out[i] = static_cast<T>(list[i]);
+  return out;
+}
+
+pybind11::dict key_to_dict(const GraphKey& k) {
+  pybind11::dict d;
+  d["kind"] = static_cast<int64_t>(k.kind);
+  d["device"] = static_cast<int64_t>(k.device);
+  d["cc"] = pybind11::make_tuple(static_cast<int64_t>(k.cc_major), static_cast<int64_t>(k.cc_minor));
+  d["cudnn_version"] = k.cudnn_version;
+  d["dtype"] = static_cast<int64_t>(k.dtype);
+  d["channels_last"] = k.channels_last;
+  d["x_size"] = to_list(k.x_size);
+  d["w_size"] = to_list(k.w_size);
+  d["stride"] = to_list(k.stride);
+  d["pad_pre"] = to_list(k.pad_pre);
+  d["pad_post"] = to_list(k.pad_post);
+  d["dilation"] = to_list(k.dilation);
+  d["groups"] = k.groups;
+  d["flags"] = pybind11::make_tuple(k.has_bias, k.has_residual, k.relu, k.relu6, k.running_stats, k.allow_tf32);
+  d["alignment"] = to_list(k.alignment);
+  d["policy"] = pybind11::make_tuple(static_cast<int64_t>(k.policy.mode), k.policy.deterministic,
+                                     k.policy.workspace_limit, k.policy.pinned);
+  return d;
+}
+
+GraphKey key_from_dict(const pybind11::dict& d) {
+  GraphKey k;
+  auto kind = d["kind"].cast<int64_t>();
+  TORCH_CHECK_VALUE(kind >= 0 && kind <= static_cast<int64_t>(GraphKind::kBatchNormBackward),
+                    "cudnn_fusion: saved plan kind ", kind, " is unknown");
+  k.kind = static_cast<GraphKind>(kind);
+  k.device = static_cast<int8_t>(d["device"].cast<int64_t>());
+  auto cc = d["cc"].cast<std::vector<int64_t>>();
+  TORCH_CHECK_VALUE(cc.size() == 2, "cudnn_fusion: saved plan field cc must have 2 values");
+  k.cc_major = static_cast<int8_t>(cc[0]);
+  k.cc_minor = static_cast<int8_t>(cc[1]);
+  k.cudnn_version = d["cudnn_version"].cast<int64_t>();
+  auto dtype = static_cast<at::ScalarType>(d["dtype"].cast<int64_t>());
+  TORCH_CHECK_VALUE(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat,
+                    "cudnn_fusion: saved plan dtype ", static_cast<int64_t>(dtype), " is not one the graphs take");
+  k.dtype = static_cast<int8_t>(dtype);
+  k.channels_last = d["channels_last"].cast<bool>();
+  k.x_size = from_list<4, int64_t>(d["x_size"], "x_size");
+  k.w_size = from_list<4, int64_t>(d["w_size"], "w_size");
+  k.stride = from_list<2, int64_t>(d["stride"], "stride");
+  k.pad_pre = from_list<2, int64_t>(d["pad_pre"], "pad_pre");
+  k.pad_post = from_list<2, int64_t>(d["pad_post"], "pad_post");
+  k.dilation = from_list<2, int64_t>(d["dilation"], "dilation");
+  k.groups = d["groups"].cast<int64_t>();
+  auto flags = d["flags"].cast<std::vector<bool>>();
+  TORCH_CHECK_VALUE(flags.size() == 6, "cudnn_fusion: saved plan field flags must have 6 values");
+  std::tie(k.has_bias, k.has_residual, k.relu, k.relu6, k.running_stats, k.allow_tf32) =
+      std::make_tuple(flags[0], flags[1], flags[2], flags[3], flags[4], flags[5]);
+  k.alignment = from_list<5, int8_t>(d["alignment"], "alignment");
+  auto policy = d["policy"].cast<pybind11::tuple>();
+  TORCH_CHECK_VALUE(policy.size() == 4, "cudnn_fusion: saved plan field policy must have 4 values");
+  auto mode = policy[0].cast<int64_t>();
+  TORCH_CHECK_VALUE(mode >= 0 && mode <= 2, "cudnn_fusion: saved plan policy mode ", mode, " is unknown");
+  k.policy.mode = static_cast<PolicyMode>(mode);
+  k.policy.deterministic = policy[1].cast<bool>();
+  k.policy.workspace_limit = policy[2].cast<int64_t>();
+  k.policy.pinned = policy[3].cast<std::string>();
+  return k;
+}
+
+pybind11::list saved_plans_py() {
+  pybind11::list out;
+  for (const auto& saved : saved_plans()) {
+    pybind11::dict d;
+    d["key"] = key_to_dict(saved.key);
+    d["graph"] = graph_kind_name(saved.key.kind);
+    d["engine"] = saved.engine;
+    d["index"] = saved.index;
+    d["tuned"] = saved.tuned;
+    d["aten_faster"] = saved.aten_faster;
+    d["tuned_ms"] = static_cast<double>(saved.tuned_ms);
+    d["aten_ms"] = static_cast<double>(saved.aten_ms);
+    d["serialized"] = pybind11::bytes(reinterpret_cast<const char*>(saved.serialized.data()), saved.serialized.size());
+    d["serialize_note"] = saved.serialize_note;
+    out.append(d);
+  }
+  return out;
+}
+
+std::string load_saved_plan_py(const pybind11::dict& d) {
+  SavedPlan saved;
+  saved.key = key_from_dict(d["key"].cast<pybind11::dict>());
+  saved.engine = d["engine"].cast<std::string>();
+  saved.index = d["index"].cast<int64_t>();
+  saved.tuned = d["tuned"].cast<bool>();
+  saved.aten_faster = d["aten_faster"].cast<bool>();
+  saved.tuned_ms = static_cast<float>(d["tuned_ms"].cast<double>());
+  saved.aten_ms = static_cast<float>(d["aten_ms"].cast<double>());
+  auto bytes = d["serialized"].cast<std::string>();
+  saved.serialized.assign(bytes.begin(), bytes.end());
+  return load_saved_plan(saved);
 }
 
 pybind11::dict plan_cache_stats() {
@@ -158,21 +291,22 @@ pybind11::dict plan_cache_stats() {
 TORCH_LIBRARY(cudnn_fusion, m) {
   m.def(
       "conv_bias_act(Tensor x, Tensor weight, Tensor? bias, Tensor? residual, int[2] stride, int[2] padding_pre, "
-      "int[2] padding_post, int[2] dilation, int groups, bool relu) -> Tensor");
-  m.def("relu_bias_backward(Tensor grad_out, Tensor out) -> (Tensor, Tensor)");
+      "int[2] padding_post, int[2] dilation, int groups, bool relu, int policy=0) -> Tensor");
+  m.def("relu_bias_backward(Tensor grad_out, Tensor out, int policy=0) -> (Tensor, Tensor)");
   m.def(
       "conv_dgrad(Tensor grad_z, Tensor weight, int[4] x_size, int[2] stride, int[2] padding_pre, "
-      "int[2] padding_post, int[2] dilation, int groups) -> Tensor");
+      "int[2] padding_post, int[2] dilation, int groups, int policy=0) -> Tensor");
   m.def(
       "conv_wgrad(Tensor grad_z, Tensor x, int[4] weight_size, int[2] stride, int[2] padding_pre, "
-      "int[2] padding_post, int[2] dilation, int groups) -> Tensor");
+      "int[2] padding_post, int[2] dilation, int groups, int policy=0) -> Tensor");
   m.def(
       "batch_norm_act(Tensor x, Tensor weight, Tensor bias, Tensor? running_mean, Tensor? running_var, "
-      "Tensor? residual, float momentum, float eps, int activation, int implementation) -> "
+      "Tensor? residual, float momentum, float eps, int activation, int implementation, int policy=0) -> "
       "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "batch_norm_act_backward(Tensor grad_y, Tensor x, Tensor y, Tensor weight, Tensor bias, Tensor save_mean, "
-      "Tensor save_invstd, Tensor reserve, float eps, int activation, bool has_residual, int implementation) -> "
+      "Tensor save_invstd, Tensor reserve, float eps, int activation, bool has_residual, int implementation, "
+      "int policy=0) -> "
       "(Tensor, Tensor, Tensor, Tensor)");
 }
 
@@ -195,6 +329,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Every candidate plan cuDNN's heuristics offer for one graph of a conv layer, optionally timed");
   m.def("plan_in_use", &tcf::plan_in_use_py, "The plan the cache runs for one graph of a conv layer");
   m.def("plan_cache_stats", &tcf::plan_cache_stats, "Counters of the plan cache");
+  m.def("register_policy", &tcf::register_policy_py,
+        "Register an engine policy (mode 0 heuristic, 1 autotune, 2 pinned); returns the id the ops take");
+  m.def("saved_plans", &tcf::saved_plans_py, "Every built plan in the cache, as saved to a plan file");
+  m.def("load_saved_plan", &tcf::load_saved_plan_py, "Put one saved plan back in the cache; returns '' or why not");
   m.def("clear_plan_cache", []() { tcf::PlanCache::instance().clear(); }, "Drop every cached plan");
   m.def(
       "set_plan_cache_capacity",

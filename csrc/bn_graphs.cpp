@@ -35,6 +35,7 @@ GraphKey make_batch_norm_key(GraphKind kind, const BatchNormProblem& p, const st
   shape.device = p.device;
   shape.x_size = p.x_size;
   shape.w_size = {p.x_size[1], p.x_size[1], 1, 1};
+  shape.policy = p.policy;
   auto key = make_graph_key(kind, shape, {alignment[0], alignment[1], alignment[2], 0, 0});
   key.allow_tf32 = false;  // no tensor-core math in a batchnorm
   if (kind == GraphKind::kBatchNormForward) {

@@ -17,6 +17,7 @@ struct BatchNormProblem {
   bool running_stats = true;
   bool has_residual = false;
   Activation activation = Activation::kRelu;
+  int64_t policy = 0;  // a registered engine policy's id
 };
 
 // Plan cache keys of the batchnorm graphs. Alignments, forward: x, residual, y; backward: dy, x, dx.

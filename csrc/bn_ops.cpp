@@ -58,8 +58,9 @@ void check_like(const at::Tensor& t, const char* name, const at::Tensor& x) {
 }
 
 BatchNormProblem problem_of(const at::Tensor& x, bool channels_last, bool running_stats, bool has_residual,
-                            Activation activation) {
+                            Activation activation, int64_t policy) {
   BatchNormProblem p;
+  p.policy = policy;
   p.dtype = x.scalar_type();
   p.channels_last = channels_last;
   p.device = x.device().index();
@@ -72,14 +73,20 @@ BatchNormProblem problem_of(const at::Tensor& x, bool channels_last, bool runnin
 
 // Runs a batchnorm graph after poisoning its outputs (test aid). False, with a runtime fallback counted, when
 // cuDNN refused it or failed to execute it.
+// `aten` computes the same with ATen, timed against the plans by the autotune policy (and, for the backward, under
+// torch.backends.cudnn.benchmark too); also false, with no fallback counted, when it was faster.
 bool run_batch_norm_graph(GraphKind kind, const BatchNormProblem& p, const std::array<int8_t, 3>& alignment,
                           std::unordered_map<int64_t, void*> pointers, std::initializer_list<at::Tensor> outputs,
-                          const at::Device& device) {
+                          const at::Device& device, const std::function<void()>& aten) {
   auto plan = get_plan(make_batch_norm_key(kind, p, alignment));
   if (!plan->ok()) {
     PlanCache::instance().count_runtime_fallback(plan->refusal);
     return false;
   }
+  // On H200 the batchnorm_backward graph took ~0.8 ms at 7x7 and 14x14 feature maps (batch 256) where ATen's kernel
+  // took far less, and was faster at 56x56 and above: with cudnn.benchmark on, the backward is timed against ATen.
+  maybe_tune(*plan, pointers, device, aten, kind == GraphKind::kBatchNormBackward);
+  if (plan->aten_faster.load(std::memory_order_acquire)) return false;
   for (const auto& output : outputs) poison_output(output);
   return execute_plan(*plan, kind, pointers, device);
 }
@@ -249,18 +256,12 @@ bool legacy_backward(const BatchNormProblem& p, const at::Tensor& x, const at::T
   return false;
 }
 
-// Per configuration: whether ATen's BatchNorm backward kernel beat cuDNN's batchnorm_backward graph when both were
-// timed (with torch.backends.cudnn.benchmark on). On H200 the graph took ~0.8 ms at 7x7 and 14x14 feature maps
-// (batch 256) where ATen's kernel took far less, and was faster at 56x56 and above.
-std::mutex backward_choice_mutex;
-std::unordered_map<GraphKey, bool, GraphKeyHash> aten_backward_faster;
-
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_forward(
     const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const std::optional<at::Tensor>& running_mean,
     const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& residual, double momentum,
-    double eps, int64_t activation_value, int64_t implementation_value) {
+    double eps, int64_t activation_value, int64_t implementation_value, int64_t policy) {
   check_x(x, "x");
   auto activation = activation_from(activation_value);
   auto implementation = implementation_from(implementation_value);
@@ -280,7 +281,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   c10::DeviceGuard guard(x.device());
   bool channels_last = x.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
   auto format = memory_format(channels_last);
-  auto p = problem_of(x, channels_last, running_stats, residual.has_value(), activation);
+  auto p = problem_of(x, channels_last, running_stats, residual.has_value(), activation, policy);
   auto x_dense = x.contiguous(format);
   auto residual_dense = residual.has_value() ? residual->contiguous(format) : at::Tensor();
   auto y = at::empty(x.sizes(), x.options().memory_format(format));
@@ -308,9 +309,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
       pointers[kUidRunningVarOut] = next_var.data_ptr();
     }
     if (p.has_residual) pointers[kUidResidual] = residual_dense.data_ptr();
+    auto aten = [&]() {
+      auto mean = running_stats ? running_mean->clone() : at::Tensor();
+      auto var = running_stats ? running_var->clone() : at::Tensor();
+      auto out = std::get<0>(at::native_batch_norm(x_dense, weight, bias, mean, var, true, momentum, eps));
+      if (p.has_residual) out.add_(residual_dense);
+      apply_activation_(out, activation);
+    };
     done = run_batch_norm_graph(GraphKind::kBatchNormForward, p,
                                 {alignment_of(x_dense), alignment_of(residual_dense), alignment_of(y)},
-                                std::move(pointers), {y, save_mean, save_invstd, next_mean, next_var}, x.device());
+                                std::move(pointers), {y, save_mean, save_invstd, next_mean, next_var}, x.device(), aten);
   } else {
     if (running_stats) {  // the legacy API updates running statistics in place: on copies, to stay functional
       next_mean.copy_(*running_mean);
@@ -337,7 +345,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward(
     const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& y, const at::Tensor& weight,
     const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd, const at::Tensor& reserve,
-    double eps, int64_t activation_value, bool has_residual, int64_t implementation_value) {
+    double eps, int64_t activation_value, bool has_residual, int64_t implementation_value, int64_t policy) {
   check_x(x, "x");
   check_like(grad_y, "grad_y", x);
   check_like(y, "y", x);
@@ -351,7 +359,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
   c10::DeviceGuard guard(x.device());
   bool channels_last = x.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
   auto format = memory_format(channels_last);
-  auto p = problem_of(x, channels_last, false, has_residual, activation);
+  auto p = problem_of(x, channels_last, false, has_residual, activation, policy);
   auto x_dense = x.contiguous(format);
   auto y_dense = y.contiguous(format);
   auto dy = grad_y.contiguous(format);
@@ -378,33 +386,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
   };
   if (implementation == BatchNormImplementation::kGraph) {
     std::array<int8_t, 3> alignment{alignment_of(dz), alignment_of(x_dense), alignment_of(dx)};
-    auto key = make_batch_norm_key(GraphKind::kBatchNormBackward, p, alignment);
     std::unordered_map<int64_t, void*> pointers{
         {kUidDy, dz.data_ptr()},          {kUidX, x_dense.data_ptr()},
         {kUidScale, weight.data_ptr()},   {kUidSavedMean, save_mean.data_ptr()},
         {kUidSavedInvStd, save_invstd.data_ptr()}, {kUidDx, dx.data_ptr()},
         {kUidDscale, dweight.data_ptr()}, {kUidDshift, dbias.data_ptr()}};
-    bool use_aten = false;
-    if (at::globalContext().benchmarkCuDNN()) {
-      std::lock_guard<std::mutex> lock(backward_choice_mutex);
-      auto found = aten_backward_faster.find(key);
-      cudaStream_t stream =
-          found == aten_backward_faster.end() ? stream_if_not_capturing(at::native::getCudnnHandle()) : nullptr;
-      if (found != aten_backward_faster.end()) {
-        use_aten = found->second;
-      } else if (stream != nullptr) {
-        auto plan = get_plan(key);
-        float graph_ms = plan->ok() ? median_event_ms([&]() {
-          auto pack = pointers;
-          return execute_plan(*plan, GraphKind::kBatchNormBackward, pack, x.device());
-        }, stream, 5) : -1.0f;
-        float aten_ms = median_event_ms([&]() { aten_backward(); return true; }, stream, 5);
-        use_aten = graph_ms < 0 || (aten_ms >= 0 && aten_ms < graph_ms);
-        aten_backward_faster.emplace(key, use_aten);
-      }
-    }
-    if (!use_aten && run_batch_norm_graph(GraphKind::kBatchNormBackward, p, alignment, std::move(pointers),
-                                          {dx, dweight, dbias}, x.device())) {
+    if (run_batch_norm_graph(GraphKind::kBatchNormBackward, p, alignment, std::move(pointers), {dx, dweight, dbias},
+                             x.device(), [&]() { aten_backward(); })) {
       return {dx, dresidual, dweight, dbias};
     }
   }

@@ -17,6 +17,7 @@ namespace tcf {
 
 enum class BatchNormImplementation : int64_t { kGraph = 0, kLegacy = 1 };
 
+// `policy`: a registered engine policy's id (engine_policy.h; 0: the heuristic's choice).
 // y = act(batch_norm(x) + residual) with batch statistics. weight, bias, running_mean, running_var: float32 [C].
 // Returns y, the saved mean and inverse standard deviation (biased variance), the updated running mean and
 // variance (unbiased variance; empty without running statistics: the inputs are not modified), and the reserve
@@ -24,14 +25,14 @@ enum class BatchNormImplementation : int64_t { kGraph = 0, kLegacy = 1 };
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_forward(
     const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const std::optional<at::Tensor>& running_mean,
     const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& residual, double momentum,
-    double eps, int64_t activation, int64_t implementation);
+    double eps, int64_t activation, int64_t implementation, int64_t policy);
 
 // Gradients of batch_norm_act_forward: grad_x, grad_residual (empty without a residual), grad_weight, grad_bias.
 // The activation's mask comes from the saved output y (y > 0, and y < 6 for ReLU6).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward(
     const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& y, const at::Tensor& weight,
     const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd, const at::Tensor& reserve,
-    double eps, int64_t activation, bool has_residual, int64_t implementation);
+    double eps, int64_t activation, bool has_residual, int64_t implementation, int64_t policy);
 
 // For Python's decision: why each implementation cannot run this layer ("" when it can). Keys "graph_forward",
 // "graph_backward" (cuDNN's refusal of the built plans) and "legacy" (the legacy API's requirements and status).

@@ -16,34 +16,35 @@ using torch::autograd::variable_list;
 at::Tensor call_conv_bias_act(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                               const std::optional<at::Tensor>& residual, at::IntArrayRef stride,
                               at::IntArrayRef padding_pre, at::IntArrayRef padding_post, at::IntArrayRef dilation,
-                              int64_t groups, bool relu) {
+                              int64_t groups, bool relu, int64_t policy) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("cudnn_fusion::conv_bias_act", "")
                        .typed<decltype(conv_bias_act)>();
-  return op.call(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, relu);
+  return op.call(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, relu, policy);
 }
 
-std::tuple<at::Tensor, at::Tensor> call_relu_bias_backward(const at::Tensor& grad_out, const at::Tensor& out) {
+std::tuple<at::Tensor, at::Tensor> call_relu_bias_backward(const at::Tensor& grad_out, const at::Tensor& out,
+                                                           int64_t policy) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("cudnn_fusion::relu_bias_backward", "")
                        .typed<decltype(relu_bias_backward)>();
-  return op.call(grad_out, out);
+  return op.call(grad_out, out, policy);
 }
 
 at::Tensor call_conv_dgrad(const at::Tensor& grad_z, const at::Tensor& weight, at::IntArrayRef x_size,
                            at::IntArrayRef stride, at::IntArrayRef padding_pre, at::IntArrayRef padding_post,
-                           at::IntArrayRef dilation, int64_t groups) {
+                           at::IntArrayRef dilation, int64_t groups, int64_t policy) {
   static auto op =
       c10::Dispatcher::singleton().findSchemaOrThrow("cudnn_fusion::conv_dgrad", "").typed<decltype(conv_dgrad)>();
-  return op.call(grad_z, weight, x_size, stride, padding_pre, padding_post, dilation, groups);
+  return op.call(grad_z, weight, x_size, stride, padding_pre, padding_post, dilation, groups, policy);
 }
 
 at::Tensor call_conv_wgrad(const at::Tensor& grad_z, const at::Tensor& x, at::IntArrayRef weight_size,
                            at::IntArrayRef stride, at::IntArrayRef padding_pre, at::IntArrayRef padding_post,
-                           at::IntArrayRef dilation, int64_t groups) {
+                           at::IntArrayRef dilation, int64_t groups, int64_t policy) {
   static auto op =
       c10::Dispatcher::singleton().findSchemaOrThrow("cudnn_fusion::conv_wgrad", "").typed<decltype(conv_wgrad)>();
-  return op.call(grad_z, x, weight_size, stride, padding_pre, padding_post, dilation, groups);
+  return op.call(grad_z, x, weight_size, stride, padding_pre, padding_post, dilation, groups, policy);
 }
 
 class ConvBiasActFunction : public torch::autograd::Function<ConvBiasActFunction> {
@@ -51,9 +52,10 @@ class ConvBiasActFunction : public torch::autograd::Function<ConvBiasActFunction
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                                const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& residual,
                                at::IntArrayRef stride, at::IntArrayRef padding_pre, at::IntArrayRef padding_post,
-                               at::IntArrayRef dilation, int64_t groups, bool relu) {
+                               at::IntArrayRef dilation, int64_t groups, bool relu, int64_t policy) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto y = call_conv_bias_act(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, relu);
+    auto y = call_conv_bias_act(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, relu,
+                                policy);
     ctx->save_for_backward({x, weight, relu ? y : at::Tensor()});
     ctx->saved_data["stride"] = stride.vec();
     ctx->saved_data["padding_pre"] = padding_pre.vec();
@@ -61,6 +63,7 @@ class ConvBiasActFunction : public torch::autograd::Function<ConvBiasActFunction
     ctx->saved_data["dilation"] = dilation.vec();
     ctx->saved_data["groups"] = groups;
     ctx->saved_data["relu"] = relu;
+    ctx->saved_data["policy"] = policy;
     ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
     ctx->saved_data["has_residual"] = residual.has_value() && residual->defined();
     return {y};
@@ -73,7 +76,7 @@ class ConvBiasActFunction : public torch::autograd::Function<ConvBiasActFunction
     const auto& y = saved[2];
     const auto& grad_out = grad_outputs[0];
     at::Tensor none;
-    if (!grad_out.defined()) return {none, none, none, none, none, none, none, none, none, none};
+    if (!grad_out.defined()) return {none, none, none, none, none, none, none, none, none, none, none};
     bool relu = ctx->saved_data["relu"].toBool();
     bool has_bias = ctx->saved_data["has_bias"].toBool();
     bool has_residual = ctx->saved_data["has_residual"].toBool();
@@ -82,6 +85,7 @@ class ConvBiasActFunction : public torch::autograd::Function<ConvBiasActFunction
     auto padding_post = ctx->saved_data["padding_post"].toIntVector();
     auto dilation = ctx->saved_data["dilation"].toIntVector();
     int64_t groups = ctx->saved_data["groups"].toInt();
+    int64_t policy = ctx->saved_data["policy"].toInt();
 
     // needs_input_grad counts only the tensors that were passed: an absent bias shifts the residual's index.
     size_t edge = 0;
@@ -93,32 +97,37 @@ class ConvBiasActFunction : public torch::autograd::Function<ConvBiasActFunction
     at::Tensor grad_z, grad_bias;
     if (relu) {
       // One graph: ReLU backward with the mask from y, fused with the bias-gradient reduction.
-      std::tie(grad_z, grad_bias) = call_relu_bias_backward(grad_out, y);
+      std::tie(grad_z, grad_bias) = call_relu_bias_backward(grad_out, y, policy);
     } else {
       grad_z = grad_out;
       if (need_bias) grad_bias = grad_out.sum({0, 2, 3}, false, at::kFloat).to(grad_out.scalar_type());
     }
     at::Tensor grad_x, grad_w;
-    if (need_x) grad_x = call_conv_dgrad(grad_z, weight, x.sizes(), stride, padding_pre, padding_post, dilation, groups);
-    if (need_w) grad_w = call_conv_wgrad(grad_z, x, weight.sizes(), stride, padding_pre, padding_post, dilation, groups);
+    if (need_x) {
+      grad_x = call_conv_dgrad(grad_z, weight, x.sizes(), stride, padding_pre, padding_post, dilation, groups, policy);
+    }
+    if (need_w) {
+      grad_w = call_conv_wgrad(grad_z, x, weight.sizes(), stride, padding_pre, padding_post, dilation, groups, policy);
+    }
     return {grad_x, grad_w, need_bias ? grad_bias : none, need_residual ? grad_z : none,
-            none, none, none, none, none, none};
+            none, none, none, none, none, none, none};
   }
 };
 
 at::Tensor conv_bias_act_autograd(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                                   const std::optional<at::Tensor>& residual, at::IntArrayRef stride,
                                   at::IntArrayRef padding_pre, at::IntArrayRef padding_post, at::IntArrayRef dilation,
-                                  int64_t groups, bool relu) {
+                                  int64_t groups, bool relu, int64_t policy) {
   auto requires_grad = [](const std::optional<at::Tensor>& t) { return t.has_value() && t->requires_grad(); };
   if (!at::GradMode::is_enabled() ||
       !(x.requires_grad() || weight.requires_grad() || requires_grad(bias) || requires_grad(residual))) {
     // Nothing to record (inference): skip the autograd node and its saved state.
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return call_conv_bias_act(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, relu);
+    return call_conv_bias_act(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, relu,
+                              policy);
   }
   return ConvBiasActFunction::apply(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups,
-                                    relu)[0];
+                                    relu, policy)[0];
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "conv_graphs.h"
 
 #include "bn_graphs.h"
+#include "engine_policy.h"
 
 #include <atomic>
 #include <cstdlib>
@@ -213,6 +214,15 @@ std::vector<std::string> unmet_requirements(const GraphKey& key) {
     unmet.push_back("math: float32 with torch.backends.cudnn.allow_tf32=False excludes every tensor-core engine");
   }
   if (key.groups > 1) unmet.push_back("groups: grouped convolutions have few fused engines");
+  if (key.policy.deterministic) {
+    unmet.push_back("policy: deterministic (or torch.use_deterministic_algorithms) excludes every engine with "
+                    "cuDNN's NONDETERMINISTIC note");
+  }
+  if (key.policy.workspace_limit >= 0) {
+    std::ostringstream msg;
+    msg << "policy: workspace limit " << key.policy.workspace_limit << " bytes excludes engines that need more";
+    unmet.push_back(msg.str());
+  }
   return unmet;
 }
 
@@ -260,15 +270,49 @@ BuildFailure describe_and_query(fe::graph::Graph& graph, const GraphKey& key) {
   if (static_cast<at::ScalarType>(key.dtype) == at::kFloat && !key.allow_tf32) {
     excluded.push_back(fe::NumericalNote_t::TENSOR_CORE);
   }
+  if (key.policy.deterministic) excluded.push_back(fe::NumericalNote_t::NONDETERMINISTIC);
   graph.deselect_numeric_notes(excluded);
+  if (key.policy.workspace_limit >= 0) graph.deselect_workspace_greater_than(key.policy.workspace_limit);
   return {};
 }
 
-BuildFailure build_heuristic_choice(fe::graph::Graph& graph, const GraphKey& key, int64_t& workspace) {
+// Whether candidate `index` builds and fits the policy's workspace limit (cuDNN 9.2+ checks the limit in
+// check_support and build_plans only, not when one candidate is built by index).
+bool candidate_usable(fe::graph::Graph& graph, const GraphKey& key, int64_t index) {
+  if (graph.build_plan_at_index(index).is_bad()) return false;
+  return key.policy.workspace_limit < 0 || graph.get_workspace_size_plan_at_index(index) <= key.policy.workspace_limit;
+}
+
+// The pinned candidate's index. An engine that is not among the usable candidates is the user's error, raised as
+// ValueError with the valid choices: running another engine would defeat pinning's purpose (reproducibility).
+int64_t find_pinned(fe::graph::Graph& graph, const GraphKey& key) {
+  std::ostringstream valid;
+  int64_t found = -1;
+  for (int64_t index = 0; index < graph.get_execution_plan_count(); ++index) {
+    if (!candidate_usable(graph, key, index)) continue;
+    std::string name;
+    if (graph.get_plan_name_at_index(index, name).is_bad()) continue;
+    valid << (valid.tellp() > 0 ? ", " : "") << "#" << index << " " << name;
+    if (found < 0 && (key.policy.pinned == name || key.policy.pinned == "#" + std::to_string(index))) found = index;
+  }
+  TORCH_CHECK_VALUE(found >= 0, "cudnn_fusion: the pinned engine '", key.policy.pinned, "' is not a usable candidate ",
+                    "for the ", graph_kind_name(key.kind), " graph (", describe_problem(key), "). Valid choices: ",
+                    valid.tellp() > 0 ? valid.str() : std::string("none"),
+                    " (torch_cudnn_fusion.engines() lists them with their times)");
+  TORCH_CHECK(graph.build_plan_at_index(found).is_good(), "cudnn_fusion: could not rebuild the pinned engine");
+  return found;  // built last, so it is also the graph's candidate (what execute() and serialize() use)
+}
+
+BuildFailure build_chosen_plan(fe::graph::Graph& graph, const GraphKey& key, int64_t& workspace, int64_t& chosen) {
   auto failure = describe_and_query(graph, key);
   if (failure.failed()) return failure;
   cudnnHandle_t handle = at::native::getCudnnHandle();
   TCF_BUILD_STEP(graph.check_support(handle), "check_support");
+  if (key.policy.mode == PolicyMode::kPinned) {
+    chosen = find_pinned(graph, key);
+    workspace = graph.get_workspace_size_plan_at_index(chosen);
+    return {};
+  }
   TCF_BUILD_STEP(graph.build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), "build_plans");
   TCF_BUILD_STEP(graph.get_workspace_size(workspace), "get_workspace_size");
   return {};
@@ -305,8 +349,8 @@ std::shared_ptr<CachedPlan> build_plan(const GraphKey& key) {
   }
   auto graph = new_graph(key);
   try {
-    int64_t workspace = 0;
-    auto failure = build_heuristic_choice(*graph, key, workspace);
+    int64_t workspace = 0, chosen = -1;
+    auto failure = build_chosen_plan(*graph, key, workspace, chosen);
     if (failure.failed()) {
       auto refusal = refused(key, failure.stage.c_str(), failure.message);
       dump_graph_if_asked(key, *graph, refusal->refusal);
@@ -316,7 +360,11 @@ std::shared_ptr<CachedPlan> build_plan(const GraphKey& key) {
     auto plan = std::make_shared<CachedPlan>();
     plan->graph = graph;
     plan->workspace_bytes = workspace;
+    plan->chosen_index = chosen;
+    plan->policy = key.policy;
     return plan;
+  } catch (const c10::ValueError&) {
+    throw;  // an invalid pinned engine: the user's error, not cuDNN's refusal
   } catch (const std::exception& e) {
     return refused(key, "graph construction", e.what());
   }
@@ -398,17 +446,26 @@ float time_plan_ms(fe::graph::Graph& graph, int64_t index, const std::unordered_
   return median_event_ms(run, stream, repeats);
 }
 
-void tune_plan(const CachedPlan& plan, const std::unordered_map<int64_t, void*>& pointers, const at::Device& device) {
-  if (stream_if_not_capturing(at::native::getCudnnHandle()) == nullptr) return;  // a later call outside one tunes
+void maybe_tune(const CachedPlan& plan, const std::unordered_map<int64_t, void*>& pointers, const at::Device& device,
+                const std::function<void()>& aten, bool aten_under_benchmark) {
+  if (plan.tuned.load(std::memory_order_acquire) || plan.deserialized) return;
+  bool autotune = plan.policy.mode == PolicyMode::kAutotune;
+  bool benchmark = plan.policy.mode == PolicyMode::kHeuristic && at::globalContext().benchmarkCuDNN();
+  if (!autotune && !benchmark) return;
+  cudaStream_t stream = stream_if_not_capturing(at::native::getCudnnHandle());
+  if (stream == nullptr) return;  // a later run outside the capture tunes
   std::lock_guard<std::mutex> lock(plan.tune_mutex);
   if (plan.tuned.load()) return;
   auto& graph = *plan.graph;
+  GraphKey limits;
+  limits.policy = plan.policy;
   int64_t best_index = -1, best_workspace = 0;
   float best_ms = std::numeric_limits<float>::max();
-  int64_t candidates = std::min<int64_t>(graph.get_execution_plan_count(), kPlansToTune);
+  int64_t count = graph.get_execution_plan_count();
+  int64_t candidates = autotune ? count : std::min<int64_t>(count, kPlansToTune);
   for (int64_t index = 0; index < candidates; ++index) {
-    if (graph.build_plan_at_index(index).is_bad()) continue;  // deselected (numerical notes) or unbuildable
-    float ms = time_plan_ms(graph, index, pointers, device, 3);
+    if (!candidate_usable(graph, limits, index)) continue;  // deselected (notes, workspace) or unbuildable
+    float ms = time_plan_ms(graph, index, pointers, device, autotune ? 5 : 3);
     if (ms >= 0 && ms < best_ms) {
       best_ms = ms;
       best_index = index;
@@ -416,8 +473,14 @@ void tune_plan(const CachedPlan& plan, const std::unordered_map<int64_t, void*>&
     }
   }
   if (best_index >= 0) {
+    plan.tuned_ms.store(best_ms);
     plan.tuned_workspace_bytes.store(best_workspace);
     plan.tuned_index.store(best_index, std::memory_order_release);
+  }
+  if ((autotune || aten_under_benchmark) && aten) {
+    float aten_ms = median_event_ms([&]() { aten(); return true; }, stream, 5);
+    plan.aten_ms.store(aten_ms);
+    plan.aten_faster.store(aten_ms >= 0 && (best_index < 0 || aten_ms < best_ms));
   }
   plan.tuned.store(true, std::memory_order_release);
   PlanCache::instance().count_tuned();
@@ -430,11 +493,20 @@ PlanInUse plan_in_use(const GraphKey& key) {
     info.refusal = plan->refusal;
     return info;
   }
-  int64_t index = plan->tuned_index.load();
-  info.tuned = index >= 0;
-  auto status = info.tuned ? plan->graph->get_plan_name_at_index(index, info.name) : plan->graph->get_plan_name(info.name);
-  if (status.is_bad()) info.name = "unknown (" + status.get_message() + ")";
+  int64_t index = plan->index_in_use();
+  info.tuned = plan->tuned_index.load() >= 0 || (plan->deserialized && plan->tuned.load());
+  if (plan->deserialized) {
+    info.name = plan->loaded_engine;
+  } else {
+    auto status = index >= 0 ? plan->graph->get_plan_name_at_index(index, info.name)
+                             : plan->graph->get_plan_name(info.name);
+    if (status.is_bad()) info.name = "unknown (" + status.get_message() + ")";
+  }
   info.workspace_bytes = info.tuned ? plan->tuned_workspace_bytes.load() : plan->workspace_bytes;
+  info.aten_faster = plan->aten_faster.load();
+  info.tuned_ms = plan->tuned_ms.load();
+  info.aten_ms = plan->aten_ms.load();
+  info.deserialized = plan->deserialized;
   return info;
 }
 
@@ -512,6 +584,7 @@ GraphKey make_graph_key(GraphKind kind, const ConvProblem& p, const std::array<i
   }
   key.allow_tf32 = p.dtype == at::kFloat && at::globalContext().allowTF32CuDNN();
   key.alignment = alignment;
+  key.policy = policy_for(p.policy, kind);
   return key;
 }
 
@@ -522,11 +595,8 @@ std::shared_ptr<const CachedPlan> get_plan(const GraphKey& key) {
 bool execute_plan(const CachedPlan& plan, GraphKind kind, std::unordered_map<int64_t, void*>& pointers,
                   const at::Device& device) {
   cudnnHandle_t handle = at::native::getCudnnHandle();  // bound to the current stream
-  if (at::globalContext().benchmarkCuDNN() && !plan.tuned.load(std::memory_order_acquire)) {
-    tune_plan(plan, pointers, device);
-  }
-  int64_t index = plan.tuned_index.load(std::memory_order_acquire);
-  int64_t workspace_bytes = index >= 0 ? plan.tuned_workspace_bytes.load() : plan.workspace_bytes;
+  int64_t index = plan.index_in_use();
+  int64_t workspace_bytes = plan.tuned_index.load() >= 0 ? plan.tuned_workspace_bytes.load() : plan.workspace_bytes;
   at::Tensor workspace;
   void* workspace_ptr = nullptr;
   if (workspace_bytes > 0) {

@@ -29,6 +29,7 @@ struct ConvProblem {
   bool has_bias = false;
   bool has_residual = false;
   bool relu = true;
+  int64_t policy = 0;  // a registered engine policy's id (engine_policy.h); 0: the heuristic's choice
 
   std::array<int64_t, 4> y_size() const;
 };
@@ -94,15 +95,19 @@ GraphKey make_graph_key(GraphKind kind, const ConvProblem& problem, const std::a
 // Returns the built plan for `key` (from the cache, or built now and cached), or the refusal.
 std::shared_ptr<const CachedPlan> get_plan(const GraphKey& key);
 
-// Runs a built plan on the current stream with PyTorch's cuDNN handle and a workspace from PyTorch's
-// caching allocator. Returns false, after recording why as a runtime fallback, if cuDNN fails to execute it:
-// the caller then computes the result with ATen.
+// Runs a built plan (the candidate its policy chose) on the current stream with PyTorch's cuDNN handle and a
+// workspace from PyTorch's caching allocator. Returns false, after recording why as a runtime fallback, if cuDNN
+// fails to execute it: the caller then computes the result with ATen.
 bool execute_plan(const CachedPlan& plan, GraphKind kind, std::unordered_map<int64_t, void*>& pointers,
                   const at::Device& device);
 
-// Times the heuristic's first plans on these pointers and keeps the fastest for every later run of `plan`
-// (done once, by execute_plan, while torch.backends.cudnn.benchmark is on; skipped inside CUDA graph capture).
-void tune_plan(const CachedPlan& plan, const std::unordered_map<int64_t, void*>& pointers, const at::Device& device);
+// On a plan's first run, where its policy asks for it (autotune, or heuristic with torch.backends.cudnn.benchmark
+// on): times the candidates on these pointers and keeps the fastest for every later run; under autotune also times
+// `aten` (the ATen composition the graph stands for; may be empty) and marks the plan aten_faster when it won
+// (with `aten_under_benchmark`, under cudnn.benchmark too).
+// Skipped inside CUDA graph capture (a later run outside one tunes). Outputs in `pointers` are overwritten.
+void maybe_tune(const CachedPlan& plan, const std::unordered_map<int64_t, void*>& pointers, const at::Device& device,
+                const std::function<void()>& aten, bool aten_under_benchmark = false);
 
 // Where cuDNN refused a graph: the build step and cuDNN's message (both empty when nothing failed).
 struct BuildFailure {
@@ -138,6 +143,10 @@ struct PlanInUse {
   std::string name;
   int64_t workspace_bytes = 0;
   bool tuned = false;
+  bool aten_faster = false;  // autotune ran the ATen composition instead: it was faster
+  float tuned_ms = -1.0f;    // the chosen candidate's median time when tuned
+  float aten_ms = -1.0f;     // the ATen composition's, under autotune
+  bool deserialized = false;
   std::string refusal;
 };
 PlanInUse plan_in_use(const GraphKey& key);

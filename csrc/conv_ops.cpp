@@ -169,14 +169,18 @@ at::Tensor relu_bias_backward_with_kernel(const at::Tensor& dy, const at::Tensor
 // Runs `kind`'s graph on `pointers` after poisoning `outputs` (when the test aid is on). Returns false, with a
 // run-time fallback counted, when cuDNN refused the plan or failed to execute it: the caller then computes the
 // result with ATen.
+// `aten` computes the same with ATen, for the autotune policy to time against the plans. Also false, with no
+// fallback counted, when autotune found the ATen composition faster.
 bool run_graph(GraphKind kind, const ConvProblem& p, const std::array<int8_t, 5>& alignment,
                std::unordered_map<int64_t, void*> pointers, std::initializer_list<at::Tensor> outputs,
-               const at::Device& device) {
+               const at::Device& device, const std::function<void()>& aten) {
   auto plan = get_plan(make_graph_key(kind, p, alignment));
   if (!plan->ok()) {
     PlanCache::instance().count_runtime_fallback(plan->refusal);
     return false;
   }
+  maybe_tune(*plan, pointers, device, aten);
+  if (plan->aten_faster.load(std::memory_order_acquire)) return false;
   for (const auto& output : outputs) poison(output);
   return execute_plan(*plan, kind, pointers, device);
 }
@@ -191,7 +195,7 @@ void check_grad_z(const at::Tensor& grad_z, const ConvProblem& p) {
 at::Tensor conv_bias_act(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                          const std::optional<at::Tensor>& residual, at::IntArrayRef stride,
                          at::IntArrayRef padding_pre, at::IntArrayRef padding_post, at::IntArrayRef dilation,
-                         int64_t groups, bool relu) {
+                         int64_t groups, bool relu, int64_t policy) {
   check_4d_cuda(x, "x", "[N, C, H, W]");
   check_4d_cuda(weight, "weight", "[out_channels, in_channels / groups, kH, kW]");
   check_like(weight, "weight", x);
@@ -201,6 +205,7 @@ at::Tensor conv_bias_act(const at::Tensor& x, const at::Tensor& weight, const st
   p.has_bias = bias.has_value();
   p.has_residual = residual.has_value();
   p.relu = relu;
+  p.policy = policy;
   auto y_size = p.y_size();
   if (bias.has_value()) {
     check_like(*bias, "bias", x);
@@ -227,13 +232,15 @@ at::Tensor conv_bias_act(const at::Tensor& x, const at::Tensor& weight, const st
   if (p.has_residual) pointers[kUidResidual] = residual_dense.data_ptr();
   std::array<int8_t, 5> alignment{alignment_of(x_dense), alignment_of(w_dense), alignment_of(bias_dense),
                                   alignment_of(residual_dense), alignment_of(y)};
-  if (!run_graph(GraphKind::kConvBiasAct, p, alignment, std::move(pointers), {y}, x.device())) {
+  auto aten = [&]() { fallback_forward(x_dense, w_dense, bias, residual, p); };
+  if (!run_graph(GraphKind::kConvBiasAct, p, alignment, std::move(pointers), {y}, x.device(), aten)) {
     return fallback_forward(x_dense, w_dense, bias, residual, p);
   }
   return y;
 }
 
-std::tuple<at::Tensor, at::Tensor> relu_bias_backward(const at::Tensor& grad_out, const at::Tensor& out) {
+std::tuple<at::Tensor, at::Tensor> relu_bias_backward(const at::Tensor& grad_out, const at::Tensor& out,
+                                                      int64_t policy) {
   check_4d_cuda(out, "out", "[N, K, H, W]");
   check_like(grad_out, "grad_out", out);
   TORCH_CHECK(grad_out.sizes() == out.sizes(), "cudnn_fusion: grad_out must have out's shape ", out.sizes(),
@@ -258,11 +265,13 @@ std::tuple<at::Tensor, at::Tensor> relu_bias_backward(const at::Tensor& grad_out
   p.channels_last = channels_last;
   p.x_size = size4(out.sizes());
   p.w_size = {k, k, 1, 1};
+  p.policy = policy;
   auto dbias = at::empty({k}, out.options().dtype(at::kFloat));
   std::array<int8_t, 5> alignment{alignment_of(dy), alignment_of(y), alignment_of(dz), alignment_of(dbias), 0};
   std::unordered_map<int64_t, void*> pointers{
       {kUidDy, dy.data_ptr()}, {kUidY, y.data_ptr()}, {kUidDz, dz.data_ptr()}, {kUidDbias, dbias.data_ptr()}};
-  if (!run_graph(GraphKind::kReluBiasBackward, p, alignment, std::move(pointers), {dz, dbias}, out.device())) {
+  auto aten = [&]() { at::threshold_backward(dy, y, 0).sum({0, 2, 3}, false, at::kFloat); };
+  if (!run_graph(GraphKind::kReluBiasBackward, p, alignment, std::move(pointers), {dz, dbias}, out.device(), aten)) {
     auto grad_z = at::threshold_backward(dy, y, 0);
     return {grad_z, grad_z.sum({0, 2, 3}, false, at::kFloat).to(out.scalar_type())};
   }
@@ -271,7 +280,7 @@ std::tuple<at::Tensor, at::Tensor> relu_bias_backward(const at::Tensor& grad_out
 
 at::Tensor conv_dgrad(const at::Tensor& grad_z, const at::Tensor& weight, at::IntArrayRef x_size,
                       at::IntArrayRef stride, at::IntArrayRef padding_pre, at::IntArrayRef padding_post,
-                      at::IntArrayRef dilation, int64_t groups) {
+                      at::IntArrayRef dilation, int64_t groups, int64_t policy) {
   check_4d_cuda(grad_z, "grad_z", "[N, K, H_out, W_out]");
   check_4d_cuda(weight, "weight", "[out_channels, in_channels / groups, kH, kW]");
   check_like(weight, "weight", grad_z);
@@ -279,6 +288,7 @@ at::Tensor conv_dgrad(const at::Tensor& grad_z, const at::Tensor& weight, at::In
   bool channels_last = use_channels_last(grad_z, weight);
   auto p = make_problem(grad_z, x_size, weight.sizes(), stride, padding_pre, padding_post, dilation, groups,
                         channels_last);
+  p.policy = policy;
   check_grad_z(grad_z, p);
   c10::DeviceGuard guard(grad_z.device());
   auto format = memory_format(channels_last);
@@ -289,7 +299,7 @@ at::Tensor conv_dgrad(const at::Tensor& grad_z, const at::Tensor& weight, at::In
 
   if (!run_graph(GraphKind::kConvDgrad, p, {alignment_of(dz), alignment_of(w_dense), alignment_of(dx), 0, 0},
                  {{kUidDz, dz.data_ptr()}, {kUidW, w_dense.data_ptr()}, {kUidDx, dx.data_ptr()}}, {dx},
-                 grad_z.device())) {
+                 grad_z.device(), [&]() { fallback_dgrad(dz, w_dense, p); })) {
     return fallback_dgrad(dz, w_dense, p);
   }
   return dx;
@@ -297,7 +307,7 @@ at::Tensor conv_dgrad(const at::Tensor& grad_z, const at::Tensor& weight, at::In
 
 at::Tensor conv_wgrad(const at::Tensor& grad_z, const at::Tensor& x, at::IntArrayRef weight_size,
                       at::IntArrayRef stride, at::IntArrayRef padding_pre, at::IntArrayRef padding_post,
-                      at::IntArrayRef dilation, int64_t groups) {
+                      at::IntArrayRef dilation, int64_t groups, int64_t policy) {
   check_4d_cuda(grad_z, "grad_z", "[N, K, H_out, W_out]");
   check_4d_cuda(x, "x", "[N, C, H, W]");
   check_like(x, "x", grad_z);
@@ -306,6 +316,7 @@ at::Tensor conv_wgrad(const at::Tensor& grad_z, const at::Tensor& x, at::IntArra
   bool channels_last = use_channels_last(x, grad_z);
   auto p = make_problem(grad_z, x.sizes(), weight_size, stride, padding_pre, padding_post, dilation, groups,
                         channels_last);
+  p.policy = policy;
   check_grad_z(grad_z, p);
   c10::DeviceGuard guard(grad_z.device());
   auto format = memory_format(channels_last);
@@ -317,7 +328,7 @@ at::Tensor conv_wgrad(const at::Tensor& grad_z, const at::Tensor& x, at::IntArra
 
   if (!run_graph(GraphKind::kConvWgrad, p, {alignment_of(dz), alignment_of(x_dense), alignment_of(dw), 0, 0},
                  {{kUidDz, dz.data_ptr()}, {kUidX, x_dense.data_ptr()}, {kUidDw, dw.data_ptr()}}, {dw},
-                 grad_z.device())) {
+                 grad_z.device(), [&]() { fallback_wgrad(dz, x_dense, p); })) {
     return fallback_wgrad(dz, x_dense, p);
   }
   return dw;

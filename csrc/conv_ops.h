@@ -16,25 +16,28 @@
 
 namespace tcf {
 
+// Every op takes `policy`, a registered engine policy's id (engine_policy.h; 0: the heuristic's choice).
+
 // y = act(conv(x, weight) + bias + residual), act = ReLU or identity.
 at::Tensor conv_bias_act(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                          const std::optional<at::Tensor>& residual, at::IntArrayRef stride,
                          at::IntArrayRef padding_pre, at::IntArrayRef padding_post, at::IntArrayRef dilation,
-                         int64_t groups, bool relu);
+                         int64_t groups, bool relu, int64_t policy);
 
 // grad_z = grad_out * (out > 0); grad_bias = sum of grad_z over N, H, W. Dense NHWC: our one-pass CUDA kernel
 // (cuDNN's graph for it ran at half the memory bandwidth); otherwise the cuDNN graph, or ATen where refused.
-std::tuple<at::Tensor, at::Tensor> relu_bias_backward(const at::Tensor& grad_out, const at::Tensor& out);
+std::tuple<at::Tensor, at::Tensor> relu_bias_backward(const at::Tensor& grad_out, const at::Tensor& out,
+                                                      int64_t policy);
 
 // grad_x of the convolution, given grad_z (the gradient at the conv output).
 at::Tensor conv_dgrad(const at::Tensor& grad_z, const at::Tensor& weight, at::IntArrayRef x_size,
                       at::IntArrayRef stride, at::IntArrayRef padding_pre, at::IntArrayRef padding_post,
-                      at::IntArrayRef dilation, int64_t groups);
+                      at::IntArrayRef dilation, int64_t groups, int64_t policy);
 
 // grad_weight of the convolution, given grad_z.
 at::Tensor conv_wgrad(const at::Tensor& grad_z, const at::Tensor& x, at::IntArrayRef weight_size,
                       at::IntArrayRef stride, at::IntArrayRef padding_pre, at::IntArrayRef padding_post,
-                      at::IntArrayRef dilation, int64_t groups);
+                      at::IntArrayRef dilation, int64_t groups, int64_t policy);
 
 // Test aid: when on, every output is filled with NaN before its graph runs, so an element cuDNN did not write
 // shows up in the comparison with eager.

@@ -49,6 +49,9 @@ std::unordered_map<int64_t, void*> timing_buffers(GraphKind kind, const ConvProb
       add(kUidX, p.x_size, options, pack);
       add(kUidDw, p.w_size, options, pack);
       break;
+    case GraphKind::kBatchNormForward:
+    case GraphKind::kBatchNormBackward:
+      TORCH_CHECK(false, "cudnn_fusion: the engine listing covers the conv graphs only");
   }
   return pack;
 }
@@ -76,6 +79,8 @@ EngineListing list_engines(GraphKind kind, const ConvProblem& problem, bool time
   c10::DeviceGuard guard(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(problem.device)));
   const int8_t aligned = 16;  // the listing's own buffers are fresh allocations
   auto key = make_graph_key(kind, problem, {aligned, aligned, aligned, aligned, aligned});
+  key.policy.mode = PolicyMode::kHeuristic;  // list every candidate, pinned or not (deterministic and workspace
+  key.policy.pinned.clear();                 // limits still deselect)
   EngineListing listing;
   BuildFailure failure;
   auto graph = candidate_graph(key, failure);
@@ -94,7 +99,7 @@ EngineListing list_engines(GraphKind kind, const ConvProblem& problem, bool time
     if (built.is_bad()) {
       candidate.error = built.get_message();
     } else {
-      graph->get_plan_name_at_index(index, candidate.name);
+      if (graph->get_plan_name_at_index(index, candidate.name).is_bad()) candidate.name = "unknown";
       candidate.workspace_bytes = graph->get_workspace_size_plan_at_index(index);
       std::vector<fe::BehaviorNote_t> notes;
       if (graph->get_behavior_notes_for_plan_at_index(index, notes).is_good()) {
@@ -104,6 +109,14 @@ EngineListing list_engines(GraphKind kind, const ConvProblem& problem, bool time
       if (time) candidate.median_ms = time_plan_ms(*graph, index, pack, at::Device(at::kCUDA, problem.device), repeats);
     }
     listing.candidates.push_back(std::move(candidate));
+  }
+  // cuDNN's NONDETERMINISTIC note (what the deterministic policy excludes): the candidates that no longer build once
+  // deselected by it. Last, because deselection cannot be undone on this graph.
+  graph->deselect_numeric_notes({fe::NumericalNote_t::NONDETERMINISTIC});
+  for (auto& candidate : listing.candidates) {
+    if (candidate.error.empty() && graph->build_plan_at_index(candidate.index).is_bad()) {
+      candidate.behaviour_notes.push_back("nondeterministic");
+    }
   }
   return listing;
 }

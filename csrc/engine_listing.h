@@ -11,7 +11,7 @@ namespace tcf {
 struct EngineCandidate {
   int64_t index = 0;                          // position in the heuristic's list (its order of preference)
   std::string name;                           // engine id and knob choices, e.g. "eng4_k2=1_k3=0"
-  std::vector<std::string> behaviour_notes;   // e.g. "runtime_compilation"
+  std::vector<std::string> behaviour_notes;   // e.g. "runtime_compilation", "nondeterministic"
   int64_t workspace_bytes = 0;
   std::string error;                          // why this candidate does not build ("" when it does)
   float median_ms = -1.0f;                    // measured when asked for; negative otherwise
@@ -24,7 +24,7 @@ struct EngineListing {
 };
 
 // Every candidate cuDNN's heuristics (mode A) offer for `kind` over `problem`, as the plan cache would build them
-// (same graph, same numerical-note exclusions). With `time`, each buildable one runs `repeats` times on random data.
+// (same graph, same numerical-note exclusions, and problem.policy's deterministic and workspace limits). With `time`, each buildable one runs `repeats` times on random data.
 EngineListing list_engines(GraphKind kind, const ConvProblem& problem, bool time, int repeats);
 
 }  // namespace tcf

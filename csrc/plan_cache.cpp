@@ -52,6 +52,9 @@ size_t GraphKeyHash::operator()(const GraphKey& k) const {
   hash_combine(seed, k.dilation);
   hash_combine(seed, k.groups);
   hash_combine(seed, k.alignment);
+  hash_combine(seed, (static_cast<int64_t>(k.policy.mode) << 1) | k.policy.deterministic);
+  hash_combine(seed, k.policy.workspace_limit);
+  hash_combine(seed, static_cast<int64_t>(std::hash<std::string>{}(k.policy.pinned)));
   return seed;
 }
 
@@ -93,6 +96,23 @@ void PlanCache::evict_to_capacity_locked() {
     lru_.pop_back();
     ++stats_.evictions;
   }
+}
+
+void PlanCache::insert(const GraphKey& key, std::shared_ptr<const CachedPlan> plan) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto found = index_.find(key);
+  if (found != index_.end()) {
+    lru_.erase(found->second);
+    index_.erase(found);
+  }
+  lru_.emplace_front(key, std::move(plan));
+  index_[key] = lru_.begin();
+  evict_to_capacity_locked();
+}
+
+std::vector<std::pair<GraphKey, std::shared_ptr<const CachedPlan>>> PlanCache::entries() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return {lru_.begin(), lru_.end()};
 }
 
 PlanCacheStats PlanCache::stats() {

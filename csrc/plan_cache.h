@@ -11,6 +11,7 @@
 #include <string>
 #include <tuple>
 #include <unordered_map>
+#include <vector>
 
 #include <cudnn_frontend.h>
 
@@ -29,6 +30,25 @@ enum class GraphKind : int8_t {
 };
 
 const char* graph_kind_name(GraphKind kind);
+
+// How a plan is chosen among the candidates cuDNN's heuristics offer (torch_cudnn_fusion.EnginePolicy).
+enum class PolicyMode : int8_t {
+  kHeuristic = 0,  // the heuristic's first buildable candidate (with torch.backends.cudnn.benchmark: the fastest of
+                   // its first few, timed once)
+  kAutotune = 1,   // every candidate timed once, and the ATen composition with them: the fastest runs
+  kPinned = 2,     // the candidate the user named; an unknown name is an error listing the valid ones
+};
+
+// The engine policy for one graph of a layer: part of the plan cache key, since it changes the plan.
+struct EnginePolicy {
+  PolicyMode mode = PolicyMode::kHeuristic;
+  bool deterministic = false;    // only engines without cuDNN's NONDETERMINISTIC note
+  int64_t workspace_limit = -1;  // bytes; negative: no limit
+  std::string pinned;            // kPinned: cuDNN's plan name ("eng4_k2=1...") or "#<index>" in the heuristic's list
+
+  auto tie() const { return std::tie(mode, deterministic, workspace_limit, pinned); }
+  bool operator==(const EnginePolicy& other) const { return tie() == other.tie(); }
+};
 
 // Every field that can change the plan, and nothing else (no data pointers: only their alignment).
 struct GraphKey {
@@ -53,12 +73,12 @@ struct GraphKey {
   bool running_stats = false;       // batchnorm forward updates running mean and variance
   bool allow_tf32 = false;          // matters for float32 only; kept false otherwise
   std::array<int8_t, 5> alignment{};  // bytes (1..16) of each operand's data pointer, per kind's order
+  EnginePolicy policy;
 
   auto tie() const {
     return std::tie(kind, device, cc_major, cc_minor, cudnn_version, dtype, channels_last, x_size, w_size,
                     stride, pad_pre, pad_post, dilation, groups, has_bias, has_residual, relu, relu6, running_stats,
-                    allow_tf32,
-                    alignment);
+                    allow_tf32, alignment, policy);
   }
   bool operator==(const GraphKey& other) const { return tie() == other.tie(); }
 };
@@ -73,14 +93,31 @@ struct CachedPlan {
   int64_t workspace_bytes = 0;              // of the heuristic's first buildable plan
   std::string refusal;                      // empty when built
 
-  // Set once, when torch.backends.cudnn.benchmark is on: the fastest of the heuristic's first plans on the first
-  // run (the heuristic's first choice measured up to 1.7x slower than another of its top plans on H200).
+  int64_t chosen_index = -1;               // the pinned candidate; -1: the heuristic's choice
+  // Loaded from a plan file as cuDNN's serialized plan: the graph then holds that plan only (asking it for names or
+  // serializing it again crashed), so the saved name, position and bytes are kept to report and save it again.
+  bool deserialized = false;
+  std::string loaded_engine;
+  int64_t loaded_index = -1;
+  std::vector<uint8_t> loaded_serialized;
+  EnginePolicy policy;                      // the key's: whether and how the first run tunes
+
+  // Set once, on the first run under the autotune policy or torch.backends.cudnn.benchmark: the fastest candidate
+  // (the heuristic's first choice measured up to 1.7x slower than another of its top plans on H200), and under
+  // autotune whether the ATen composition beat every candidate.
   mutable std::mutex tune_mutex;
   mutable std::atomic<bool> tuned{false};
-  mutable std::atomic<int64_t> tuned_index{-1};  // -1: the heuristic's choice
+  mutable std::atomic<int64_t> tuned_index{-1};  // -1: chosen_index, or the heuristic's choice
   mutable std::atomic<int64_t> tuned_workspace_bytes{0};
+  mutable std::atomic<bool> aten_faster{false};  // autotune: run the ATen composition instead
+  mutable std::atomic<float> tuned_ms{-1.0f};    // the fastest candidate's median time
+  mutable std::atomic<float> aten_ms{-1.0f};     // the ATen composition's (autotune only)
 
   bool ok() const { return graph != nullptr; }
+  int64_t index_in_use() const {
+    int64_t index = tuned_index.load(std::memory_order_acquire);
+    return index >= 0 ? index : chosen_index;
+  }
 };
 
 struct PlanCacheStats {
@@ -105,6 +142,11 @@ class PlanCache {
   // configuration cuDNN refused is not rebuilt on every call.
   std::shared_ptr<const CachedPlan> get_or_build(const GraphKey& key,
                                                  const std::function<std::shared_ptr<CachedPlan>()>& build);
+
+  // Puts a plan loaded from a file in the cache (replacing any entry for `key`).
+  void insert(const GraphKey& key, std::shared_ptr<const CachedPlan> plan);
+  // Every cached entry, most recently used first (for saving).
+  std::vector<std::pair<GraphKey, std::shared_ptr<const CachedPlan>>> entries();
 
   PlanCacheStats stats();
   void clear();  // drops every plan and zeroes the counters

@@ -53,7 +53,7 @@ def test_batch_norm_act_matches_eager_and_float64(extension, dtype, activation, 
     x, w, b, rm, rv, res, grad = make_inputs(dtype, residual)
     momentum, eps = 0.1, 1e-5
     refusals = extension.check_batch_norm_layer(str(dtype).split(".")[1], True, 0, list(x.shape), True, residual,
-                                                ACT_CODE[activation], eps)
+                                                ACT_CODE[activation], eps, 0)
     refusal = refusals["legacy"] if implementation == "legacy" else refusals["graph_forward"] or refusals["graph_backward"]
     if implementation == "legacy" and (activation == "relu6" or (residual and activation is None)):
         assert refusal, "the legacy API has no ReLU6 and adds a residual only before an activation"

@@ -8,6 +8,8 @@ from .diagnostics import Explanation, ExplainRow, FusionReport, FusionReportRow,
 from .engine_listing import EngineCandidate, EngineTable, engines
 from .functional import batch_norm_act, conv2d_bias_act
 from .fusion import FusionError, FusionStatus, is_strict, set_strict, strict
+from .plan_file import PlanFileWarning, load_plan_cache, save_plan_cache
+from .policy import EnginePolicy, engine_policy, get_engine_policy, set_engine_policy
 from .nn import (BatchNorm2dReLU, Conv2dAddReLU, Conv2dBN, Conv2dBNAddReLU, Conv2dBNReLU, Conv2dReLU,
                  FusedConv2d)
 from .rewrite import FuseReport, FuseRow, fuse
@@ -46,6 +48,13 @@ def set_plan_cache_capacity(capacity: int) -> None:
 
 
 __all__ = [
+    "EnginePolicy",
+    "PlanFileWarning",
+    "engine_policy",
+    "get_engine_policy",
+    "load_plan_cache",
+    "save_plan_cache",
+    "set_engine_policy",
     "BatchNorm2dReLU",
     "Conv2dBN",
     "Conv2dBNAddReLU",

@@ -80,7 +80,9 @@ def engines(args: argparse.Namespace) -> int:
     table = tcf.engines(args.input, args.weight, stride=args.stride, padding=args.padding, dilation=args.dilation,
                         groups=args.groups, dtype=dtype, channels_last=not args.nchw, bias=not args.no_bias,
                         residual=args.residual, activation=args.activation, graph=args.graph, time=args.time,
-                        repeats=args.repeats)
+                        repeats=args.repeats,
+                        policy=tcf.EnginePolicy(deterministic=args.deterministic,
+                                                workspace_limit=args.workspace_limit))
     print(table)
     return 0
 
@@ -105,6 +107,8 @@ def main(argv=None) -> int:
     e.add_argument("--graph", choices=["forward", "relu_bias_backward", "dgrad", "wgrad"], default="forward")
     e.add_argument("--time", action="store_true", help="time each candidate (median of --repeats runs)")
     e.add_argument("--repeats", type=int, default=10)
+    e.add_argument("--deterministic", action="store_true", help="exclude engines with the NONDETERMINISTIC note")
+    e.add_argument("--workspace-limit", type=int, default=None, help="exclude engines needing more bytes")
     args = parser.parse_args(argv)
     return info() if args.command == "info" else engines(args)
 

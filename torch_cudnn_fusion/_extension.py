@@ -87,7 +87,10 @@ def load() -> ModuleType | None:
 
         ops.register_python_parts()
         _module = module
-        return _module
+    from .plan_file import start_automatic_plan_cache
+
+    start_automatic_plan_cache()  # TORCH_CUDNN_FUSION_PLAN_CACHE: load the plan file now, save it at exit
+    return _module
 
 
 def load_error() -> str | None:

@@ -92,11 +92,9 @@ def _median_forward_ms(module: nn.Module, inputs: tuple, repeats: int) -> Option
 
 
 def _explain_fused(path: str, module: nn.Module, config: tuple) -> ExplainRow:
-    from . import _extension
-    from .fusion import _SUPPORTED_DTYPES, TRACED
+    from .fusion import TRACED, autotune_note, plan_in_use
 
-    (_, device, dtype, channels_last, x_size, w_size, stride, pre, post, dilation, groups, has_bias, has_residual,
-     relu, _, _, _, alignment) = config
+    x_size, has_bias, has_residual, relu = config[4], config[11], config[12], config[13]
     operations = ("conv_fprop",) + (("add bias",) if has_bias else ()) + (("add residual",) if has_residual else ())
     operations += ("relu",) if relu else ()
     name = type(module).__name__
@@ -104,12 +102,14 @@ def _explain_fused(path: str, module: nn.Module, config: tuple) -> ExplainRow:
         return ExplainRow(path, name, True, operations, reason="under torch.compile: the plan is chosen at run time")
     if x_size[0] == 0:
         return ExplainRow(path, name, True, operations, reason="empty batch: nothing ran")
-    info = _extension.require().plan_in_use(
-        "forward", _SUPPORTED_DTYPES[dtype], channels_last, device, list(x_size), list(w_size), list(stride),
-        list(pre), list(post), list(dilation), groups, has_bias, has_residual, relu, list(alignment) + [16])
+    info = plan_in_use(config)
     if info["refusal"]:
         return ExplainRow(path, name, False, reason=info["refusal"])
-    return ExplainRow(path, name, True, operations, info["name"], info["workspace_bytes"], info["tuned"])
+    note = autotune_note(info)
+    if info["aten_faster"]:
+        return ExplainRow(path, name, False, reason=note)
+    engine = info["name"] + (" (loaded from a plan file)" if info["deserialized"] else "")
+    return ExplainRow(path, name, True, operations, engine, info["workspace_bytes"], info["tuned"], reason=note)
 
 
 def explain(model: nn.Module, *example_inputs, time: bool = True, repeats: int = 10) -> Explanation:
@@ -137,8 +137,8 @@ def explain(model: nn.Module, *example_inputs, time: bool = True, repeats: int =
         fused, reason, _ = decision
         row = (_explain_fused(path, m, config) if fused
                else ExplainRow(path, type(m).__name__, False, reason=reason))
-        if fused and reason and not row.reason:
-            row = ExplainRow(**{**row.__dict__, "reason": reason})
+        if fused and reason:
+            row = ExplainRow(**{**row.__dict__, "reason": f"{reason}; {row.reason}" if row.reason else reason})
         if time:
             row = ExplainRow(**{**row.__dict__, "median_ms": _median_forward_ms(m, inputs[id(m)], repeats)})
         report.append(row)

@@ -16,6 +16,7 @@ from . import _extension
 from .functional import _pair, conv_padding
 from .fusion import _SUPPORTED_DTYPES
 from .ops import conv_output_size
+from .policy import EnginePolicy, policy_id, resolve
 
 GRAPHS = ("forward", "relu_bias_backward", "dgrad", "wgrad")
 EAGER = "eager (PyTorch ops)"
@@ -81,6 +82,7 @@ def _eager_candidate(graph, x_shape, w_shape, stride, pre, post, dilation, group
     b = torch.randn(w_shape[0], device="cuda", dtype=dtype) if bias else None
     r = rand(*y_shape) if residual else None
     g = rand(*y_shape)
+    saved_y = torch.relu(rand(*y_shape))  # the forward output the ReLU mask comes from
 
     def forward():
         y = F.conv2d(padded, w, b, stride, 0, dilation, groups)
@@ -89,7 +91,7 @@ def _eager_candidate(graph, x_shape, w_shape, stride, pre, post, dilation, group
 
     steps = {
         "forward": forward,
-        "relu_bias_backward": lambda: torch.ops.aten.threshold_backward(g, torch.relu(g), 0).sum((0, 2, 3)),
+        "relu_bias_backward": lambda: torch.ops.aten.threshold_backward(g, saved_y, 0).sum((0, 2, 3)),
         "dgrad": lambda: torch.ops.aten.convolution_backward(g, padded, w, None, stride, [0, 0], dilation, False,
                                                              [0, 0], groups, [True, False, False]),
         "wgrad": lambda: torch.ops.aten.convolution_backward(g, padded, w, None, stride, [0, 0], dilation, False,
@@ -116,10 +118,14 @@ def engines(
     time: bool = False,
     repeats: int = 10,
     device: Union[int, str, torch.device, None] = None,
+    policy: Optional[EnginePolicy] = None,
 ) -> EngineTable:
     """Every plan cuDNN's heuristics offer for `graph` ("forward", "relu_bias_backward", "dgrad" or "wgrad") of
     the fused conv layer with these shapes, in the heuristic's order, plus the eager composition as one more
-    candidate. With time=True each buildable candidate runs `repeats` times on random data (median reported)."""
+    candidate. With time=True each buildable candidate runs `repeats` times on random data (median reported).
+    `policy` (default: the global one) applies its deterministic and workspace limits: the candidates they exclude
+    are listed with the reason; "nondeterministic" marks candidates with cuDNN's NONDETERMINISTIC note. Names and
+    indices are what EnginePolicy("pinned", engines={graph: ...}) takes."""
     if graph not in GRAPHS:
         raise ValueError(f"graph must be one of {GRAPHS}, got {graph!r}")
     if dtype not in _SUPPORTED_DTYPES:
@@ -139,7 +145,7 @@ def engines(
     relu = activation == "relu"
     listing = module.list_engines(graph, _SUPPORTED_DTYPES[dtype], channels_last, cuda.index, list(x_shape),
                                   list(weight_shape), list(stride_), list(pre), list(post), list(dilation_), groups,
-                                  bias, residual, relu, time, repeats)
+                                  bias, residual, relu, time, repeats, policy_id(resolve(policy).key))
     table = EngineTable(
         EngineCandidate(row["index"], row["name"], tuple(row["behaviour_notes"]), row["workspace_bytes"],
                         row["error"], row["median_ms"], row["index"] == listing["heuristic_choice"])

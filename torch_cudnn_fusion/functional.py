@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from . import fusion
+from .policy import EnginePolicy, policy_id, resolve
 
 _IntPair = Union[int, Sequence[int]]
 FUNCTIONAL_LAYER_ID = -1  # decisions of calls made without a module are recorded under this id
@@ -113,21 +114,25 @@ def conv2d_bias_act(
     *,
     padding_mode: str = "zeros",
     strict: Optional[bool] = None,
+    policy: Optional[EnginePolicy] = None,
     layer_id: int = FUNCTIONAL_LAYER_ID,
 ) -> torch.Tensor:
     """activation(conv2d(x, weight, bias, ...) + residual), arguments as F.conv2d's.
 
     activation: "relu", or None / "identity". Runs as one cuDNN graph when the configuration allows (see
     torch_cudnn_fusion.fusion); otherwise as the eager composition, with the reason recorded for `layer_id`.
-    strict=True (or global strict mode) raises FusionError instead of running eager.
+    strict=True (or global strict mode) raises FusionError instead of running eager. policy: the EnginePolicy that
+    chooses the cuDNN plans (None: the global one, see torch_cudnn_fusion.set_engine_policy).
     """
     device_type = x.device.type
+    policy = resolve(policy)
     autocast = torch.is_autocast_enabled(device_type)
     signature = None
     if not torch.compiler.is_compiling():
         signature = (_signature(x), _signature(weight), _signature(bias), _signature(residual), stride, padding,
                      dilation, groups, activation, padding_mode, strict, fusion.is_strict(), torch.is_grad_enabled(),
-                     torch.backends.cudnn.allow_tf32, autocast and torch.get_autocast_dtype(device_type))
+                     torch.backends.cudnn.allow_tf32, autocast and torch.get_autocast_dtype(device_type), policy,
+                     torch.are_deterministic_algorithms_enabled())
         last = _last_call.get(layer_id)
         if last is not None and last[0] == signature:
             if autocast:
@@ -151,12 +156,13 @@ def conv2d_bias_act(
             raise ValueError(f"residual must have the output's shape {expected}, got {list(residual.shape)}")
 
     config = fusion.layer_config(x, weight, bias, residual, stride_, padding_pre, padding_post, dilation_, groups,
-                                 relu, padding_mode)
+                                 relu, padding_mode, policy.key)
     decision = fusion.decide_and_record(layer_id, config)
     where = (f"the conv layer {x.shape[1]}->{weight.shape[0]} channels, kernel {weight.shape[2]}x{weight.shape[3]}, "
              f"input {list(x.shape)}")
     fusion.raise_if_strict(decision, strict, where)
-    conv_args = (list(stride_), list(padding_pre), list(padding_post), list(dilation_), groups, relu)
+    conv_args = (list(stride_), list(padding_pre), list(padding_post), list(dilation_), groups, relu,
+                 policy_id(policy.key) if decision[0] else 0)
     if signature is not None:
         _last_call[layer_id] = (signature, decision[0], conv_args)
     return _run(decision[0], x, weight, bias, residual, conv_args, padding_mode)
@@ -171,7 +177,7 @@ def _run(fused: bool, x, weight, bias, residual, conv_args, padding_mode):
         if _fused_op is None:
             _fused_op = torch.ops.cudnn_fusion.conv_bias_act.default
         return _fused_op(x, weight, bias, residual, *conv_args)
-    stride, padding_pre, padding_post, dilation, groups, relu = conv_args
+    stride, padding_pre, padding_post, dilation, groups, relu, _ = conv_args
     return _eager(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, relu, padding_mode)
 
 
@@ -205,6 +211,18 @@ def _affine_or_identity(weight, bias, channels: int, device) -> tuple[torch.Tens
 _bn_op = None  # torch.ops.cudnn_fusion.batch_norm_act.default, looked up once
 
 
+def _bn_signature(t: Optional[torch.Tensor]):
+    """What of a tensor a BatchNorm decision depends on (its layout through the strides)."""
+    if t is None:
+        return None
+    return t.shape, t.stride(), t.dtype, t.device, t.requires_grad
+
+
+# The last call of each BatchNorm layer: (signature, (fused, implementation, update running statistics)). A training
+# step whose signature repeats skips the checks and the decision, as conv2d_bias_act does.
+_last_bn_call: dict[int, tuple] = {}
+
+
 def batch_norm_act(
     x: torch.Tensor,
     running_mean: Optional[torch.Tensor],
@@ -218,6 +236,7 @@ def batch_norm_act(
     residual: Optional[torch.Tensor] = None,
     *,
     strict: Optional[bool] = None,
+    policy: Optional[EnginePolicy] = None,
     layer_id: int = FUNCTIONAL_LAYER_ID,
 ) -> torch.Tensor:
     """activation(F.batch_norm(x, ...) + residual), arguments as F.batch_norm's; activation "relu", "relu6" or None.
@@ -225,7 +244,19 @@ def batch_norm_act(
     With batch statistics (training, or no running statistics) it runs as one cuDNN graph (or the legacy cuDNN
     BatchNorm API, where cuDNN refuses the graph), running statistics updated as F.batch_norm updates them; with
     running statistics (inference) it runs eager — fold it into the conv before it instead (Conv2dBNReLU does).
+    policy: the EnginePolicy for its cuDNN graphs (None: the global one).
     """
+    policy = resolve(policy)
+    signature = None
+    if not torch.compiler.is_compiling() and isinstance(x, torch.Tensor):
+        signature = (_bn_signature(x), _bn_signature(weight), _bn_signature(bias), _bn_signature(running_mean),
+                     _bn_signature(running_var), _bn_signature(residual), training, eps, activation, strict,
+                     fusion.is_strict(), torch.is_grad_enabled(), policy, torch.are_deterministic_algorithms_enabled())
+        last = _last_bn_call.get(layer_id)
+        if last is not None and last[0] == signature:
+            return _run_batch_norm(last[1], x, running_mean, running_var, weight, bias, momentum, eps, activation,
+                                   residual)
+
     if activation not in fusion.ACTIVATIONS:
         raise ValueError(f"activation must be 'relu', 'relu6', 'identity' or None, got {activation!r}")
     if not isinstance(x, torch.Tensor):
@@ -245,11 +276,21 @@ def batch_norm_act(
     if x.dim() >= 2 and x.shape[1] != (weight.shape[0] if weight is not None else x.shape[1]):
         raise ValueError(f"weight must have shape [{x.shape[1]}] (x's channels), got {list(weight.shape)}")
     update = training and running_mean is not None
-    config = fusion.batch_norm_config(x, update, residual, activation, eps, weight)
+    config = fusion.batch_norm_config(x, update, residual, activation, eps, weight, policy.key)
     decision = fusion.decide_batch_norm_and_record(layer_id, config)
     where = f"the BatchNorm layer over {x.shape[1] if x.dim() > 1 else '?'} channels, input {list(x.shape)}"
     fusion.raise_if_strict(decision, strict, where)
-    if not decision[0]:
+    run = (decision[0], fusion.LEGACY if decision[3] == "cudnn_legacy" else fusion.GRAPH, update,
+           policy_id(policy.key) if decision[0] else 0)
+    if signature is not None:
+        _last_bn_call[layer_id] = (signature, run)
+    return _run_batch_norm(run, x, running_mean, running_var, weight, bias, momentum, eps, activation, residual)
+
+
+def _run_batch_norm(run: tuple, x, running_mean, running_var, weight, bias, momentum, eps, activation, residual):
+    """Batch-statistics BatchNorm (+ residual) (+ activation) as decided: (fused, implementation, update, policy id)."""
+    fused, implementation, update, policy = run
+    if not fused:
         return _eager_batch_norm_act(x, running_mean, running_var, weight, bias, True, momentum, eps, activation,
                                      residual)
     global _bn_op
@@ -261,9 +302,8 @@ def batch_norm_act(
         stats_in = (running_mean, running_var)
         if running_mean.dtype != torch.float32:
             stats_in = (running_mean.float(), running_var.float())
-    implementation = fusion.LEGACY if decision[3] == "cudnn_legacy" else fusion.GRAPH
     y, _, _, new_mean, new_var, _ = _bn_op(x, scale, shift, stats_in[0], stats_in[1], residual, float(momentum),
-                                           float(eps), fusion.ACTIVATIONS[activation], implementation)
+                                           float(eps), fusion.ACTIVATIONS[activation], implementation, policy)
     if update:
         with torch.no_grad():
             running_mean.copy_(new_mean)

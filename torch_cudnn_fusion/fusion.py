@@ -16,6 +16,7 @@ import torch
 from torch._prims_common import suggest_memory_format
 
 from . import _extension
+from .policy import policy_id
 
 _SUPPORTED_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 TRACED = -1  # stands for the sizes of an input torch.compile traces: its plans are chosen when the code runs
@@ -95,7 +96,7 @@ def _alignment(t: Optional[torch.Tensor], memory_format: torch.memory_format) ->
 
 
 def layer_config(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, relu,
-                 padding_mode: str) -> tuple:
+                 padding_mode: str, policy: tuple) -> tuple:
     """Everything the decision depends on, as a hashable tuple of Python constants."""
     from .ops import conv_memory_format
 
@@ -123,26 +124,31 @@ def layer_config(x, weight, bias, residual, stride, padding_pre, padding_post, d
         padding_mode,
         torch.backends.cudnn.allow_tf32,
         tuple(_alignment(t, memory_format) for t in (x, weight, bias, residual)),
+        policy,  # EnginePolicy.key
+        torch.are_deterministic_algorithms_enabled(),  # makes every policy deterministic (a different plan key)
     )
 
 
 def _policy_reason(config: tuple) -> str:
     """The rules decided in Python, before cuDNN is asked. '' when the layer may be fused."""
-    (device_type, _, dtype, _, x_size, w_size, _, _, _, _, groups, _, _, _, _, padding_mode, _, _) = config
+    (device_type, _, dtype, _, x_size, w_size, _, _, _, _, groups, _, _, _, _, padding_mode, _, _, policy,
+     _) = config
     if padding_mode != "zeros":
         return f"padding_mode='{padding_mode}': cuDNN graphs pad with zeros only"
     if dtype not in _SUPPORTED_DTYPES:
         return f"dtype {dtype}: cuDNN's fused engines take float16, bfloat16 or float32"
-    if groups > 1:
-        return (f"groups={groups}: cuDNN's fused grouped/depthwise convolution ran 6-9x slower than PyTorch's own "
-                "kernel (measured on H200), so eager is used")
-    in_channels, out_channels = w_size[1] * groups, w_size[0]
-    if dtype in (torch.float16, torch.bfloat16) and (in_channels % 8 or out_channels % 8):
-        return (f"in_channels={in_channels}, out_channels={out_channels}: not both multiples of 8; for {dtype} "
-                "such layers ran 1.5x slower fused than eager (measured on H200), so eager is used")
-    if dtype == torch.float32 and (in_channels % 4 or out_channels % 4):
-        return (f"in_channels={in_channels}, out_channels={out_channels}: cuDNN's fused float32 engines need "
-                "multiples of 4")
+    if policy[0] != "autotune":  # these rules come from timings: autotune times the layer's own plans and eager
+        if groups > 1:
+            return (f"groups={groups}: cuDNN's fused grouped/depthwise convolution ran 6-9x slower than PyTorch's own "
+                    "kernel (measured on H200), so eager is used (EnginePolicy('autotune') times it instead)")
+        in_channels, out_channels = w_size[1] * groups, w_size[0]
+        if dtype in (torch.float16, torch.bfloat16) and (in_channels % 8 or out_channels % 8):
+            return (f"in_channels={in_channels}, out_channels={out_channels}: not both multiples of 8; for {dtype} "
+                    "such layers ran 1.5x slower fused than eager (measured on H200), so eager is used "
+                    "(EnginePolicy('autotune') times it instead)")
+        if dtype == torch.float32 and (in_channels % 4 or out_channels % 4):
+            return (f"in_channels={in_channels}, out_channels={out_channels}: cuDNN's fused float32 engines need "
+                    "multiples of 4")
     if device_type != "cuda":
         return f"x is on {device_type}: the fused path runs on CUDA tensors"
     return ""
@@ -162,7 +168,7 @@ def _decide(config: tuple) -> tuple:
     if module is None:
         return False, _extension.load_error() or "the cuDNN extension is unavailable", ()
     (_, device, dtype, channels_last, x_size, w_size, stride, pad_pre, pad_post, dilation, groups, has_bias,
-     has_residual, relu, needs_grad, _, _, alignment) = config
+     has_residual, relu, needs_grad, _, _, alignment, policy, _) = config
     if TRACED in x_size:
         return True, TRACED_NOTE, ()
     if x_size[0] == 0:
@@ -170,6 +176,7 @@ def _decide(config: tuple) -> tuple:
     refusals = module.check_conv_layer(
         _SUPPORTED_DTYPES[dtype], channels_last, device, list(x_size), list(w_size), list(stride), list(pad_pre),
         list(pad_post), list(dilation), groups, has_bias, has_residual, relu, needs_grad, list(alignment),
+        policy_id(policy),
     )
     if refusals["forward"]:
         return False, refusals["forward"], ()
@@ -201,12 +208,54 @@ def recorded_config(layer_id: int) -> Optional[tuple]:
     return None if recorded is None else recorded[1]
 
 
-def status_from_decision(decision: Optional[tuple]) -> FusionStatus:
+def plan_in_use(config: tuple, graph: str = "forward") -> Optional[dict]:
+    """What the C++ plan cache runs for one graph of a conv layer configuration (see layer_config): cuDNN's name of
+    the plan, its workspace, whether it was tuned, the autotune times and whether ATen won; None where there is no
+    plan to ask about (not CUDA, traced sizes, empty batch)."""
+    (device_type, device, dtype, channels_last, x_size, w_size, stride, pre, post, dilation, groups, has_bias,
+     has_residual, relu, _, _, _, alignment, policy, _) = config
+    if device_type != "cuda" or TRACED in x_size or x_size[0] == 0 or dtype not in _SUPPORTED_DTYPES:
+        return None
+    module = _extension.load()
+    if module is None:
+        return None
+    return module.plan_in_use(graph, _SUPPORTED_DTYPES[dtype], channels_last, device, list(x_size), list(w_size),
+                              list(stride), list(pre), list(post), list(dilation), groups, has_bias, has_residual,
+                              relu, _graph_alignment(graph, alignment), policy_id(policy))
+
+
+def _graph_alignment(graph: str, alignment: tuple) -> list:
+    """The operand alignments of `graph`'s key, as the ops build it (gradients and outputs are fresh: 16 bytes)."""
+    x, w = alignment[0], alignment[1]
+    return {"forward": list(alignment) + [16], "relu_bias_backward": [16, 16, 16, 16, 0],
+            "dgrad": [16, w, 16, 0, 0], "wgrad": [16, x, 16, 0, 0]}[graph]
+
+
+def autotune_note(info: Optional[dict]) -> str:
+    """'autotune: ...' when autotune timed the plan against ATen, '' otherwise."""
+    if not info or info.get("aten_ms") is None:
+        return ""
+    best = info.get("tuned_ms")
+    best_text = f"{best:.4f} ms" if best is not None else "none ran"
+    if info["aten_faster"]:
+        return (f"autotune: the ATen composition ({info['aten_ms']:.4f} ms) beat the fastest cuDNN plan ({best_text}), "
+                "so it runs in ATen")
+    return f"autotune: the cuDNN plan {info['name']} ({best_text}) beat the ATen composition ({info['aten_ms']:.4f} ms)"
+
+
+def status_from_decision(decision: Optional[tuple], config: Optional[tuple] = None) -> FusionStatus:
+    """The status of a decision; for a fused conv layer under autotune, with what autotune measured (config given)."""
     if decision is None:
         return NOT_RUN
     if len(decision) == 4:  # a BatchNorm decision: (fused, reason, backward, implementation)
         return FusionStatus(*decision)
     fused, reason, backward = decision
+    if fused and config and len(config) == 20 and config[18][0] == "autotune":
+        note = autotune_note(plan_in_use(config))
+        if note.startswith("autotune: the ATen"):
+            return FusionStatus(False, note, backward, "eager")
+        if note:
+            reason = f"{reason}; {note}" if reason else note
     return FusionStatus(fused, reason, backward)
 
 
@@ -216,7 +265,8 @@ ACTIVATIONS = {None: 0, "identity": 0, "relu": 1, "relu6": 2}
 GRAPH, LEGACY = 0, 1  # the C++ op's implementation argument
 
 
-def batch_norm_config(x, running_stats: bool, residual, activation: str, eps: float, weight) -> tuple:
+def batch_norm_config(x, running_stats: bool, residual, activation: str, eps: float, weight,
+                      policy: tuple) -> tuple:
     """Everything a BatchNorm layer's decision depends on, as a hashable tuple."""
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, residual, weight)
@@ -232,6 +282,8 @@ def batch_norm_config(x, running_stats: bool, residual, activation: str, eps: fl
         ACTIVATIONS[activation],
         float(eps),
         needs_grad,
+        policy,
+        torch.are_deterministic_algorithms_enabled(),
     )
 
 
@@ -239,7 +291,8 @@ def batch_norm_config(x, running_stats: bool, residual, activation: str, eps: fl
 def decide_batch_norm(config: tuple) -> tuple:
     """(fused, reason, backward, implementation) for BatchNorm in training: the cuDNN graph when cuDNN builds its
     forward (and backward, when gradients are needed), else the legacy cuDNN BatchNorm API, else eager."""
-    device_type, device, dtype, channels_last, x_size, running_stats, has_residual, activation, eps, needs_grad = config
+    (device_type, device, dtype, channels_last, x_size, running_stats, has_residual, activation, eps, needs_grad,
+     policy, _) = config
     if device_type != "cuda":
         return False, f"x is on {device_type}: the fused path runs on CUDA tensors", (), "eager"
     if dtype not in _SUPPORTED_DTYPES:
@@ -258,6 +311,7 @@ def decide_batch_norm(config: tuple) -> tuple:
         return False, "one value per channel: batch statistics are undefined (eager raises the error)", (), "eager"
     refusals = module.check_batch_norm_layer(
         _SUPPORTED_DTYPES[dtype], channels_last, device, list(x_size), running_stats, has_residual, activation, eps,
+        policy_id(policy),
     )
     graph_refusal = refusals["graph_forward"] or (refusals["graph_backward"] if needs_grad else "")
     if not graph_refusal:
@@ -293,8 +347,9 @@ def raise_if_strict(decision: tuple, strict_override: Optional[bool], where: str
 
 def clear_decisions() -> None:
     """Forget cached decisions (the C++ plan cache is cleared separately)."""
-    from .functional import _last_call
+    from .functional import _last_bn_call, _last_call
 
     _decide.cache_clear()
     decide_batch_norm.cache_clear()
     _last_call.clear()
+    _last_bn_call.clear()

@@ -1,8 +1,7 @@
-"""The Python half of the cudnn_fusion ops: fake kernels, so torch.compile traces through them, and the autograd
-of the BatchNorm op.
+"""The Python half of the cudnn_fusion ops: fake kernels, so torch.compile traces through them.
 
-Schemas and CUDA kernels live in csrc/bindings.cpp, csrc/conv_ops.cpp and csrc/bn_ops.cpp; the conv op's autograd
-in csrc/conv_autograd.cpp.
+Schemas and CUDA kernels live in csrc/bindings.cpp, csrc/conv_ops.cpp and csrc/bn_ops.cpp; the ops' autograd in
+csrc/conv_autograd.cpp and csrc/bn_autograd.cpp.
 """
 
 from __future__ import annotations
@@ -42,7 +41,8 @@ def _empty(size, like: torch.Tensor, memory_format: torch.memory_format, dtype=N
     return torch.empty(size, dtype=dtype or like.dtype, device=like.device, memory_format=memory_format)
 
 
-def _fake_conv_bias_act(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, relu):
+def _fake_conv_bias_act(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, relu,
+                        policy=0):
     torch._check(x.dim() == 4, lambda: f"cudnn_fusion: x must be a 4-D tensor [N, C, H, W], got {x.dim()}-D")
     torch._check(
         x.shape[1] == weight.shape[1] * groups,
@@ -53,20 +53,20 @@ def _fake_conv_bias_act(x, weight, bias, residual, stride, padding_pre, padding_
     return _empty(size, x, conv_memory_format(x, weight))
 
 
-def _fake_relu_bias_backward(grad_out, out):
+def _fake_relu_bias_backward(grad_out, out, policy=0):
     return _empty(out.shape, out, suggest_memory_format(out)), out.new_empty(out.shape[1])
 
 
-def _fake_conv_dgrad(grad_z, weight, x_size, stride, padding_pre, padding_post, dilation, groups):
+def _fake_conv_dgrad(grad_z, weight, x_size, stride, padding_pre, padding_post, dilation, groups, policy=0):
     return _empty(x_size, grad_z, conv_memory_format(grad_z, weight))
 
 
-def _fake_conv_wgrad(grad_z, x, weight_size, stride, padding_pre, padding_post, dilation, groups):
+def _fake_conv_wgrad(grad_z, x, weight_size, stride, padding_pre, padding_post, dilation, groups, policy=0):
     return _empty(weight_size, grad_z, conv_memory_format(x, grad_z))
 
 
 def _fake_batch_norm_act(x, weight, bias, running_mean, running_var, residual, momentum, eps, activation,
-                         implementation):
+                         implementation, policy=0):
     torch._check(x.dim() == 4, lambda: f"cudnn_fusion: x must be a 4-D tensor [N, C, H, W], got {x.dim()}-D")
     channels = x.shape[1]
     stats = channels if running_mean is not None else 0
@@ -81,34 +81,11 @@ def _fake_batch_norm_act(x, weight, bias, running_mean, running_var, residual, m
 
 
 def _fake_batch_norm_act_backward(grad_y, x, y, weight, bias, save_mean, save_invstd, reserve, eps, activation,
-                                  has_residual, implementation):
+                                  has_residual, implementation, policy=0):
     memory_format = suggest_memory_format(x)
     grad_residual = _empty(x.shape, x, memory_format) if has_residual else x.new_empty(0)
     return (_empty(x.shape, x, memory_format), grad_residual, weight.new_empty(weight.shape),
             bias.new_empty(bias.shape))
-
-
-def _batch_norm_act_setup_context(ctx, inputs, output) -> None:
-    x, weight, bias, _, _, residual, _, eps, activation, implementation = inputs
-    y, save_mean, save_invstd, _, _, reserve = output
-    ctx.save_for_backward(x, y, weight, bias, save_mean, save_invstd, reserve)
-    ctx.eps = eps
-    ctx.activation = activation
-    ctx.implementation = implementation
-    ctx.has_residual = residual is not None
-
-
-def _batch_norm_act_backward(ctx, grad_y, *unused_grads):
-    """Gradients of x, weight, bias and the residual; the statistics outputs are not differentiable."""
-    x, y, weight, bias, save_mean, save_invstd, reserve = ctx.saved_tensors
-    if grad_y is None:
-        grad_y = torch.zeros_like(y)
-    grad_x, grad_residual, grad_weight, grad_bias = torch.ops.cudnn_fusion.batch_norm_act_backward(
-        grad_y, x, y, weight, bias, save_mean, save_invstd, reserve, ctx.eps, ctx.activation, ctx.has_residual,
-        ctx.implementation,
-    )
-    return (grad_x, grad_weight, grad_bias, None, None, grad_residual if ctx.has_residual else None, None, None, None,
-            None)
 
 
 def register_python_parts() -> None:
@@ -122,6 +99,4 @@ def register_python_parts() -> None:
     torch.library.register_fake("cudnn_fusion::conv_wgrad")(_fake_conv_wgrad)
     torch.library.register_fake("cudnn_fusion::batch_norm_act")(_fake_batch_norm_act)
     torch.library.register_fake("cudnn_fusion::batch_norm_act_backward")(_fake_batch_norm_act_backward)
-    torch.library.register_autograd("cudnn_fusion::batch_norm_act", _batch_norm_act_backward,
-                                    setup_context=_batch_norm_act_setup_context)
     _registered = True

@@ -10,6 +10,7 @@ from torch import nn
 
 from .. import fusion
 from ..functional import batch_norm_act
+from ..policy import EnginePolicy
 from .conv import _layer_ids
 
 _ACTIVATIONS = ("relu", "relu6", None)
@@ -45,20 +46,21 @@ class BatchNorm2dReLU(nn.BatchNorm2d):
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: Optional[float] = 0.1, affine: bool = True,
                  track_running_stats: bool = True, device=None, dtype=None, *, activation: Optional[str] = "relu",
-                 strict: Optional[bool] = None) -> None:
+                 strict: Optional[bool] = None, policy: Optional[EnginePolicy] = None) -> None:
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype)
         self.activation = check_activation(activation)
         self.strict = strict
+        self.policy = policy
         self._layer_id = next(_layer_ids)
 
     @classmethod
     def from_bn(cls, bn: nn.BatchNorm2d, *, activation: Optional[str] = "relu",
-                strict: Optional[bool] = None) -> "BatchNorm2dReLU":
+                strict: Optional[bool] = None, policy: Optional[EnginePolicy] = None) -> "BatchNorm2dReLU":
         """A fused module sharing `bn`'s Parameters and buffers."""
         if not isinstance(bn, nn.BatchNorm2d):
             raise TypeError(f"bn must be an nn.BatchNorm2d, got {type(bn).__name__}")
         module = cls(bn.num_features, bn.eps, bn.momentum, bn.affine, bn.track_running_stats, device="meta",
-                     activation=activation, strict=strict)
+                     activation=activation, strict=strict, policy=policy)
         for name in ("weight", "bias"):
             setattr(module, name, getattr(bn, name))
         for name in ("running_mean", "running_var", "num_batches_tracked"):
@@ -85,7 +87,7 @@ class BatchNorm2dReLU(nn.BatchNorm2d):
         self._check_input_dim(x)
         running_mean, running_var, batch_stats, momentum = batch_norm_arguments(self)
         return batch_norm_act(x, running_mean, running_var, self.weight, self.bias, batch_stats, momentum, self.eps,
-                              self.activation, strict=self.strict, layer_id=self.layer_id)
+                              self.activation, strict=self.strict, policy=self.policy, layer_id=self.layer_id)
 
 
 class BatchNorm2dFused(nn.BatchNorm2d):

@@ -11,6 +11,7 @@ from torch import nn
 
 from .. import fusion
 from ..functional import conv2d_bias_act
+from ..policy import EnginePolicy
 
 _layer_ids = itertools.count()
 
@@ -20,23 +21,28 @@ class FusedConv2d(nn.Conv2d):
 
     Subclasses set `activation` ("relu" or None) and call `_fused_forward`. `strict` (None follows the global
     setting, see torch_cudnn_fusion.set_strict) makes a layer that cannot run fused raise instead of running eager.
+    `policy` (an EnginePolicy; None follows the global one, see torch_cudnn_fusion.set_engine_policy) chooses its
+    cuDNN plans.
     """
 
     activation: Optional[str] = "relu"
 
-    def __init__(self, *args, strict: Optional[bool] = None, **kwargs) -> None:
+    def __init__(self, *args, strict: Optional[bool] = None, policy: Optional[EnginePolicy] = None,
+                 **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.strict = strict
+        self.policy = policy
         self._layer_id = next(_layer_ids)
 
     @classmethod
-    def from_conv(cls, conv: nn.Conv2d, *, strict: Optional[bool] = None) -> "FusedConv2d":
+    def from_conv(cls, conv: nn.Conv2d, *, strict: Optional[bool] = None,
+                  policy: Optional[EnginePolicy] = None) -> "FusedConv2d":
         """A fused module sharing `conv`'s Parameters (an optimizer over `conv` updates this module too)."""
         if not isinstance(conv, nn.Conv2d):
             raise TypeError(f"conv must be an nn.Conv2d, got {type(conv).__name__}")
         module = cls(conv.in_channels, conv.out_channels, conv.kernel_size, stride=conv.stride,
                      padding=conv.padding, dilation=conv.dilation, groups=conv.groups, bias=conv.bias is not None,
-                     padding_mode=conv.padding_mode, device="meta", strict=strict)
+                     padding_mode=conv.padding_mode, device="meta", strict=strict, policy=policy)
         module.weight = conv.weight
         module.bias = conv.bias
         module.train(conv.training)
@@ -59,12 +65,13 @@ class FusedConv2d(nn.Conv2d):
     @property
     def fusion_status(self) -> fusion.FusionStatus:
         """How the last forward ran: fused, or eager and why (see torch_cudnn_fusion.fusion_report)."""
-        return fusion.status_from_decision(fusion.recorded_decision(self.layer_id))
+        return fusion.status_from_decision(fusion.recorded_decision(self.layer_id),
+                                           fusion.recorded_config(self.layer_id))
 
     def _fused_forward(self, x: torch.Tensor, residual: Optional[torch.Tensor]) -> torch.Tensor:
         return conv2d_bias_act(x, self.weight, self.bias, residual, self.stride, self.padding, self.dilation,
                                self.groups, self.activation, padding_mode=self.padding_mode, strict=self.strict,
-                               layer_id=self.layer_id)
+                               policy=self.policy, layer_id=self.layer_id)
 
 
 class Conv2dReLU(FusedConv2d):

@@ -18,6 +18,7 @@ from torch._prims_common import suggest_memory_format
 from .. import fusion
 from ..functional import _eager_batch_norm_act, batch_norm_act, conv2d_bias_act
 from .batchnorm import batch_norm_arguments, check_activation
+from ..policy import EnginePolicy
 from .conv import FusedConv2d, _layer_ids
 
 
@@ -34,9 +35,10 @@ class Conv2dBN(FusedConv2d):
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1, groups=1,
                  bias: bool = False, padding_mode: str = "zeros", device=None, dtype=None, *, eps: float = 1e-5,
                  momentum: Optional[float] = 0.1, affine: bool = True, track_running_stats: bool = True,
-                 activation: Optional[str] = "default", strict: Optional[bool] = None) -> None:
+                 activation: Optional[str] = "default", strict: Optional[bool] = None,
+                 policy: Optional[EnginePolicy] = None) -> None:
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode,
-                         device=device, dtype=dtype, strict=strict)
+                         device=device, dtype=dtype, strict=strict, policy=policy)
         self.bn = nn.BatchNorm2d(out_channels, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
         if activation != "default":
             self.activation = check_activation(activation)
@@ -46,7 +48,8 @@ class Conv2dBN(FusedConv2d):
 
     @classmethod
     def from_modules(cls, conv: nn.Conv2d, bn: nn.BatchNorm2d, *, activation: Optional[str] = "default",
-                     strict: Optional[bool] = None, bn_registered_elsewhere: bool = False) -> "Conv2dBN":
+                     strict: Optional[bool] = None, bn_registered_elsewhere: bool = False,
+                     policy: Optional[EnginePolicy] = None) -> "Conv2dBN":
         """A fused module sharing `conv`'s and `bn`'s Parameters and buffers.
 
         bn_registered_elsewhere (used by fuse()): `bn` stays where it is in the model, so its state_dict keys do not
@@ -56,7 +59,7 @@ class Conv2dBN(FusedConv2d):
             raise TypeError(f"bn must be an nn.BatchNorm2d, got {type(bn).__name__}")
         if bn.num_features != conv.out_channels:
             raise ValueError(f"bn.num_features ({bn.num_features}) must equal conv.out_channels ({conv.out_channels})")
-        module = cls.from_conv(conv, strict=strict)
+        module = cls.from_conv(conv, strict=strict, policy=policy)
         if activation != "default":
             module.activation = check_activation(activation)
         if bn_registered_elsewhere:
@@ -87,7 +90,8 @@ class Conv2dBN(FusedConv2d):
             status = fusion.status_from_decision(fusion.recorded_decision(self._bn_layer_id))
             note = "training: conv as its own cuDNN call, then BatchNorm"
         elif self._last_mode == "folded":
-            status = fusion.status_from_decision(fusion.recorded_decision(self.layer_id))
+            status = fusion.status_from_decision(fusion.recorded_decision(self.layer_id),
+                                                 fusion.recorded_config(self.layer_id))
             note = "eval: BatchNorm folded into the conv"
         else:
             return fusion.NOT_RUN
@@ -111,13 +115,14 @@ class Conv2dBN(FusedConv2d):
                 return _eager_batch_norm_act(z, running_mean, running_var, bn.weight, bn.bias, True, momentum,
                                              bn.eps, self.activation, residual)
             return batch_norm_act(z, running_mean, running_var, bn.weight, bn.bias, True, momentum, bn.eps,
-                                  self.activation, residual, strict=self.strict, layer_id=self._bn_layer_id)
+                                  self.activation, residual, strict=self.strict, policy=self.policy,
+                                  layer_id=self._bn_layer_id)
         self._last_mode = "folded"
         weight, bias = self._folded_weight_and_bias()
         relu = self.activation == "relu"
         y = conv2d_bias_act(x, weight, bias, residual, self.stride, self.padding, self.dilation, self.groups,
                             "relu" if relu else None, padding_mode=self.padding_mode, strict=self.strict,
-                            layer_id=self.layer_id)
+                            policy=self.policy, layer_id=self.layer_id)
         return F.relu6(y) if self.activation == "relu6" else y
 
     def _folded_weight_and_bias(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,78 @@
+#include "engine_policy.h"
+
+#include <mutex>
+#include <vector>
+
+#include <ATen/Context.h>
+#include <c10/util/Exception.h>
+
+namespace tcf {
+namespace {
+
+std::mutex registry_mutex;
+std::vector<RegisteredPolicy>& registry() {
+  static auto* policies = new std::vector<RegisteredPolicy>{RegisteredPolicy{}};  // id 0: heuristic
+  return *policies;
+}
+
+bool same(const RegisteredPolicy& a, const RegisteredPolicy& b) {
+  return a.mode == b.mode && a.deterministic == b.deterministic && a.workspace_limit == b.workspace_limit &&
+         a.pinned == b.pinned;
+}
+
+}  // namespace
+
+const char* graph_short_name(GraphKind kind) {
+  switch (kind) {
+    case GraphKind::kConvBiasAct:
+      return "forward";
+    case GraphKind::kReluBiasBackward:
+      return "relu_bias_backward";
+    case GraphKind::kConvDgrad:
+      return "dgrad";
+    case GraphKind::kConvWgrad:
+      return "wgrad";
+    case GraphKind::kBatchNormForward:
+      return "batchnorm_forward";
+    case GraphKind::kBatchNormBackward:
+      return "batchnorm_backward";
+  }
+  return "unknown";
+}
+
+int64_t register_policy(const RegisteredPolicy& policy) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  auto& policies = registry();
+  for (size_t id = 0; id < policies.size(); ++id) {
+    if (same(policies[id], policy)) return static_cast<int64_t>(id);
+  }
+  policies.push_back(policy);
+  return static_cast<int64_t>(policies.size() - 1);
+}
+
+EnginePolicy policy_for(int64_t id, GraphKind kind) {
+  EnginePolicy out;
+  if (id != 0) {
+    std::lock_guard<std::mutex> lock(registry_mutex);
+    const auto& policies = registry();
+    TORCH_CHECK_VALUE(id > 0 && id < static_cast<int64_t>(policies.size()),
+                      "cudnn_fusion: policy must be an id from register_policy (0..", policies.size() - 1, "), got ",
+                      id);
+    const auto& policy = policies[id];
+    out.mode = policy.mode;
+    out.deterministic = policy.deterministic;
+    out.workspace_limit = policy.workspace_limit;
+    if (policy.mode == PolicyMode::kPinned) {
+      auto found = policy.pinned.find(graph_short_name(kind));
+      if (found != policy.pinned.end()) {
+        out.pinned = found->second;
+      } else {
+        out.mode = PolicyMode::kHeuristic;  // pinned for another graph of the layer
+      }
+    }
+  }
+  if (at::globalContext().deterministicAlgorithms()) out.deterministic = true;
+  return out;
+}
+
+}  // namespace tcf

@@ -1,0 +1,30 @@
+// Engine policies registered from Python (torch_cudnn_fusion.EnginePolicy): the ops take a policy id, and each
+// graph's plan cache key carries the policy it resolves to for that graph.
+#pragma once
+
+#include <string>
+#include <unordered_map>
+
+#include "plan_cache.h"
+
+namespace tcf {
+
+struct RegisteredPolicy {
+  PolicyMode mode = PolicyMode::kHeuristic;
+  bool deterministic = false;
+  int64_t workspace_limit = -1;
+  std::unordered_map<std::string, std::string> pinned;  // graph name ("forward", "dgrad", ...) -> engine
+};
+
+// The id of `policy` (the same id for equal policies); id 0 is the default heuristic policy.
+int64_t register_policy(const RegisteredPolicy& policy);
+
+// What policy `id` asks of `kind`'s graph. deterministic is also on while torch.use_deterministic_algorithms(True).
+// A kind the policy pins no engine for gets the heuristic's choice.
+EnginePolicy policy_for(int64_t id, GraphKind kind);
+
+// The graph names policies and the engine listing use: "forward", "relu_bias_backward", "dgrad", "wgrad",
+// "batchnorm_forward", "batchnorm_backward".
+const char* graph_short_name(GraphKind kind);
+
+}  // namespace tcf

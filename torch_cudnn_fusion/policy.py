@@ -1,0 +1,143 @@
+"""Engine policies: how each fused layer's cuDNN plans are chosen, globally or per module.
+
+    EnginePolicy()                                      heuristic: cuDNN's first buildable candidate (the default)
+    EnginePolicy("autotune")                            time every candidate once per configuration, the ATen
+                                                        composition included, and keep the fastest
+    EnginePolicy("pinned", engines={"forward": "eng0_k..."})  the named engine (or {"forward": 3}: the 4th candidate of
+                                                        torch_cudnn_fusion.engines()), for reproducibility
+    EnginePolicy(deterministic=True)                    only engines without cuDNN's NONDETERMINISTIC note
+    EnginePolicy(workspace_limit=1 << 20)               only engines needing at most that many workspace bytes
+
+Modes combine with the two limits. The policy is part of every plan's cache key. torch.use_deterministic_algorithms
+(True) makes every policy deterministic. Global: set_engine_policy() / engine_policy() / the environment variable
+TORCH_CUDNN_FUSION_POLICY (heuristic, autotune or deterministic); per module: the `policy` argument or attribute.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+from typing import Iterator, Mapping, Optional, Union
+
+import torch
+
+from . import _extension
+
+MODES = ("heuristic", "autotune", "pinned")
+GRAPHS = ("forward", "relu_bias_backward", "dgrad", "wgrad", "batchnorm_forward", "batchnorm_backward")
+
+
+@dataclass(frozen=True)
+class EnginePolicy:
+    """How a layer's cuDNN plans are chosen (see the module docstring). Hashable; equal policies share plans."""
+
+    mode: str = "heuristic"
+    engines: Union[Mapping[str, Union[int, str]], tuple] = field(default=())
+    deterministic: bool = False
+    workspace_limit: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        engines = dict(self.engines)
+        for graph, engine in engines.items():
+            if graph not in GRAPHS:
+                raise ValueError(f"engines keys must be graph names {GRAPHS}, got {graph!r}")
+            if isinstance(engine, bool) or not isinstance(engine, (int, str)) or (isinstance(engine, int) and engine < 0):
+                raise ValueError(f"engines[{graph!r}] must be an engine name such as 'eng0_k24=1' or a candidate index "
+                                 f">= 0 (see torch_cudnn_fusion.engines()), got {engine!r}")
+        if self.mode == "pinned" and not engines:
+            raise ValueError("mode='pinned' needs engines, e.g. engines={'forward': 'eng0_k24=1'} (names and indices "
+                             "as torch_cudnn_fusion.engines() lists them)")
+        if self.mode != "pinned" and engines:
+            raise ValueError(f"engines are pinned only with mode='pinned', got mode={self.mode!r}")
+        if self.workspace_limit is not None and (isinstance(self.workspace_limit, bool)
+                                                 or not isinstance(self.workspace_limit, int)
+                                                 or self.workspace_limit < 0):
+            raise ValueError(f"workspace_limit must be None or a number of bytes >= 0, got {self.workspace_limit!r}")
+        object.__setattr__(self, "engines", tuple(sorted(engines.items())))
+        object.__setattr__(self, "deterministic", bool(self.deterministic))
+
+    @property
+    def key(self) -> tuple:
+        """The policy as a tuple of constants (what decisions and torch.compile's traced code hold)."""
+        return (self.mode, self.engines, self.deterministic, self.workspace_limit)
+
+    def __str__(self) -> str:
+        parts = [self.mode]
+        parts += [f"{graph}={engine}" for graph, engine in self.engines]
+        if self.deterministic:
+            parts.append("deterministic")
+        if self.workspace_limit is not None:
+            parts.append(f"workspace <= {self.workspace_limit} B")
+        return ", ".join(parts)
+
+
+HEURISTIC = EnginePolicy()
+
+
+def _from_environment() -> EnginePolicy:
+    value = os.environ.get("TORCH_CUDNN_FUSION_POLICY", "").strip()
+    if value in ("", "heuristic"):
+        return HEURISTIC
+    if value == "autotune":
+        return EnginePolicy("autotune")
+    if value == "deterministic":
+        return EnginePolicy(deterministic=True)
+    raise ValueError(f"TORCH_CUDNN_FUSION_POLICY must be 'heuristic', 'autotune' or 'deterministic', got {value!r}")
+
+
+_global_policy = _from_environment()
+
+
+def _as_policy(policy: Union[EnginePolicy, str, None]) -> EnginePolicy:
+    if policy is None:
+        return HEURISTIC
+    if isinstance(policy, str):
+        return EnginePolicy(policy)
+    if not isinstance(policy, EnginePolicy):
+        raise TypeError(f"policy must be an EnginePolicy, a mode name {MODES} or None, got {type(policy).__name__}")
+    return policy
+
+
+def set_engine_policy(policy: Union[EnginePolicy, str, None]) -> None:
+    """The policy of every layer whose own `policy` is None."""
+    global _global_policy
+    _global_policy = _as_policy(policy)
+
+
+def get_engine_policy() -> EnginePolicy:
+    return _global_policy
+
+
+@contextlib.contextmanager
+def engine_policy(policy: Union[EnginePolicy, str, None]) -> Iterator[EnginePolicy]:
+    """Within the block, `policy` is the global engine policy."""
+    previous = _global_policy
+    set_engine_policy(policy)
+    try:
+        yield _global_policy
+    finally:
+        set_engine_policy(previous)
+
+
+def resolve(policy: Optional[EnginePolicy]) -> EnginePolicy:
+    """A layer's own policy, or the global one."""
+    return _global_policy if policy is None else policy
+
+
+_ids: dict[tuple, int] = {HEURISTIC.key: 0}
+
+
+@torch.compiler.assume_constant_result
+def policy_id(key: tuple) -> int:
+    """The id the C++ ops take for the policy whose `key` this is (registered once)."""
+    found = _ids.get(key)
+    if found is None:
+        mode, engines, deterministic, workspace_limit = key
+        pinned = {graph: (f"#{engine}" if isinstance(engine, int) else engine) for graph, engine in engines}
+        found = _extension.require().register_policy(MODES.index(mode), deterministic,
+                                                     -1 if workspace_limit is None else workspace_limit, pinned)
+        _ids[key] = found
+    return found
