@@ -6,6 +6,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 import torch_cudnn_fusion as tcf
 from torch_cudnn_fusion.models import mobilenet_v1
@@ -216,3 +217,22 @@ def test_mobilenet_v1_full_size_fused_training_matches_eager(extension):
         out, out_e = fused(x).float(), plain(x).float()
     assert rel_err(out, out_e) <= 3e-2
     assert all(fused.get_submodule(r.path).fusion_status.reason.startswith("eval") for r in report)
+
+
+def test_explain_reports_what_ran_in_training_and_in_eval(extension):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(32, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU())
+    model, _ = tcf.fuse(model.cuda().to(memory_format=torch.channels_last))
+    x = torch.randn(8, 32, 28, 28, device="cuda").contiguous(memory_format=torch.channels_last)
+    with torch.autocast("cuda", torch.bfloat16):
+        (train_row,) = tcf.explain(model, x, repeats=2)
+    assert train_row.fused and train_row.engine == "cuDNN batchnorm graph", train_row
+    assert train_row.operations == ("conv (PyTorch's cuDNN call)",
+                                    "batchnorm (batch statistics, running-statistics update)", "relu")
+    layer = dict(model.named_modules())["0"]
+    assert layer.fusion_status.implementation == "cudnn_graph" and train_row.median_ms > 0
+    model.eval()
+    with torch.autocast("cuda", torch.bfloat16):
+        (eval_row,) = tcf.explain(model, x, repeats=2)
+    assert eval_row.fused and eval_row.operations == ("conv_fprop", "add bias", "relu"), eval_row
+    assert eval_row.engine.startswith("eng") and "eval: BatchNorm folded" in layer.fusion_status.reason

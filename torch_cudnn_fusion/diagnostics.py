@@ -112,14 +112,35 @@ def _explain_fused(path: str, module: nn.Module, config: tuple) -> ExplainRow:
     return ExplainRow(path, name, True, operations, engine, info["workspace_bytes"], info["tuned"], reason=note)
 
 
+def _explain_batch_norm(path: str, module: nn.Module, decision: tuple, config: tuple, inputs, repeats: int):
+    """A BatchNorm layer with batch statistics: BatchNorm2dReLU, or a Conv2dBN* in training (whose conv runs as
+    PyTorch's own cuDNN call before the fused BatchNorm)."""
+    fused, reason, _, implementation = decision
+    has_residual = bool(config) and config[6]
+    activation = getattr(module, "activation", None)
+    operations = ("conv (PyTorch's cuDNN call)",) if hasattr(module, "bn_layer_id") else ()
+    operations += ("batchnorm (batch statistics, running-statistics update)",)
+    operations += (("add residual",) if has_residual else ()) + ((activation,) if activation else ())
+    engine = {"cudnn_graph": "cuDNN batchnorm graph", "cudnn_legacy": "legacy cuDNN BatchNorm API"}.get(
+        implementation, "")
+    median = _median_forward_ms(module, inputs, repeats) if inputs is not None else None
+    return ExplainRow(path, type(module).__name__, fused, operations if fused else (), engine, median_ms=median,
+                      reason=reason)
+
+
 def explain(model: nn.Module, *example_inputs, time: bool = True, repeats: int = 10) -> Explanation:
     """Runs `model(*example_inputs)` once without gradients and reports, per fused layer: the operations fused in
     its forward graph, the engine and workspace of the plan that ran and (with `time`, on CUDA) the layer's median
-    forward time on its input from that run; or the fallback and its reason."""
+    forward time on its input from that run; or the fallback and its reason. BatchNorm layers with batch
+    statistics (training mode) are listed with their implementation (cuDNN graph, legacy API or eager). Timing
+    repeats each layer's forward, which in training mode updates BatchNorm running statistics again."""
     from .fusion import recorded_config, recorded_decision
+    from .nn.batchnorm import BatchNorm2dReLU
     from .nn.conv import FusedConv2d
+    from .nn.conv_bn import Conv2dBN
 
-    layers = [(path or "(root)", m) for path, m in model.named_modules() if isinstance(m, FusedConv2d)]
+    layers = [(path or "(root)", m) for path, m in model.named_modules()
+              if isinstance(m, (FusedConv2d, BatchNorm2dReLU))]
     inputs: dict[int, tuple] = {}
     hooks = [m.register_forward_pre_hook(lambda m, args: inputs.__setitem__(id(m), args)) for _, m in layers]
     try:
@@ -130,7 +151,13 @@ def explain(model: nn.Module, *example_inputs, time: bool = True, repeats: int =
             hook.remove()
     report = Explanation()
     for path, m in layers:
-        decision, config = recorded_decision(m.layer_id), recorded_config(m.layer_id)
+        batch_norm = isinstance(m, BatchNorm2dReLU) or (isinstance(m, Conv2dBN)
+                                                         and m._last_mode == "batch statistics")
+        layer_id = m.bn_layer_id if isinstance(m, Conv2dBN) and batch_norm else m.layer_id
+        decision, config = recorded_decision(layer_id), recorded_config(layer_id)
+        if id(m) in inputs and decision is not None and batch_norm:
+            report.append(_explain_batch_norm(path, m, decision, config, inputs[id(m)] if time else None, repeats))
+            continue
         if id(m) not in inputs or decision is None:
             report.append(ExplainRow(path, type(m).__name__, False, reason="not run by the example input"))
             continue
