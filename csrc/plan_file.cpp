@@ -52,21 +52,12 @@ std::vector<SavedPlan> saved_plans() {
     }
     std::lock_guard<std::mutex> lock(plan->tune_mutex);  // not while a first run tunes it
     auto& graph = *plan->graph;
-    int64_t index = plan->index_in_use();
-    {
-      // Building the candidate in use (already built: this only selects it) makes it the one serialize() writes.
-      if (index < 0) {
-        std::string heuristic;
-        if (graph.get_plan_name(heuristic).is_good()) saved.engine = heuristic;
-      } else if (graph.build_plan_at_index(index).is_bad()) {
-        continue;
-      }
-      saved.index = index;
-    }
-    if (saved.engine.empty()) {
-      auto status = index >= 0 ? graph.get_plan_name_at_index(index, saved.engine) : graph.get_plan_name(saved.engine);
-      if (status.is_bad()) saved.engine.clear();
-    }
+    int64_t index = plan->index_in_use();  // -1: the heuristic's choice, the graph's candidate
+    // Building the candidate in use (already built: this only selects it) makes it the one serialize() writes.
+    if (index >= 0 && graph.build_plan_at_index(index).is_bad()) continue;
+    saved.index = index;
+    auto status = index >= 0 ? graph.get_plan_name_at_index(index, saved.engine) : graph.get_plan_name(saved.engine);
+    if (status.is_bad()) saved.engine.clear();
     if (!serializable_kind(key.kind)) {
       saved.serialize_note = "batchnorm graphs are rebuilt (their scalars are baked into a serialized plan)";
     } else {

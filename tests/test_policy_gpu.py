@@ -180,13 +180,19 @@ def test_plan_file_round_trip_skips_building_and_tuning(extension, tmp_path):
     print("plan file:", saved, "plans;", notes)
 
 
-def test_plan_file_from_another_cudnn_version_is_rejected(extension, tmp_path):
+def _layer_and_plan_file(tmp_path):
+    """A fused layer that ran once, and the plan file of its plans."""
     path = tmp_path / "plans.json"
     tcf.clear_plan_cache()
     layer = _layer(tcf.Conv2dReLU, 64, 64, 3, padding=1)
     x = _input(8, 64, 28, 28)
     layer(x)
-    tcf.save_plan_cache(path)
+    assert tcf.save_plan_cache(path) >= 1
+    return layer, x, path
+
+
+def test_plan_file_from_another_cudnn_version_is_rejected(extension, tmp_path):
+    layer, x, path = _layer_and_plan_file(tmp_path)
     document = json.loads(path.read_text())
     document["environment"]["cudnn"] += 100
     path.write_text(json.dumps(document))
@@ -209,12 +215,7 @@ def test_plan_file_from_another_cudnn_version_is_rejected(extension, tmp_path):
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "checksum", "foreign_gpu"])
 def test_corrupt_or_foreign_plan_file_is_rejected(extension, tmp_path, damage):
-    path = tmp_path / "plans.json"
-    tcf.clear_plan_cache()
-    layer = _layer(tcf.Conv2dReLU, 64, 64, 3, padding=1)
-    x = _input(8, 64, 28, 28)
-    layer(x)
-    tcf.save_plan_cache(path)
+    layer, x, path = _layer_and_plan_file(tmp_path)
     text = path.read_text()
     if damage == "garbage":
         path.write_bytes(os.urandom(256))
