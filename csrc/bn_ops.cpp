@@ -71,24 +71,14 @@ BatchNormProblem problem_of(const at::Tensor& x, bool channels_last, bool runnin
   return p;
 }
 
-// Runs a batchnorm graph after poisoning its outputs (test aid). False, with a runtime fallback counted, when
-// cuDNN refused it or failed to execute it.
-// `aten` computes the same with ATen, timed against the plans by the autotune policy (and, for the backward, under
-// torch.backends.cudnn.benchmark too); also false, with no fallback counted, when it was faster.
+// Runs a batchnorm graph (see run_cached_graph). On H200 the batchnorm_backward graph took ~0.8 ms at 7x7 and 14x14
+// feature maps (batch 256) where ATen's kernel took far less, and was faster at 56x56 and above: so the backward is
+// timed against ATen under torch.backends.cudnn.benchmark too, not only under autotune.
 bool run_batch_norm_graph(GraphKind kind, const BatchNormProblem& p, const std::array<int8_t, 3>& alignment,
                           std::unordered_map<int64_t, void*> pointers, std::initializer_list<at::Tensor> outputs,
                           const at::Device& device, const std::function<void()>& aten) {
-  auto plan = get_plan(make_batch_norm_key(kind, p, alignment));
-  if (!plan->ok()) {
-    PlanCache::instance().count_runtime_fallback(plan->refusal);
-    return false;
-  }
-  // On H200 the batchnorm_backward graph took ~0.8 ms at 7x7 and 14x14 feature maps (batch 256) where ATen's kernel
-  // took far less, and was faster at 56x56 and above: with cudnn.benchmark on, the backward is timed against ATen.
-  maybe_tune(*plan, pointers, device, aten, kind == GraphKind::kBatchNormBackward);
-  if (plan->aten_faster.load(std::memory_order_acquire)) return false;
-  for (const auto& output : outputs) poison_output(output);
-  return execute_plan(*plan, kind, pointers, device);
+  return run_cached_graph(make_batch_norm_key(kind, p, alignment), std::move(pointers), outputs, device, aten,
+                          kind == GraphKind::kBatchNormBackward);
 }
 
 void apply_activation_(at::Tensor& y, Activation activation) {

@@ -166,23 +166,10 @@ at::Tensor relu_bias_backward_with_kernel(const at::Tensor& dy, const at::Tensor
   return dbias;
 }
 
-// Runs `kind`'s graph on `pointers` after poisoning `outputs` (when the test aid is on). Returns false, with a
-// run-time fallback counted, when cuDNN refused the plan or failed to execute it: the caller then computes the
-// result with ATen.
-// `aten` computes the same with ATen, for the autotune policy to time against the plans. Also false, with no
-// fallback counted, when autotune found the ATen composition faster.
 bool run_graph(GraphKind kind, const ConvProblem& p, const std::array<int8_t, 5>& alignment,
                std::unordered_map<int64_t, void*> pointers, std::initializer_list<at::Tensor> outputs,
                const at::Device& device, const std::function<void()>& aten) {
-  auto plan = get_plan(make_graph_key(kind, p, alignment));
-  if (!plan->ok()) {
-    PlanCache::instance().count_runtime_fallback(plan->refusal);
-    return false;
-  }
-  maybe_tune(*plan, pointers, device, aten);
-  if (plan->aten_faster.load(std::memory_order_acquire)) return false;
-  for (const auto& output : outputs) poison(output);
-  return execute_plan(*plan, kind, pointers, device);
+  return run_cached_graph(make_graph_key(kind, p, alignment), std::move(pointers), outputs, device, aten);
 }
 
 void check_grad_z(const at::Tensor& grad_z, const ConvProblem& p) {
@@ -332,6 +319,20 @@ at::Tensor conv_wgrad(const at::Tensor& grad_z, const at::Tensor& x, at::IntArra
     return fallback_wgrad(dz, x_dense, p);
   }
   return dw;
+}
+
+bool run_cached_graph(const GraphKey& key, std::unordered_map<int64_t, void*> pointers,
+                      std::initializer_list<at::Tensor> outputs, const at::Device& device,
+                      const std::function<void()>& aten, bool aten_under_benchmark) {
+  auto plan = get_plan(key);
+  if (!plan->ok()) {
+    PlanCache::instance().count_runtime_fallback(plan->refusal);
+    return false;
+  }
+  maybe_tune(*plan, pointers, device, aten, aten_under_benchmark);
+  if (plan->aten_faster.load(std::memory_order_acquire)) return false;
+  for (const auto& output : outputs) poison(output);
+  return execute_plan(*plan, key.kind, pointers, device);
 }
 
 void set_poison_outputs(bool enabled) { poison_outputs.store(enabled); }
