@@ -308,6 +308,11 @@ TORCH_LIBRARY(cudnn_fusion, m) {
       "Tensor save_invstd, Tensor reserve, float eps, int activation, bool has_residual, int implementation, "
       "int policy=0) -> "
       "(Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "conv_batch_norm_act(Tensor x, Tensor conv_weight, Tensor? conv_bias, int[2] stride, int[2] padding, "
+      "int[2] dilation, int groups, Tensor weight, Tensor bias, Tensor(a!)? running_mean, Tensor(b!)? running_var, "
+      "Tensor? residual, float momentum, float eps, int activation, int implementation, ScalarType? conv_dtype=None, "
+      "int policy=0) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(cudnn_fusion, CUDA, m) {
@@ -317,6 +322,7 @@ TORCH_LIBRARY_IMPL(cudnn_fusion, CUDA, m) {
   m.impl("conv_wgrad", &tcf::conv_wgrad);
   m.impl("batch_norm_act", &tcf::batch_norm_act_forward);
   m.impl("batch_norm_act_backward", &tcf::batch_norm_act_backward);
+  m.impl("conv_batch_norm_act", &tcf::conv_batch_norm_act_forward);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -5,6 +5,7 @@
 
 #include <ATen/cudnn/Handle.h>
 #include <c10/core/DeviceGuard.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include "conv_ops.h"
 
@@ -388,6 +389,33 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
   }
   auto [gx, gw, gb] = aten_backward();
   return {gx.contiguous(format), dresidual, gw, gb};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_batch_norm_act_forward(
+    const at::Tensor& x, const at::Tensor& conv_weight, const std::optional<at::Tensor>& conv_bias,
+    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
+    const at::Tensor& weight, const at::Tensor& bias, const std::optional<at::Tensor>& running_mean,
+    const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& residual, double momentum,
+    double eps, int64_t activation, int64_t implementation, std::optional<at::ScalarType> conv_dtype, int64_t policy) {
+  TORCH_CHECK(stride.size() == 2 && padding.size() == 2 && dilation.size() == 2,
+              "cudnn_fusion: stride, padding and dilation must have 2 values each, got ", stride, ", ", padding, ", ",
+              dilation);
+  auto dtype = conv_dtype.value_or(x.scalar_type());
+  std::optional<at::Tensor> bias_cast;
+  if (conv_bias.has_value() && conv_bias->defined()) bias_cast = conv_bias->to(dtype);
+  auto z = at::convolution(x.to(dtype), conv_weight.to(dtype), bias_cast, stride, padding, dilation, false, {0, 0},
+                           groups);
+  auto [y, save_mean, save_invstd, next_mean, next_var, reserve] = batch_norm_act_forward(
+      z, weight, bias, running_mean, running_var, residual, momentum, eps, activation, implementation, policy);
+  if (running_mean.has_value() && running_mean->defined()) {
+    // In place, as nn.BatchNorm2d: the copies run below autograd's in-place bookkeeping, so move the version
+    // counters here (the folded eval weights are cached on them).
+    for (auto [stat, next] : {std::pair{*running_mean, next_mean}, std::pair{*running_var, next_var}}) {
+      stat.copy_(next);
+      if (!stat.is_inference()) torch::autograd::impl::bump_version(stat);
+    }
+  }
+  return {y, z, save_mean, save_invstd, reserve};
 }
 
 std::unordered_map<std::string, std::string> check_batch_norm_layer(const BatchNormProblem& problem, double eps) {

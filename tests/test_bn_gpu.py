@@ -236,3 +236,103 @@ def test_explain_reports_what_ran_in_training_and_in_eval(extension):
         (eval_row,) = tcf.explain(model, x, repeats=2)
     assert eval_row.fused and eval_row.operations == ("conv_fprop", "add bias", "relu"), eval_row
     assert eval_row.engine.startswith("eng") and "eval: BatchNorm folded" in layer.fusion_status.reason
+
+
+CONV_BN_VARIANTS = {
+    # name: (module class, activation, conv bias, groups, momentum, affine, track_running_stats, residual)
+    "relu": (tcf.Conv2dBNReLU, "relu", False, 1, 0.1, True, True, False),
+    "relu6-conv_bias-momentum_none": (tcf.Conv2dBNReLU, "relu6", True, 1, None, True, True, False),
+    "depthwise": (tcf.Conv2dBNReLU, "relu", False, 64, 0.1, True, True, False),
+    "no_act-affine_false-no_running_stats": (tcf.Conv2dBN, None, False, 1, 0.1, False, False, False),
+    "residual": (tcf.Conv2dBNAddReLU, "relu", False, 1, 0.1, True, True, True),
+}
+
+
+def compare_stats(name, b, b_e, b_r, var_r):
+    if name.endswith("running_mean"):  # means are near 0: measure the difference in standard deviations
+        error, eager_error = ((b - b_r).abs() / var_r.sqrt()).max().item(), ((b_e - b_r).abs() / var_r.sqrt()).max().item()
+    else:
+        error, eager_error = rel_err(b, b_r), rel_err(b_e, b_r)
+    assert error <= 2 * eager_error + 1e-4, f"{name}: {error:.3e} vs eager's {eager_error:.3e}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("variant", list(CONV_BN_VARIANTS))
+def test_conv_bn_training_steps_run_as_one_op_and_match_eager(extension, no_tf32, dtype, variant):
+    """From its second call on, a training Conv2dBN* layer runs conv and BatchNorm as one op with one autograd node.
+    Three calls on fresh inputs: the output, every gradient and the running statistics of each against eager and a
+    float64 reference (bf16 and fp16 under autocast, float32 without TF32)."""
+    cls, activation, conv_bias, groups, momentum, affine, track, has_residual = CONV_BN_VARIANTS[variant]
+    torch.manual_seed(0)
+    cin = 64 if groups > 1 else 32
+    conv = nn.Conv2d(cin, 64, 3, padding=1, groups=groups, bias=conv_bias)
+    bn = nn.BatchNorm2d(64, momentum=momentum, affine=affine, track_running_stats=track)
+    with torch.no_grad():
+        if affine:
+            bn.weight.uniform_(0.5, 1.5), bn.bias.normal_()
+        if track:
+            bn.running_mean.normal_(), bn.running_var.uniform_(0.5, 2.0)
+    act = {"relu": F.relu, "relu6": F.relu6, None: lambda t: t}[activation]
+
+    def plain_forward(conv, bn, x, residual):
+        y = bn(conv(x))
+        return act(y + residual if residual is not None else y)
+
+    conv, bn = conv.cuda().to(memory_format=torch.channels_last), bn.cuda()
+    conv_e, bn_e = copy.deepcopy(conv), copy.deepcopy(bn)
+    conv_r, bn_r = copy.deepcopy(conv).double(), copy.deepcopy(bn).double()
+    fused = cls.from_modules(conv, bn, activation=activation)
+    autocast = dtype != torch.float32
+    for step in range(3):
+        x = torch.randn(8, cin, 14, 14, device="cuda").to(memory_format=torch.channels_last)
+        residual = torch.randn(8, 64, 14, 14, device="cuda").to(dtype).to(memory_format=torch.channels_last)
+        residual = residual if has_residual else None
+        grad = torch.randn(8, 64, 14, 14, device="cuda").to(memory_format=torch.channels_last)
+        results = []
+        versions = (bn.running_mean._version, bn.running_var._version) if track else None
+        for label, forward, modules, precision in (
+                ("fused", lambda x, r: fused(x, r) if has_residual else fused(x), (conv, bn), None),
+                ("eager", lambda x, r: plain_forward(conv_e, bn_e, x, r), (conv_e, bn_e), None),
+                ("reference", lambda x, r: plain_forward(conv_r, bn_r, x, r), (conv_r, bn_r), torch.float64)):
+            leaves = [t.detach().to(precision or t.dtype).requires_grad_() if t is not None else None
+                      for t in (x, residual)]
+            for m in modules:
+                for p in m.parameters():
+                    p.grad = None
+            with torch.autocast("cuda", dtype, enabled=autocast and precision is None):
+                y = forward(*leaves)
+            y.backward(grad.to(y.dtype))
+            params = [p.grad for m in modules for p in m.parameters()]
+            results.append((y.detach(), [t.grad for t in leaves if t is not None] + params))
+            if label == "fused":
+                node = y.grad_fn.name()
+                assert ("ConvBatchNormActFunction" in node) == (step > 0), f"step {step}: {node}"
+        (y, grads), (y_e, grads_e), (y_r, grads_r) = results
+        assert_as_accurate_as_eager(f"step {step} y", y, y_e, y_r, dtype)
+        assert len(grads) == len(grads_e) == len(grads_r) == 1 + has_residual + 1 + conv_bias + 2 * affine
+        for i, (g, g_e, g_r) in enumerate(zip(grads, grads_e, grads_r)):
+            if conv_bias and i == 2 + has_residual:
+                # the conv bias's gradient is 0 up to rounding (BatchNorm subtracts the mean): absolute errors
+                assert torch.isfinite(g).all()
+                error, eager_error = (g - g_r).abs().max().item(), (g_e - g_r).abs().max().item()
+                assert error <= 2 * eager_error + 1e-4, f"step {step} conv bias gradient: {error:.3e} vs {eager_error:.3e}"
+                continue
+            assert_as_accurate_as_eager(f"step {step} gradient {i}", g, g_e, g_r, dtype)
+        if track:
+            for name in ("running_mean", "running_var"):
+                compare_stats(name, getattr(bn, name), getattr(bn_e, name), getattr(bn_r, name), bn_r.running_var)
+            assert bn.num_batches_tracked.item() == bn_e.num_batches_tracked.item() == step + 1
+            assert bn.running_mean._version > versions[0] and bn.running_var._version > versions[1]
+    assert fused.fusion_status.fused, fused.fusion_status
+    if track:  # eval folds the running statistics into the conv: after a further training step the fold is new
+        x = torch.randn(8, cin, 14, 14, device="cuda").to(memory_format=torch.channels_last)
+        residual = residual.detach() if has_residual else None
+        for _ in range(3):  # the third eval follows a training call that ran as the one op under no_grad
+            fused.eval(), conv_e.eval(), bn_e.eval()
+            with torch.no_grad(), torch.autocast("cuda", dtype, enabled=autocast):
+                y, y_e = (fused(x, residual) if has_residual else fused(x)), plain_forward(conv_e, bn_e, x, residual)
+            torch.testing.assert_close(y.float(), y_e.float(), rtol=0.05 if autocast else 1e-4, atol=0.05 if autocast else 1e-4)
+            fused.train(), conv_e.train(), bn_e.train()
+            with torch.no_grad(), torch.autocast("cuda", dtype, enabled=autocast):
+                fused(x, residual) if has_residual else fused(x)
+                plain_forward(conv_e, bn_e, x, residual)

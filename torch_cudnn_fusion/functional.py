@@ -309,3 +309,81 @@ def _run_batch_norm(run: tuple, x, running_mean, running_var, weight, bias, mome
             running_mean.copy_(new_mean)
             running_var.copy_(new_var)
     return y
+
+
+# The last training call of each Conv2d + BatchNorm layer that ran fused: (signature, BatchNorm run as in
+# _last_bn_call). A call whose signature repeats runs the conv and the BatchNorm as one op (one autograd node).
+_last_conv_bn_call: dict[int, tuple] = {}
+_conv_bn_op = None  # torch.ops.cudnn_fusion.conv_batch_norm_act.default, looked up once
+
+
+def conv2d_batch_norm_act(
+    x: torch.Tensor,
+    conv: "torch.nn.Conv2d",
+    running_mean: Optional[torch.Tensor],
+    running_var: Optional[torch.Tensor],
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    momentum: float,
+    eps: float,
+    activation: Optional[str],
+    residual: Optional[torch.Tensor] = None,
+    *,
+    strict: Optional[bool] = None,
+    policy: Optional[EnginePolicy] = None,
+    layer_id: int = FUNCTIONAL_LAYER_ID,
+) -> torch.Tensor:
+    """activation(F.batch_norm(conv(x), ...) + residual) with batch statistics (training), `conv` an nn.Conv2d.
+
+    The first call of a layer (and any call whose tensors' shapes, strides, dtypes or the global settings changed)
+    runs the conv as its own call and BatchNorm through batch_norm_act, which decides and records how. Later calls
+    of a layer whose BatchNorm ran fused run both as one op with one autograd node (csrc/bn_autograd.cpp): the conv
+    is still ATen's, so the numbers are the same; only the host time of the second call and node is saved.
+    """
+    signature = None
+    if not torch.compiler.is_compiling() and conv.padding_mode == "zeros" and not isinstance(conv.padding, str):
+        device_type = x.device.type
+        autocast = torch.is_autocast_enabled(device_type)
+        signature = (_bn_signature(x), _bn_signature(conv.weight), _bn_signature(conv.bias), _bn_signature(weight),
+                     _bn_signature(bias), _bn_signature(running_mean), _bn_signature(running_var),
+                     _bn_signature(residual), eps, activation, strict, fusion.is_strict(), torch.is_grad_enabled(),
+                     resolve(policy), torch.are_deterministic_algorithms_enabled(),
+                     autocast and torch.get_autocast_dtype(device_type))
+        last = _last_conv_bn_call.get(layer_id)
+        if last is not None and last[0] == signature:
+            return _run_conv_batch_norm(last[1], x, conv, running_mean, running_var, weight, bias, momentum, eps,
+                                        activation, residual, autocast)
+
+    z = conv._conv_forward(x, conv.weight, conv.bias)
+    if residual is not None and residual.dtype != z.dtype:
+        # eager would promote the sum to the residual's dtype: keep its numbers and dtype exactly
+        fusion.record_decision(layer_id, (
+            False, f"the residual is {residual.dtype} but the conv output is {z.dtype}: eager promotes the sum, so "
+            "the layer runs eager", (), "eager"))
+        return _eager_batch_norm_act(z, running_mean, running_var, weight, bias, True, momentum, eps, activation,
+                                     residual)
+    y = batch_norm_act(z, running_mean, running_var, weight, bias, True, momentum, eps, activation, residual,
+                       strict=strict, policy=policy, layer_id=layer_id)
+    bn_call = _last_bn_call.get(layer_id)  # this call's decision: batch_norm_act made it or found it unchanged
+    if signature is not None and bn_call is not None:
+        fused, _, update, _ = bn_call[1]
+        if fused and (not update or running_mean.dtype == torch.float32):
+            _last_conv_bn_call[layer_id] = (signature, bn_call[1])
+        else:
+            _last_conv_bn_call.pop(layer_id, None)
+    return y
+
+
+def _run_conv_batch_norm(run: tuple, x, conv, running_mean, running_var, weight, bias, momentum, eps, activation,
+                         residual, autocast: bool):
+    """The conv and the fused batch-statistics BatchNorm as one op: run = (True, implementation, update, policy id).
+    Under autocast the op casts the conv's operands itself (its one autograd node then includes the casts)."""
+    _, implementation, update, policy = run
+    global _conv_bn_op
+    if _conv_bn_op is None:
+        _conv_bn_op = torch.ops.cudnn_fusion.conv_batch_norm_act.default
+    scale, shift = _affine_or_identity(weight, bias, conv.out_channels, x.device)
+    conv_dtype = torch.get_autocast_dtype(x.device.type) if autocast else None
+    return _conv_bn_op(x, conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation, conv.groups, scale, shift,
+                       running_mean if update else None, running_var if update else None, residual, float(momentum),
+                       float(eps), fusion.ACTIVATIONS[activation], implementation, conv_dtype, policy)[0]

@@ -88,6 +88,17 @@ def _fake_batch_norm_act_backward(grad_y, x, y, weight, bias, save_mean, save_in
             bias.new_empty(bias.shape))
 
 
+def _fake_conv_batch_norm_act(x, conv_weight, conv_bias, stride, padding, dilation, groups, weight, bias, running_mean,
+                              running_var, residual, momentum, eps, activation, implementation, conv_dtype=None,
+                              policy=0):
+    z = _fake_conv_bias_act(x, conv_weight, conv_bias, None, stride, padding, padding, dilation, groups, False)
+    z = z.to(conv_dtype) if conv_dtype is not None else z
+    y, save_mean, save_invstd, _, _, reserve = _fake_batch_norm_act(z, weight, bias, running_mean, running_var,
+                                                                    residual, momentum, eps, activation,
+                                                                    implementation)
+    return y, z, save_mean, save_invstd, reserve  # running_mean and running_var are updated in place
+
+
 def register_python_parts() -> None:
     """Registers the fake kernels once the compiled module has defined the ops."""
     global _registered
@@ -99,4 +110,5 @@ def register_python_parts() -> None:
     torch.library.register_fake("cudnn_fusion::conv_wgrad")(_fake_conv_wgrad)
     torch.library.register_fake("cudnn_fusion::batch_norm_act")(_fake_batch_norm_act)
     torch.library.register_fake("cudnn_fusion::batch_norm_act_backward")(_fake_batch_norm_act_backward)
+    torch.library.register_fake("cudnn_fusion::conv_batch_norm_act")(_fake_conv_batch_norm_act)
     _registered = True

@@ -2,6 +2,8 @@
 
 Training (batch statistics): the conv runs as its own cuDNN call — BatchNorm needs the whole conv output for its
 statistics before it can normalize any of it — and BatchNorm + add + activation run fused (see BatchNorm2dReLU).
+From a layer's second call on (same shapes and settings), conv and BatchNorm run as one op with one autograd node
+(functional.conv2d_batch_norm_act): the same kernels, less host time.
 Eval (running statistics): BatchNorm folds into the conv's weight and bias and the layer runs as one fused
 conv + bias (+ residual) + ReLU graph; the fold is recomputed whenever a parameter or statistic changes.
 """
@@ -16,7 +18,7 @@ from torch import nn
 from torch._prims_common import suggest_memory_format
 
 from .. import fusion
-from ..functional import _eager_batch_norm_act, batch_norm_act, conv2d_bias_act
+from ..functional import conv2d_batch_norm_act, conv2d_bias_act
 from .batchnorm import batch_norm_arguments, check_activation
 from ..policy import EnginePolicy
 from .conv import FusedConv2d, _layer_ids
@@ -105,18 +107,11 @@ class Conv2dBN(FusedConv2d):
         bn = self.bn
         running_mean, running_var, batch_stats, momentum = batch_norm_arguments(bn)
         if batch_stats:
-            self._last_mode = "batch statistics"
-            z = self._conv_forward(x, self.weight, self.bias)
-            if residual is not None and residual.dtype != z.dtype:
-                # eager would promote the sum to the residual's dtype: keep its numbers and dtype exactly
-                fusion.record_decision(self._bn_layer_id, (
-                    False, f"the residual is {residual.dtype} but the conv output is {z.dtype}: eager promotes the "
-                    "sum, so the layer runs eager", (), "eager"))
-                return _eager_batch_norm_act(z, running_mean, running_var, bn.weight, bn.bias, True, momentum,
-                                             bn.eps, self.activation, residual)
-            return batch_norm_act(z, running_mean, running_var, bn.weight, bn.bias, True, momentum, bn.eps,
-                                  self.activation, residual, strict=self.strict, policy=self.policy,
-                                  layer_id=self._bn_layer_id)
+            if self._last_mode != "batch statistics":
+                self._last_mode = "batch statistics"
+            return conv2d_batch_norm_act(x, self, running_mean, running_var, bn.weight, bn.bias, momentum, bn.eps,
+                                         self.activation, residual, strict=self.strict, policy=self.policy,
+                                         layer_id=self._bn_layer_id)
         self._last_mode = "folded"
         weight, bias = self._folded_weight_and_bias()
         relu = self.activation == "relu"
