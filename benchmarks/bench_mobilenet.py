@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_cudnn_fusion as tcf  # noqa: E402
-from timing import median_ms  # noqa: E402
+from timing import interleaved_median_ms, median_ms  # noqa: E402
 from torch_cudnn_fusion.models import mobilenet_v1  # noqa: E402
 
 
@@ -96,6 +96,7 @@ def bench_layers(args):
         x = x.to(memory_format=torch.channels_last).requires_grad_()
         result = {"layer": f"{conv.kernel_size[0]}x{conv.kernel_size[0]} {conv.in_channels}->{conv.out_channels} "
                            f"s{conv.stride[0]} g{conv.groups} @{in_size}"}
+        steps, forwards = {}, {}
         for name, module in (("eager", seq), ("fused", fused)):
             def step(module=module):
                 with torch.autocast("cuda", torch.bfloat16):
@@ -106,8 +107,11 @@ def bench_layers(args):
                 with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
                     module(x)
 
-            result[f"{name}_fwd_ms"] = median_ms(forward, warmup=3, repeats=args.repeats)
-            result[f"{name}_fwd_bwd_ms"] = median_ms(step, warmup=3, repeats=args.repeats)
+            steps[name], forwards[name] = step, forward
+        # eager and fused samples taken in turn: the host's speed drifts between runs and within one
+        for label, fns, calls in (("fwd", forwards, 1), ("fwd_bwd", steps, 1), ("fwd_bwd_x10", steps, 10)):
+            for name, ms in interleaved_median_ms(fns, warmup=3, repeats=args.repeats, calls=calls).items():
+                result[f"{name}_{label}_ms"] = ms
         result["implementation"] = str(fused.fusion_status)
         rows.append(result)
         print(result, flush=True)
@@ -129,10 +133,16 @@ def main():
     out["layers"] = bench_layers(args)
     if not args.layers_only:
         out["model"] = bench_model(args)
-    print("\nlayer (training: conv, BN, ReLU; bf16)   eager fwd  fused fwd   eager f+b  fused f+b  f+b speedup")
+    print("\nlayer (training: conv, BN, ReLU; bf16)    eager fwd  fused fwd  eager f+b  fused f+b  speedup   "
+          "x10: eager f+b fused f+b speedup")
     for r in out["layers"]:
-        print(f"{r['layer']:<38} {r['eager_fwd_ms']:>9.3f} {r['fused_fwd_ms']:>10.3f} {r['eager_fwd_bwd_ms']:>11.3f} "
-              f"{r['fused_fwd_bwd_ms']:>10.3f} {r['eager_fwd_bwd_ms'] / r['fused_fwd_bwd_ms']:>11.2f}x")
+        print(f"{r['layer']:<38} {r['eager_fwd_ms']:>10.3f} {r['fused_fwd_ms']:>10.3f} {r['eager_fwd_bwd_ms']:>10.3f} "
+              f"{r['fused_fwd_bwd_ms']:>10.3f} {r['eager_fwd_bwd_ms'] / r['fused_fwd_bwd_ms']:>7.2f}x "
+              f"{r['eager_fwd_bwd_x10_ms']:>15.3f} {r['fused_fwd_bwd_x10_ms']:>9.3f} "
+              f"{r['eager_fwd_bwd_x10_ms'] / r['fused_fwd_bwd_x10_ms']:>6.2f}x")
+    slower = [r["layer"] for r in out["layers"] if r["fused_fwd_bwd_ms"] > r["eager_fwd_bwd_ms"]]
+    print(f"fused layers slower than eager (f+b, one call at a time): {len(slower)} of {len(out['layers'])}"
+          + (f": {', '.join(slower)}" if slower else ""))
     if "model" in out:
         eager = next(r for r in out["model"] if r["variant"] == "eager")
         print(f"\nMobileNet v1, batch {args.batch}, 224x224, bf16, channels_last ({out['gpu']}, torch {out['torch']}, "

@@ -47,3 +47,25 @@ def median_ms(fn, warmup: int = 5, repeats: int = 20) -> float:
         end.synchronize()
         samples.append(start.elapsed_time(end))
     return statistics.median(samples)
+
+
+def interleaved_median_ms(fns: dict, warmup: int = 5, repeats: int = 30, calls: int = 1) -> dict:
+    """Medians like median_ms for several functions compared with one another, their samples taken in turn (one of
+    each per round), so that a drift of the host's or the GPU's speed during the run weighs on all of them alike.
+    calls > 1: each sample times `calls` back-to-back calls (the host runs ahead, as in a training loop) and is
+    divided by `calls`."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    torch.cuda.synchronize()
+    samples = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(calls):
+                fn()
+            end.record()
+            end.synchronize()
+            samples[name].append(start.elapsed_time(end) / calls)
+    return {name: statistics.median(values) for name, values in samples.items()}
