@@ -35,18 +35,7 @@ def graph_replay_ms(fn, calls: int = 10, replays: int = 11) -> float:
 
 def median_ms(fn, warmup: int = 5, repeats: int = 20) -> float:
     """Median of `repeats` CUDA-event timings of one `fn()` call (host cost included), after `warmup` calls."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end))
-    return statistics.median(samples)
+    return interleaved_median_ms({"fn": fn}, warmup=warmup, repeats=repeats)["fn"]
 
 
 def interleaved_median_ms(fns: dict, warmup: int = 5, repeats: int = 30, calls: int = 1) -> dict:
