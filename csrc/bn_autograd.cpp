@@ -154,10 +154,7 @@ class ConvBatchNormActFunction : public torch::autograd::Function<ConvBatchNormA
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     bool has_conv_bias = conv_bias.has_value() && conv_bias->defined();
     auto dtype = conv_dtype.value_or(x.scalar_type());
-    auto x_cast = x.to(dtype);
-    auto weight_cast = conv_weight.to(dtype);
-    std::optional<at::Tensor> bias_cast;
-    if (has_conv_bias) bias_cast = conv_bias->to(dtype);
+    auto [x_cast, weight_cast, bias_cast] = cast_conv_operands(x, conv_weight, conv_bias, dtype);
     auto [y, z, save_mean, save_invstd, reserve] =
         call_conv_forward(x_cast, weight_cast, bias_cast, stride, padding, dilation, groups, weight, bias,
                           running_mean, running_var, residual, momentum, eps, activation, implementation, dtype,

@@ -391,6 +391,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
   return {gx.contiguous(format), dresidual, gw, gb};
 }
 
+std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>> cast_conv_operands(
+    const at::Tensor& x, const at::Tensor& conv_weight, const std::optional<at::Tensor>& conv_bias,
+    at::ScalarType dtype) {
+  auto cast = [dtype](const at::Tensor& t) { return t.scalar_type() == dtype ? t : t.to(dtype); };
+  std::optional<at::Tensor> bias;
+  if (conv_bias.has_value() && conv_bias->defined()) bias = cast(*conv_bias);
+  return {cast(x), cast(conv_weight), bias};
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_batch_norm_act_forward(
     const at::Tensor& x, const at::Tensor& conv_weight, const std::optional<at::Tensor>& conv_bias,
     at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
@@ -400,11 +409,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_batc
   TORCH_CHECK(stride.size() == 2 && padding.size() == 2 && dilation.size() == 2,
               "cudnn_fusion: stride, padding and dilation must have 2 values each, got ", stride, ", ", padding, ", ",
               dilation);
-  auto dtype = conv_dtype.value_or(x.scalar_type());
-  std::optional<at::Tensor> bias_cast;
-  if (conv_bias.has_value() && conv_bias->defined()) bias_cast = conv_bias->to(dtype);
-  auto z = at::convolution(x.to(dtype), conv_weight.to(dtype), bias_cast, stride, padding, dilation, false, {0, 0},
-                           groups);
+  auto [x_cast, weight_cast, bias_cast] =
+      cast_conv_operands(x, conv_weight, conv_bias, conv_dtype.value_or(x.scalar_type()));
+  auto z = at::convolution(x_cast, weight_cast, bias_cast, stride, padding, dilation, false, {0, 0}, groups);
   auto [y, save_mean, save_invstd, next_mean, next_var, reserve] = batch_norm_act_forward(
       z, weight, bias, running_mean, running_var, residual, momentum, eps, activation, implementation, policy);
   if (running_mean.has_value() && running_mean->defined()) {

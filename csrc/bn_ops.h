@@ -47,6 +47,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_batc
     const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& residual, double momentum,
     double eps, int64_t activation, int64_t implementation, std::optional<at::ScalarType> conv_dtype, int64_t policy);
 
+// x, conv_weight and conv_bias in `dtype`, as autocast casts F.conv2d's operands (those already in it as they are).
+std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>> cast_conv_operands(
+    const at::Tensor& x, const at::Tensor& conv_weight, const std::optional<at::Tensor>& conv_bias,
+    at::ScalarType dtype);
+
 // For Python's decision: why each implementation cannot run this layer ("" when it can). Keys "graph_forward",
 // "graph_backward" (cuDNN's refusal of the built plans) and "legacy" (the legacy API's requirements and status).
 std::unordered_map<std::string, std::string> check_batch_norm_layer(const BatchNormProblem& problem, double eps);
