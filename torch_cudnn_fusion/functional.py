@@ -311,8 +311,9 @@ def _run_batch_norm(run: tuple, x, running_mean, running_var, weight, bias, mome
     return y
 
 
-# The last training call of each Conv2d + BatchNorm layer that ran fused: (signature, BatchNorm run as in
-# _last_bn_call). A call whose signature repeats runs the conv and the BatchNorm as one op (one autograd node).
+# The last training call of each Conv2d + BatchNorm layer: (signature, BatchNorm run as in _last_bn_call, one op). A
+# call whose signature repeats skips the checks and the decision; where the BatchNorm runs fused on float32
+# statistics, the conv and the BatchNorm run as one op (one autograd node).
 _last_conv_bn_call: dict[int, tuple] = {}
 _conv_bn_op = None  # torch.ops.cudnn_fusion.conv_batch_norm_act.default, looked up once
 
@@ -338,7 +339,8 @@ def conv2d_batch_norm_act(
     The first call of a layer (and any call whose tensors' shapes, strides, dtypes or the global settings changed)
     runs the conv as its own call and BatchNorm through batch_norm_act, which decides and records how. Later calls
     of a layer whose BatchNorm ran fused run both as one op with one autograd node (csrc/bn_autograd.cpp): the conv
-    is still ATen's, so the numbers are the same; only the host time of the second call and node is saved.
+    is still ATen's, so the numbers are the same; only the host time of the second call and node is saved. Later
+    calls of other layers skip the checks and the decision and run as decided.
     """
     signature = None
     if not torch.compiler.is_compiling() and conv.padding_mode == "zeros" and not isinstance(conv.padding, str):
@@ -351,8 +353,12 @@ def conv2d_batch_norm_act(
                      autocast and torch.get_autocast_dtype(device_type))
         last = _last_conv_bn_call.get(layer_id)
         if last is not None and last[0] == signature:
-            return _run_conv_batch_norm(last[1], x, conv, running_mean, running_var, weight, bias, momentum, eps,
-                                        activation, residual, autocast)
+            _, run, one_op = last
+            if one_op:
+                return _run_conv_batch_norm(run, x, conv, running_mean, running_var, weight, bias, momentum, eps,
+                                            activation, residual, autocast)
+            return _run_batch_norm(run, conv._conv_forward(x, conv.weight, conv.bias), running_mean, running_var,
+                                   weight, bias, momentum, eps, activation, residual)
 
     z = conv._conv_forward(x, conv.weight, conv.bias)
     if residual is not None and residual.dtype != z.dtype:
@@ -367,10 +373,8 @@ def conv2d_batch_norm_act(
     bn_call = _last_bn_call.get(layer_id)  # this call's decision: batch_norm_act made it or found it unchanged
     if signature is not None and bn_call is not None:
         fused, _, update, _ = bn_call[1]
-        if fused and (not update or running_mean.dtype == torch.float32):
-            _last_conv_bn_call[layer_id] = (signature, bn_call[1])
-        else:
-            _last_conv_bn_call.pop(layer_id, None)
+        one_op = fused and (not update or running_mean.dtype == torch.float32)  # the op takes float32 statistics
+        _last_conv_bn_call[layer_id] = (signature, bn_call[1], one_op)
     return y
 
 
