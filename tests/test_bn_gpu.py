@@ -334,5 +334,33 @@ def test_conv_bn_training_steps_run_as_one_op_and_match_eager(extension, no_tf32
             torch.testing.assert_close(y.float(), y_e.float(), rtol=0.05 if autocast else 1e-4, atol=0.05 if autocast else 1e-4)
             fused.train(), conv_e.train(), bn_e.train()
             with torch.no_grad(), torch.autocast("cuda", dtype, enabled=autocast):
-                fused(x, residual) if has_residual else fused(x)
-                plain_forward(conv_e, bn_e, x, residual)
+                shifted = x * 3 + 1  # batch statistics far from the running ones: a stale fold would be far off
+                fused(shifted, residual) if has_residual else fused(shifted)
+                plain_forward(conv_e, bn_e, shifted, residual)
+
+
+def test_conv_bn_training_decided_eager_stays_eager_on_repeated_calls(extension, no_tf32):
+    """NCHW input: the BatchNorm runs eager (with the reason), on the first call and on the repeated calls that skip
+    the decision; outputs and every gradient match eager's."""
+    torch.manual_seed(0)
+    conv, bn = nn.Conv2d(16, 32, 3, padding=1, bias=False).cuda(), nn.BatchNorm2d(32).cuda()
+    conv_e, bn_e = copy.deepcopy(conv), copy.deepcopy(bn)
+    fused = tcf.Conv2dBNReLU.from_modules(conv, bn)
+    for step in range(3):
+        x = torch.randn(4, 16, 10, 10, device="cuda")
+        grad = torch.randn(4, 32, 10, 10, device="cuda")
+        x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+        y, y_e = fused(x1), F.relu(bn_e(conv_e(x2)))
+        assert "ConvBatchNormAct" not in y.grad_fn.name(), f"step {step}: {y.grad_fn.name()}"
+        y.backward(grad), y_e.backward(grad)
+        torch.testing.assert_close(y, y_e, rtol=1e-5, atol=1e-5)
+        for g, g_e in ((x1.grad, x2.grad), (conv.weight.grad, conv_e.weight.grad), (bn.weight.grad, bn_e.weight.grad),
+                       (bn.bias.grad, bn_e.bias.grad)):
+            torch.testing.assert_close(g, g_e, rtol=1e-5, atol=1e-5)
+        for m in (conv, bn, conv_e, bn_e):
+            for p in m.parameters():
+                p.grad = None
+    torch.testing.assert_close(bn.running_mean, bn_e.running_mean, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(bn.running_var, bn_e.running_var, rtol=1e-5, atol=1e-6)
+    status = fused.fusion_status
+    assert not status.fused and "not channels_last" in status.reason, status
