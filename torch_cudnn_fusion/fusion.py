@@ -347,9 +347,10 @@ def raise_if_strict(decision: tuple, strict_override: Optional[bool], where: str
 
 def clear_decisions() -> None:
     """Forget cached decisions (the C++ plan cache is cleared separately)."""
-    from .functional import _last_bn_call, _last_call
+    from .functional import _last_bn_call, _last_call, _last_conv_bn_call
 
     _decide.cache_clear()
     decide_batch_norm.cache_clear()
     _last_call.clear()
     _last_bn_call.clear()
+    _last_conv_bn_call.clear()
