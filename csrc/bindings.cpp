@@ -311,8 +311,8 @@ TORCH_LIBRARY(cudnn_fusion, m) {
   m.def(
       "conv_batch_norm_act(Tensor x, Tensor conv_weight, Tensor? conv_bias, int[2] stride, int[2] padding, "
       "int[2] dilation, int groups, Tensor weight, Tensor bias, Tensor(a!)? running_mean, Tensor(b!)? running_var, "
-      "Tensor? residual, float momentum, float eps, int activation, int implementation, ScalarType? conv_dtype=None, "
-      "int policy=0) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "Tensor(c!)? num_batches_tracked, Tensor? residual, float momentum, float eps, int activation, "
+      "int implementation, ScalarType? conv_dtype=None, int policy=0) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(cudnn_fusion, CUDA, m) {

@@ -126,6 +126,7 @@ ConvForwardOutputs call_conv_forward(const at::Tensor& x, const at::Tensor& conv
                                      const at::Tensor& weight, const at::Tensor& bias,
                                      const std::optional<at::Tensor>& running_mean,
                                      const std::optional<at::Tensor>& running_var,
+                                     const std::optional<at::Tensor>& num_batches_tracked,
                                      const std::optional<at::Tensor>& residual, double momentum, double eps,
                                      int64_t activation, int64_t implementation,
                                      std::optional<at::ScalarType> conv_dtype, int64_t policy) {
@@ -133,7 +134,7 @@ ConvForwardOutputs call_conv_forward(const at::Tensor& x, const at::Tensor& conv
                        .findSchemaOrThrow("cudnn_fusion::conv_batch_norm_act", "")
                        .typed<decltype(conv_batch_norm_act_forward)>();
   return op.call(x, conv_weight, conv_bias, stride, padding, dilation, groups, weight, bias, running_mean, running_var,
-                 residual, momentum, eps, activation, implementation, conv_dtype, policy);
+                 num_batches_tracked, residual, momentum, eps, activation, implementation, conv_dtype, policy);
 }
 
 // One autograd node for the whole training layer, where eager records five under autocast (the casts of the input
@@ -148,17 +149,19 @@ class ConvBatchNormActFunction : public torch::autograd::Function<ConvBatchNormA
                                at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
                                const at::Tensor& weight, const at::Tensor& bias,
                                const std::optional<at::Tensor>& running_mean,
-                               const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& residual,
-                               double momentum, double eps, int64_t activation, int64_t implementation,
-                               std::optional<at::ScalarType> conv_dtype, int64_t policy) {
+                               const std::optional<at::Tensor>& running_var,
+                               const std::optional<at::Tensor>& num_batches_tracked,
+                               const std::optional<at::Tensor>& residual, double momentum, double eps,
+                               int64_t activation, int64_t implementation, std::optional<at::ScalarType> conv_dtype,
+                               int64_t policy) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     bool has_conv_bias = conv_bias.has_value() && conv_bias->defined();
     auto dtype = conv_dtype.value_or(x.scalar_type());
     auto [x_cast, weight_cast, bias_cast] = cast_conv_operands(x, conv_weight, conv_bias, dtype);
     auto [y, z, save_mean, save_invstd, reserve] =
         call_conv_forward(x_cast, weight_cast, bias_cast, stride, padding, dilation, groups, weight, bias,
-                          running_mean, running_var, residual, momentum, eps, activation, implementation, dtype,
-                          policy);
+                          running_mean, running_var, num_batches_tracked, residual, momentum, eps, activation,
+                          implementation, dtype, policy);
     ctx->save_for_backward({x_cast, weight_cast, z, y, weight, bias, save_mean, save_invstd, reserve});
     ctx->mark_non_differentiable({z, save_mean, save_invstd, reserve});
     ctx->set_materialize_grads(false);  // only y has a gradient
@@ -174,8 +177,10 @@ class ConvBatchNormActFunction : public torch::autograd::Function<ConvBatchNormA
     ctx->saved_data["weight_dtype"] = conv_weight.scalar_type();
     ctx->saved_data["bias_dtype"] = has_conv_bias ? conv_bias->scalar_type() : dtype;
     ctx->saved_data["has_conv_bias"] = has_conv_bias;
-    ctx->saved_data["has_running_stats"] = running_mean.has_value() && running_mean->defined();
-    ctx->saved_data["has_residual"] = residual.has_value() && residual->defined();
+    auto passed = [](const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); };
+    ctx->saved_data["statistics_passed"] =  // tensors between BatchNorm's bias and the residual
+        static_cast<int64_t>(passed(running_mean) + passed(running_var) + passed(num_batches_tracked));
+    ctx->saved_data["has_residual"] = passed(residual);
     return {y, z, save_mean, save_invstd, reserve};
   }
 
@@ -189,9 +194,9 @@ class ConvBatchNormActFunction : public torch::autograd::Function<ConvBatchNormA
     bool need_conv_bias = has_conv_bias && ctx->needs_input_grad(edge++);
     bool need_weight = ctx->needs_input_grad(edge++);
     bool need_bias = ctx->needs_input_grad(edge++);
-    if (ctx->saved_data["has_running_stats"].toBool()) edge += 2;
+    edge += ctx->saved_data["statistics_passed"].toInt();
     bool need_residual = has_residual && ctx->needs_input_grad(edge);
-    variable_list grads(18);  // one per forward argument; undefined where there is none
+    variable_list grads(19);  // one per forward argument; undefined where there is none
     const auto& grad_y = grad_outputs[0];
     bool need_conv = need_x || need_conv_weight || need_conv_bias;
     if (!grad_y.defined() || !(need_conv || need_weight || need_bias || need_residual)) return grads;
@@ -215,7 +220,7 @@ class ConvBatchNormActFunction : public torch::autograd::Function<ConvBatchNormA
     }
     if (need_weight) grads[7] = grad_weight;
     if (need_bias) grads[8] = grad_bias;
-    if (need_residual) grads[11] = grad_residual;
+    if (need_residual) grads[12] = grad_residual;
     return grads;
   }
 };
@@ -226,6 +231,7 @@ ConvForwardOutputs conv_batch_norm_act_autograd(const at::Tensor& x, const at::T
                                                 const at::Tensor& weight, const at::Tensor& bias,
                                                 const std::optional<at::Tensor>& running_mean,
                                                 const std::optional<at::Tensor>& running_var,
+                                                const std::optional<at::Tensor>& num_batches_tracked,
                                                 const std::optional<at::Tensor>& residual, double momentum, double eps,
                                                 int64_t activation, int64_t implementation,
                                                 std::optional<at::ScalarType> conv_dtype, int64_t policy) {
@@ -234,11 +240,12 @@ ConvForwardOutputs conv_batch_norm_act_autograd(const at::Tensor& x, const at::T
                                        weight.requires_grad() || bias.requires_grad() || requires_grad(residual))) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;  // nothing to record
     return call_conv_forward(x, conv_weight, conv_bias, stride, padding, dilation, groups, weight, bias, running_mean,
-                             running_var, residual, momentum, eps, activation, implementation, conv_dtype, policy);
+                             running_var, num_batches_tracked, residual, momentum, eps, activation, implementation,
+                             conv_dtype, policy);
   }
   auto out = ConvBatchNormActFunction::apply(x, conv_weight, conv_bias, stride, padding, dilation, groups, weight,
-                                             bias, running_mean, running_var, residual, momentum, eps, activation,
-                                             implementation, conv_dtype, policy);
+                                             bias, running_mean, running_var, num_batches_tracked, residual, momentum,
+                                             eps, activation, implementation, conv_dtype, policy);
   return {out[0], out[1], out[2], out[3], out[4]};
 }
 

@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "conv_ops.h"
+#include "running_stats_kernel.h"
 
 // The legacy BatchNorm API is deprecated in cuDNN 9 but still the one with fused ReLU forward and backward for
 // NHWC half precision (PyTorch's own cudnn_batch_norm uses it too).
@@ -404,22 +405,45 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_batc
     const at::Tensor& x, const at::Tensor& conv_weight, const std::optional<at::Tensor>& conv_bias,
     at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
     const at::Tensor& weight, const at::Tensor& bias, const std::optional<at::Tensor>& running_mean,
-    const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& residual, double momentum,
-    double eps, int64_t activation, int64_t implementation, std::optional<at::ScalarType> conv_dtype, int64_t policy) {
+    const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& num_batches_tracked,
+    const std::optional<at::Tensor>& residual, double momentum, double eps, int64_t activation,
+    int64_t implementation, std::optional<at::ScalarType> conv_dtype, int64_t policy) {
   TORCH_CHECK(stride.size() == 2 && padding.size() == 2 && dilation.size() == 2,
               "cudnn_fusion: stride, padding and dilation must have 2 values each, got ", stride, ", ", padding, ", ",
               dilation);
   auto [x_cast, weight_cast, bias_cast] =
       cast_conv_operands(x, conv_weight, conv_bias, conv_dtype.value_or(x.scalar_type()));
+  bool has_stats = running_mean.has_value() && running_mean->defined();
+  bool counts = num_batches_tracked.has_value() && num_batches_tracked->defined();
+  TORCH_CHECK(!counts || has_stats, "cudnn_fusion: num_batches_tracked is counted only with running statistics, "
+              "got num_batches_tracked without running_mean and running_var");
+  if (counts) {
+    TORCH_CHECK(num_batches_tracked->scalar_type() == at::kLong && num_batches_tracked->numel() == 1 &&
+                    num_batches_tracked->device() == x.device(),
+                "cudnn_fusion: num_batches_tracked must be a one-element int64 tensor on x's device (", x.device(),
+                "), got ", num_batches_tracked->scalar_type(), " of shape ", num_batches_tracked->sizes(), " on ",
+                num_batches_tracked->device());
+  }
   auto z = at::convolution(x_cast, weight_cast, bias_cast, stride, padding, dilation, false, {0, 0}, groups);
   auto [y, save_mean, save_invstd, next_mean, next_var, reserve] = batch_norm_act_forward(
       z, weight, bias, running_mean, running_var, residual, momentum, eps, activation, implementation, policy);
-  if (running_mean.has_value() && running_mean->defined()) {
-    // In place, as nn.BatchNorm2d: the copies run below autograd's in-place bookkeeping, so move the version
-    // counters here (the folded eval weights are cached on them).
-    for (auto [stat, next] : {std::pair{*running_mean, next_mean}, std::pair{*running_var, next_var}}) {
-      stat.copy_(next);
-      if (!stat.is_inference()) torch::autograd::impl::bump_version(stat);
+  if (has_stats) {
+    // In place, as nn.BatchNorm2d: one launch writes both statistics and counts the step (batch_norm_act_forward
+    // checked that they are float32, contiguous and on x's device).
+    c10::DeviceGuard guard(x.device());
+    cudaStream_t stream = nullptr;  // the current stream, which PyTorch's cuDNN handle is bound to
+    TORCH_CHECK(cudnnGetStream(at::native::getCudnnHandle(), &stream) == CUDNN_STATUS_SUCCESS,
+                "cudnn_fusion: could not read the current CUDA stream");
+    auto status = launch_commit_running_stats(
+        running_mean->data_ptr<float>(), running_var->data_ptr<float>(), next_mean.data_ptr<float>(),
+        next_var.data_ptr<float>(), counts ? num_batches_tracked->data_ptr<int64_t>() : nullptr, next_mean.numel(),
+        stream);
+    TORCH_CHECK(status == cudaSuccess, "cudnn_fusion: the running statistics kernel failed to launch: ",
+                cudaGetErrorString(status));
+    // The writes run below autograd's in-place bookkeeping: move the version counters here, as the in-place ops
+    // would (the folded eval weights are cached on them).
+    for (const auto* t : {&*running_mean, &*running_var, counts ? &*num_batches_tracked : nullptr}) {
+      if (t != nullptr && !t->is_inference()) torch::autograd::impl::bump_version(*t);
     }
   }
   return {y, z, save_mean, save_invstd, reserve};

@@ -38,14 +38,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
 // instead of several: z = conv2d(x, conv_weight, conv_bias) as ATen computes it (at::convolution: PyTorch's own
 // cuDNN call, so the same numbers as F.conv2d), in `conv_dtype` when given (x, conv_weight and conv_bias cast to it
 // first, as autocast casts F.conv2d's operands), then batch_norm_act_forward(z, ...). Unlike batch_norm_act it
-// updates running_mean and running_var in place (as nn.BatchNorm2d does; their version counters move). Returns y,
-// z, save_mean, save_invstd and the legacy API's reserve.
+// updates running_mean and running_var in place, and counts the step in num_batches_tracked when given (as
+// nn.BatchNorm2d does; their version counters move), in one kernel launch. Returns y, z, save_mean, save_invstd and
+// the legacy API's reserve.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_batch_norm_act_forward(
     const at::Tensor& x, const at::Tensor& conv_weight, const std::optional<at::Tensor>& conv_bias,
     at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
     const at::Tensor& weight, const at::Tensor& bias, const std::optional<at::Tensor>& running_mean,
-    const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& residual, double momentum,
-    double eps, int64_t activation, int64_t implementation, std::optional<at::ScalarType> conv_dtype, int64_t policy);
+    const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& num_batches_tracked,
+    const std::optional<at::Tensor>& residual, double momentum, double eps, int64_t activation,
+    int64_t implementation, std::optional<at::ScalarType> conv_dtype, int64_t policy);
 
 // x, conv_weight and conv_bias in `dtype`, as autocast casts F.conv2d's operands (those already in it as they are).
 std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>> cast_conv_operands(

@@ -289,7 +289,7 @@ def test_conv_bn_training_steps_run_as_one_op_and_match_eager(extension, no_tf32
         residual = residual if has_residual else None
         grad = torch.randn(8, 64, 14, 14, device="cuda").to(memory_format=torch.channels_last)
         results = []
-        versions = (bn.running_mean._version, bn.running_var._version) if track else None
+        versions = (bn.running_mean._version, bn.running_var._version, bn.num_batches_tracked._version) if track else None
         for label, forward, modules, precision in (
                 ("fused", lambda x, r: fused(x, r) if has_residual else fused(x), (conv, bn), None),
                 ("eager", lambda x, r: plain_forward(conv_e, bn_e, x, r), (conv_e, bn_e), None),
@@ -323,6 +323,7 @@ def test_conv_bn_training_steps_run_as_one_op_and_match_eager(extension, no_tf32
                 compare_stats(name, getattr(bn, name), getattr(bn_e, name), getattr(bn_r, name), bn_r.running_var)
             assert bn.num_batches_tracked.item() == bn_e.num_batches_tracked.item() == step + 1
             assert bn.running_mean._version > versions[0] and bn.running_var._version > versions[1]
+            assert bn.num_batches_tracked._version > versions[2]  # counted by the op's launch from step 1 on
     assert fused.fusion_status.fused, fused.fusion_status
     if track:  # eval folds the running statistics into the conv: after a further training step the fold is new
         x = torch.randn(8, cin, 14, 14, device="cuda").to(memory_format=torch.channels_last)
@@ -364,3 +365,28 @@ def test_conv_bn_training_decided_eager_stays_eager_on_repeated_calls(extension,
     torch.testing.assert_close(bn.running_var, bn_e.running_var, rtol=1e-5, atol=1e-6)
     status = fused.fusion_status
     assert not status.fused and "not channels_last" in status.reason, status
+
+
+def test_conv_batch_norm_act_op_counts_steps_and_names_bad_counters(extension):
+    """The one op writes both running statistics and counts the step in one launch: running statistics as
+    F.batch_norm's, the count +1; a count without running statistics, or not an int64 scalar, is refused by name."""
+    torch.manual_seed(0)
+    op = torch.ops.cudnn_fusion.conv_batch_norm_act.default
+    x = torch.randn(4, 16, 9, 9, device="cuda").to(memory_format=torch.channels_last)
+    w = torch.randn(32, 16, 3, 3, device="cuda").to(memory_format=torch.channels_last)
+    scale, shift = torch.rand(32, device="cuda") + 0.5, torch.randn(32, device="cuda")
+    rm, rv = torch.randn(32, device="cuda"), torch.rand(32, device="cuda") + 0.5
+    rm_e, rv_e = rm.clone(), rv.clone()
+    count = torch.tensor(41, device="cuda")
+    args = ((1, 1), (1, 1), (1, 1), 1, scale, shift)
+    with torch.backends.cudnn.flags(allow_tf32=False):
+        y = op(x, w, None, *args, rm, rv, count, None, 0.1, 1e-5, 1, 0)[0]
+        y_e = F.relu(F.batch_norm(F.conv2d(x, w, None, 1, 1), rm_e, rv_e, scale, shift, True, 0.1, 1e-5))
+    torch.testing.assert_close(y, y_e, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(rm, rm_e, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(rv, rv_e, rtol=1e-5, atol=1e-6)
+    assert count.item() == 42
+    with pytest.raises(RuntimeError, match="num_batches_tracked .*without running_mean"):
+        op(x, w, None, *args, None, None, count, None, 0.1, 1e-5, 1, 0)
+    with pytest.raises(RuntimeError, match="num_batches_tracked must be a one-element int64 tensor"):
+        op(x, w, None, *args, rm, rv, count.float(), None, 0.1, 1e-5, 1, 0)

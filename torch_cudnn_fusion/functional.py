@@ -333,6 +333,7 @@ def conv2d_batch_norm_act(
     strict: Optional[bool] = None,
     policy: Optional[EnginePolicy] = None,
     layer_id: int = FUNCTIONAL_LAYER_ID,
+    num_batches_tracked: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """activation(F.batch_norm(conv(x), ...) + residual) with batch statistics (training), `conv` an nn.Conv2d.
 
@@ -341,12 +342,17 @@ def conv2d_batch_norm_act(
     of a layer whose BatchNorm ran fused run both as one op with one autograd node (csrc/bn_autograd.cpp): the conv
     is still ATen's, so the numbers are the same; only the host time of the second call and node is saved. Later
     calls of other layers skip the checks and the decision and run as decided.
+
+    num_batches_tracked: when given, this call counts the step in it (+1), as nn.BatchNorm2d's forward does before
+    normalizing — the caller passes a fixed `momentum`, not one derived from the count. The one op counts it in the
+    launch that writes the running statistics.
     """
     signature = None
     if not torch.compiler.is_compiling() and conv.padding_mode == "zeros" and not isinstance(conv.padding, str):
         device_type = x.device.type
         autocast = torch.is_autocast_enabled(device_type)
-        signature = (_bn_signature(x), _bn_signature(conv.weight), _bn_signature(conv.bias), _bn_signature(weight),
+        conv_weight, conv_bias = conv.weight, conv.bias  # a module's attribute lookups are slow: once per call
+        signature = (_bn_signature(x), _bn_signature(conv_weight), _bn_signature(conv_bias), _bn_signature(weight),
                      _bn_signature(bias), _bn_signature(running_mean), _bn_signature(running_var),
                      _bn_signature(residual), eps, activation, strict, fusion.is_strict(), torch.is_grad_enabled(),
                      resolve(policy), torch.are_deterministic_algorithms_enabled(),
@@ -355,11 +361,16 @@ def conv2d_batch_norm_act(
         if last is not None and last[0] == signature:
             _, run, one_op = last
             if one_op:
-                return _run_conv_batch_norm(run, x, conv, running_mean, running_var, weight, bias, momentum, eps,
-                                            activation, residual, autocast)
-            return _run_batch_norm(run, conv._conv_forward(x, conv.weight, conv.bias), running_mean, running_var,
+                return _run_conv_batch_norm(run, x, conv, conv_weight, conv_bias, running_mean, running_var,
+                                            num_batches_tracked, weight, bias, momentum, eps, activation, residual,
+                                            autocast)
+            if num_batches_tracked is not None:
+                num_batches_tracked.add_(1)
+            return _run_batch_norm(run, conv._conv_forward(x, conv_weight, conv_bias), running_mean, running_var,
                                    weight, bias, momentum, eps, activation, residual)
 
+    if num_batches_tracked is not None:
+        num_batches_tracked.add_(1)
     z = conv._conv_forward(x, conv.weight, conv.bias)
     if residual is not None and residual.dtype != z.dtype:
         # eager would promote the sum to the residual's dtype: keep its numbers and dtype exactly
@@ -378,16 +389,24 @@ def conv2d_batch_norm_act(
     return y
 
 
-def _run_conv_batch_norm(run: tuple, x, conv, running_mean, running_var, weight, bias, momentum, eps, activation,
-                         residual, autocast: bool):
+def _run_conv_batch_norm(run: tuple, x, conv, conv_weight, conv_bias, running_mean, running_var, num_batches_tracked,
+                         weight, bias, momentum, eps, activation, residual, autocast: bool):
     """The conv and the fused batch-statistics BatchNorm as one op: run = (True, implementation, update, policy id).
-    Under autocast the op casts the conv's operands itself (its one autograd node then includes the casts)."""
+    Under autocast the op casts the conv's operands itself (its one autograd node then includes the casts). The op
+    writes the running statistics and counts the step in num_batches_tracked in one launch."""
     _, implementation, update, policy = run
     global _conv_bn_op
     if _conv_bn_op is None:
         _conv_bn_op = torch.ops.cudnn_fusion.conv_batch_norm_act.default
-    scale, shift = _affine_or_identity(weight, bias, conv.out_channels, x.device)
+    if not update:  # no running statistics for the op to write
+        running_mean = running_var = None
+        if num_batches_tracked is not None:
+            num_batches_tracked.add_(1)
+            num_batches_tracked = None
+    if (weight is None or bias is None or weight.dtype != torch.float32 or bias.dtype != torch.float32
+            or not weight.is_contiguous() or not bias.is_contiguous()):
+        weight, bias = _affine_or_identity(weight, bias, conv.out_channels, x.device)
     conv_dtype = torch.get_autocast_dtype(x.device.type) if autocast else None
-    return _conv_bn_op(x, conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation, conv.groups, scale, shift,
-                       running_mean if update else None, running_var if update else None, residual, float(momentum),
-                       float(eps), fusion.ACTIVATIONS[activation], implementation, conv_dtype, policy)[0]
+    return _conv_bn_op(x, conv_weight, conv_bias, conv.stride, conv.padding, conv.dilation, conv.groups, weight, bias,
+                       running_mean, running_var, num_batches_tracked, residual, float(momentum), float(eps),
+                       fusion.ACTIVATIONS[activation], implementation, conv_dtype, policy)[0]

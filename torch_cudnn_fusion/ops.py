@@ -89,14 +89,14 @@ def _fake_batch_norm_act_backward(grad_y, x, y, weight, bias, save_mean, save_in
 
 
 def _fake_conv_batch_norm_act(x, conv_weight, conv_bias, stride, padding, dilation, groups, weight, bias, running_mean,
-                              running_var, residual, momentum, eps, activation, implementation, conv_dtype=None,
-                              policy=0):
+                              running_var, num_batches_tracked, residual, momentum, eps, activation, implementation,
+                              conv_dtype=None, policy=0):
     z = _fake_conv_bias_act(x, conv_weight, conv_bias, None, stride, padding, padding, dilation, groups, False)
     z = z.to(conv_dtype) if conv_dtype is not None else z
     y, save_mean, save_invstd, _, _, reserve = _fake_batch_norm_act(z, weight, bias, running_mean, running_var,
                                                                     residual, momentum, eps, activation,
                                                                     implementation)
-    return y, z, save_mean, save_invstd, reserve  # running_mean and running_var are updated in place
+    return y, z, save_mean, save_invstd, reserve  # the running statistics and the count are updated in place
 
 
 def register_python_parts() -> None:

@@ -105,6 +105,16 @@ class Conv2dBN(FusedConv2d):
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
         bn = self.bn
+        if bn.training and bn.momentum is not None:
+            # training: conv2d_batch_norm_act counts the step in num_batches_tracked as batch_norm_arguments would,
+            # in the launch that writes the running statistics where conv and BatchNorm run as one op
+            if self._last_mode != "batch statistics":
+                self._last_mode = "batch statistics"
+            track = bn.track_running_stats
+            return conv2d_batch_norm_act(x, self, bn.running_mean if track else None, bn.running_var if track else None,
+                                         bn.weight, bn.bias, bn.momentum, bn.eps, self.activation, residual,
+                                         strict=self.strict, policy=self.policy, layer_id=self._bn_layer_id,
+                                         num_batches_tracked=bn.num_batches_tracked if track else None)
         running_mean, running_var, batch_stats, momentum = batch_norm_arguments(bn)
         if batch_stats:
             if self._last_mode != "batch statistics":
