@@ -1,6 +1,8 @@
 """MobileNet v1 (batch 256, 224x224, bf16 autocast, channels_last): a training step (forward, backward, SGD step)
 and an inference batch, for eager, torch.compile, fused (tcf.fuse) and fused under torch.compile, in one run; plus
 every distinct Conv+BN+ReLU layer of the model, fused vs eager, forward+backward. Medians of CUDA-event timings.
+Per layer, the one-call and ten-call columns include the host's time (small layers are bound by it); the GPU column
+replays ten forward+backward calls captured in a CUDA graph: the kernels' time alone.
 
     python benchmarks/bench_mobilenet.py [--json out.json] [--no-compile] [--layers-only]
 """
@@ -18,7 +20,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_cudnn_fusion as tcf  # noqa: E402
-from timing import interleaved_median_ms, median_ms  # noqa: E402
+from timing import graph_replay_ms, interleaved_median_ms, median_ms  # noqa: E402
 from torch_cudnn_fusion.models import mobilenet_v1  # noqa: E402
 
 
@@ -112,6 +114,8 @@ def bench_layers(args):
         for label, fns, calls in (("fwd", forwards, 1), ("fwd_bwd", steps, 1), ("fwd_bwd_x10", steps, 10)):
             for name, ms in interleaved_median_ms(fns, warmup=3, repeats=args.repeats, calls=calls).items():
                 result[f"{name}_{label}_ms"] = ms
+        for name, step in steps.items():
+            result[f"{name}_gpu_fwd_bwd_ms"] = graph_replay_ms(step)
         result["implementation"] = str(fused.fusion_status)
         rows.append(result)
         print(result, flush=True)
@@ -134,15 +138,19 @@ def main():
     if not args.layers_only:
         out["model"] = bench_model(args)
     print("\nlayer (training: conv, BN, ReLU; bf16)    eager fwd  fused fwd  eager f+b  fused f+b  speedup   "
-          "x10: eager f+b fused f+b speedup")
+          "x10: eager f+b fused f+b speedup   GPU: eager f+b fused f+b speedup")
     for r in out["layers"]:
         print(f"{r['layer']:<38} {r['eager_fwd_ms']:>10.3f} {r['fused_fwd_ms']:>10.3f} {r['eager_fwd_bwd_ms']:>10.3f} "
               f"{r['fused_fwd_bwd_ms']:>10.3f} {r['eager_fwd_bwd_ms'] / r['fused_fwd_bwd_ms']:>7.2f}x "
               f"{r['eager_fwd_bwd_x10_ms']:>15.3f} {r['fused_fwd_bwd_x10_ms']:>9.3f} "
-              f"{r['eager_fwd_bwd_x10_ms'] / r['fused_fwd_bwd_x10_ms']:>6.2f}x")
-    slower = [r["layer"] for r in out["layers"] if r["fused_fwd_bwd_ms"] > r["eager_fwd_bwd_ms"]]
-    print(f"fused layers slower than eager (f+b, one call at a time): {len(slower)} of {len(out['layers'])}"
-          + (f": {', '.join(slower)}" if slower else ""))
+              f"{r['eager_fwd_bwd_x10_ms'] / r['fused_fwd_bwd_x10_ms']:>6.2f}x "
+              f"{r['eager_gpu_fwd_bwd_ms']:>15.3f} {r['fused_gpu_fwd_bwd_ms']:>9.3f} "
+              f"{r['eager_gpu_fwd_bwd_ms'] / r['fused_gpu_fwd_bwd_ms']:>6.2f}x")
+    for label, key in (("one call at a time", "fwd_bwd"), ("ten calls back to back", "fwd_bwd_x10"),
+                       ("GPU time, CUDA-graph replay", "gpu_fwd_bwd")):
+        slower = [r["layer"] for r in out["layers"] if r[f"fused_{key}_ms"] > r[f"eager_{key}_ms"]]
+        print(f"fused layers slower than eager (f+b, {label}): {len(slower)} of {len(out['layers'])}"
+              + (f": {', '.join(slower)}" if slower else ""))
     if "model" in out:
         eager = next(r for r in out["model"] if r["variant"] == "eager")
         print(f"\nMobileNet v1, batch {args.batch}, 224x224, bf16, channels_last ({out['gpu']}, torch {out['torch']}, "
