@@ -6,6 +6,7 @@
 #include <cudnn_frontend_version.h>
 
 #include "bn_ops.h"
+#include "conv_bn_call.h"
 #include "conv_ops.h"
 #include "engine_listing.h"
 #include "engine_policy.h"
@@ -327,6 +328,20 @@ TORCH_LIBRARY_IMPL(cudnn_fusion, CUDA, m) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "torch_cudnn_fusion's compiled core: cuDNN graphs, plan cache and ops";
+  py::class_<tcf::ConvBatchNormCall>(m, "ConvBatchNormCall",
+                                     "A training Conv2d + BatchNorm layer's call recorded for the one op "
+                                     "(see csrc/conv_bn_call.h)")
+      .def(py::init<const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, std::vector<int64_t>,
+                    std::vector<int64_t>, std::vector<int64_t>, int64_t, double, int64_t, int64_t, int64_t>(),
+           py::arg("x"), py::arg("conv_weight"), py::arg("conv_bias"), py::arg("weight"), py::arg("bias"),
+           py::arg("running_mean"), py::arg("running_var"), py::arg("num_batches_tracked"), py::arg("residual"),
+           py::arg("stride"), py::arg("padding"), py::arg("dilation"), py::arg("groups"), py::arg("eps"),
+           py::arg("activation"), py::arg("implementation"), py::arg("policy"))
+      .def("run", &tcf::ConvBatchNormCall::run,
+           "y of cudnn_fusion::conv_batch_norm_act for this call, or None when it differs from the recorded one");
   m.def("check_conv_layer", &tcf::check_conv_layer_py,
         "Build (or find) the plans a conv layer would use; returns each graph's refusal, '' when built");
   m.def("check_batch_norm_layer", &tcf::check_batch_norm_layer_py,

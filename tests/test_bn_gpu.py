@@ -390,3 +390,61 @@ def test_conv_batch_norm_act_op_counts_steps_and_names_bad_counters(extension):
         op(x, w, None, *args, None, None, count, None, 0.1, 1e-5, 1, 0)
     with pytest.raises(RuntimeError, match="num_batches_tracked must be a one-element int64 tensor"):
         op(x, w, None, *args, rm, rv, count.float(), None, 0.1, 1e-5, 1, 0)
+
+
+class _CountingCall:
+    """Stands in for a recorded ConvBatchNormCall: counts the calls it ran and those it handed back to Python."""
+
+    def __init__(self, inner):
+        self.inner, self.ran, self.declined = inner, 0, 0
+
+    def run(self, *args):
+        y = self.inner.run(*args)
+        if y is None:
+            self.declined += 1
+        else:
+            self.ran += 1
+        return y
+
+
+def test_recorded_conv_bn_call_runs_repeated_calls_and_steps_aside_when_the_call_changes(extension, no_tf32):
+    """A layer's repeated training calls run through the call recorded in C++; a call that differs in a tensor's
+    metadata (x's requires_grad, its layout) or in the conv's settings (stride) goes back to Python's decision.
+    Every call's output, gradients and running statistics match eager's."""
+    from torch_cudnn_fusion import functional
+
+    torch.manual_seed(0)
+    conv = nn.Conv2d(16, 32, 3, padding=1, bias=False).cuda().to(memory_format=torch.channels_last)
+    bn = nn.BatchNorm2d(32).cuda()
+    conv_e, bn_e = copy.deepcopy(conv), copy.deepcopy(bn)
+    fused = tcf.Conv2dBNReLU.from_modules(conv, bn)
+    counting = None
+    # (x requires grad, x channels_last, conv stride), and whether the recorded call runs it
+    calls = [((True, True, 1), None), ((True, True, 1), True), ((False, True, 1), False), ((False, True, 1), True),
+             ((False, False, 1), False), ((False, False, 2), False), ((True, True, 2), False), ((True, True, 2), True)]
+    for i, ((needs_grad, channels_last, stride), expect_ran) in enumerate(calls):
+        fused.stride = conv_e.stride = (stride, stride)
+        x = torch.randn(4, 16, 10, 10, device="cuda")
+        x = x.to(memory_format=torch.channels_last) if channels_last else x
+        x1, x2 = x.clone().requires_grad_(needs_grad), x.clone().requires_grad_(needs_grad)
+        entry = functional._last_conv_bn_call.get(fused.bn_layer_id)
+        if entry is not None and entry[3] is not None:
+            counting = _CountingCall(entry[3])
+            functional._last_conv_bn_call[fused.bn_layer_id] = entry[:3] + (counting,) + entry[4:]
+        ran_before = counting.ran if counting is not None else 0
+        y, y_e = fused(x1), F.relu(bn_e(conv_e(x2)))
+        if expect_ran is not None:
+            assert counting.ran == ran_before + expect_ran, (i, counting.ran, counting.declined)
+        torch.testing.assert_close(y, y_e, rtol=1e-4, atol=1e-4)
+        grad = torch.randn_like(y)
+        y.backward(grad), y_e.backward(grad)
+        pairs = [(conv.weight.grad, conv_e.weight.grad), (bn.weight.grad, bn_e.weight.grad),
+                 (bn.bias.grad, bn_e.bias.grad)] + ([(x1.grad, x2.grad)] if needs_grad else [])
+        for g, g_e in pairs:
+            torch.testing.assert_close(g, g_e, rtol=1e-4, atol=1e-4)
+        for m in (conv, bn, conv_e, bn_e):
+            for p in m.parameters():
+                p.grad = None
+        torch.testing.assert_close(bn.running_mean, bn_e.running_mean, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(bn.running_var, bn_e.running_var, rtol=1e-5, atol=1e-6)
+        assert bn.num_batches_tracked.item() == bn_e.num_batches_tracked.item() == i + 1

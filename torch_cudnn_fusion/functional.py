@@ -7,7 +7,7 @@ from typing import Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
-from . import fusion
+from . import _extension, fusion
 from .policy import EnginePolicy, policy_id, resolve
 
 _IntPair = Union[int, Sequence[int]]
@@ -311,9 +311,10 @@ def _run_batch_norm(run: tuple, x, running_mean, running_var, weight, bias, mome
     return y
 
 
-# The last training call of each Conv2d + BatchNorm layer: (signature, BatchNorm run as in _last_bn_call, one op). A
-# call whose signature repeats skips the checks and the decision; where the BatchNorm runs fused on float32
-# statistics, the conv and the BatchNorm run as one op (one autograd node).
+# The last training call of each Conv2d + BatchNorm layer: (signature, BatchNorm run as in _last_bn_call, one op,
+# the call recorded in C++ or None, the Python settings it was recorded under). A call whose signature repeats skips
+# the checks and the decision; where the BatchNorm runs fused on float32 statistics, the conv and the BatchNorm run
+# as one op (one autograd node), and a call that matches the C++ record (csrc/conv_bn_call.h) skips the signature too.
 _last_conv_bn_call: dict[int, tuple] = {}
 _conv_bn_op = None  # torch.ops.cudnn_fusion.conv_batch_norm_act.default, looked up once
 
@@ -349,17 +350,25 @@ def conv2d_batch_norm_act(
     """
     signature = None
     if not torch.compiler.is_compiling() and conv.padding_mode == "zeros" and not isinstance(conv.padding, str):
+        conv_weight, conv_bias = conv.weight, conv.bias  # a module's attribute lookups are slow: once per call
+        last = _last_conv_bn_call.get(layer_id)
+        if last is not None and last[3] is not None and last[4] == (
+                strict, fusion.is_strict(), resolve(policy), eps, activation, conv.stride, conv.padding, conv.dilation,
+                conv.groups):
+            # the recorded one-op call: C++ checks the tensors and the global state, and runs the op if they match
+            y = last[3].run(x, conv_weight, conv_bias, weight, bias, running_mean, running_var, num_batches_tracked,
+                            residual, float(momentum))
+            if y is not None:
+                return y
         device_type = x.device.type
         autocast = torch.is_autocast_enabled(device_type)
-        conv_weight, conv_bias = conv.weight, conv.bias  # a module's attribute lookups are slow: once per call
         signature = (_bn_signature(x), _bn_signature(conv_weight), _bn_signature(conv_bias), _bn_signature(weight),
                      _bn_signature(bias), _bn_signature(running_mean), _bn_signature(running_var),
                      _bn_signature(residual), eps, activation, strict, fusion.is_strict(), torch.is_grad_enabled(),
                      resolve(policy), torch.are_deterministic_algorithms_enabled(),
                      autocast and torch.get_autocast_dtype(device_type))
-        last = _last_conv_bn_call.get(layer_id)
         if last is not None and last[0] == signature:
-            _, run, one_op = last
+            run, one_op = last[1], last[2]
             if one_op:
                 return _run_conv_batch_norm(run, x, conv, conv_weight, conv_bias, running_mean, running_var,
                                             num_batches_tracked, weight, bias, momentum, eps, activation, residual,
@@ -383,9 +392,21 @@ def conv2d_batch_norm_act(
                        strict=strict, policy=policy, layer_id=layer_id)
     bn_call = _last_bn_call.get(layer_id)  # this call's decision: batch_norm_act made it or found it unchanged
     if signature is not None and bn_call is not None:
-        fused, _, update, _ = bn_call[1]
+        fused, implementation, update, policy_number = bn_call[1]
         one_op = fused and (not update or running_mean.dtype == torch.float32)  # the op takes float32 statistics
-        _last_conv_bn_call[layer_id] = (signature, bn_call[1], one_op)
+        call = key = None
+        direct_affine = (weight is None and bias is None) or (
+            weight is not None and bias is not None and weight.dtype == bias.dtype == torch.float32
+            and weight.is_contiguous() and bias.is_contiguous())
+        if one_op and direct_affine and (update or num_batches_tracked is None):
+            call = _extension.require().ConvBatchNormCall(
+                x, conv.weight, conv.bias, weight, bias, running_mean if update else None,
+                running_var if update else None, num_batches_tracked, residual, list(conv.stride), list(conv.padding),
+                list(conv.dilation), conv.groups, float(eps), fusion.ACTIVATIONS[activation], implementation,
+                policy_number)
+            key = (strict, fusion.is_strict(), resolve(policy), eps, activation, conv.stride, conv.padding,
+                   conv.dilation, conv.groups)
+        _last_conv_bn_call[layer_id] = (signature, bn_call[1], one_op, call, key)
     return y
 
 

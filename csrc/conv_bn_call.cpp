@@ -1,0 +1,114 @@
+#include "conv_bn_call.h"
+
+#include <ATen/autocast_mode.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include "bn_ops.h"
+
+namespace tcf {
+
+namespace {
+
+const at::Tensor* pointer(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined() ? &*t : nullptr; }
+
+}  // namespace
+
+ConvBatchNormCall::Metadata ConvBatchNormCall::Metadata::of(const at::Tensor* t) {
+  Metadata m;
+  if (t == nullptr) return m;
+  m.defined = true;
+  m.sizes = t->sizes().vec();
+  m.strides = t->strides().vec();
+  m.dtype = t->scalar_type();
+  m.device = t->device();
+  m.requires_grad = t->requires_grad();
+  return m;
+}
+
+bool ConvBatchNormCall::Metadata::matches(const at::Tensor* t) const {
+  if (t == nullptr) return !defined;
+  return defined && t->scalar_type() == dtype && t->device() == device && t->requires_grad() == requires_grad &&
+         t->sizes() == at::IntArrayRef(sizes) && t->strides() == at::IntArrayRef(strides);
+}
+
+ConvBatchNormCall::State ConvBatchNormCall::State::now() {
+  State s;
+  s.grad_enabled = at::GradMode::is_enabled();
+  s.autocast = at::autocast::is_autocast_enabled(at::kCUDA);
+  s.autocast_dtype = s.autocast ? at::autocast::get_autocast_dtype(at::kCUDA) : at::kFloat;
+  s.deterministic = at::globalContext().deterministicAlgorithms();
+  return s;
+}
+
+bool ConvBatchNormCall::State::operator==(const State& other) const {
+  return grad_enabled == other.grad_enabled && autocast == other.autocast && autocast_dtype == other.autocast_dtype &&
+         deterministic == other.deterministic;
+}
+
+ConvBatchNormCall::ConvBatchNormCall(
+    const at::Tensor& x, const at::Tensor& conv_weight, const std::optional<at::Tensor>& conv_bias,
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var,
+    const std::optional<at::Tensor>& num_batches_tracked, const std::optional<at::Tensor>& residual,
+    std::vector<int64_t> stride, std::vector<int64_t> padding, std::vector<int64_t> dilation, int64_t groups,
+    double eps, int64_t activation, int64_t implementation, int64_t policy)
+    : state_(State::now()),
+      stride_(std::move(stride)),
+      padding_(std::move(padding)),
+      dilation_(std::move(dilation)),
+      groups_(groups),
+      eps_(eps),
+      activation_(activation),
+      implementation_(implementation),
+      policy_(policy) {
+  TORCH_CHECK(x.is_cuda(), "cudnn_fusion: ConvBatchNormCall records CUDA calls, got x on ", x.device());
+  TORCH_CHECK(stride_.size() == 2 && padding_.size() == 2 && dilation_.size() == 2,
+              "cudnn_fusion: stride, padding and dilation must have 2 values each, got ", stride_, ", ", padding_,
+              ", ", dilation_);
+  bool no_affine = pointer(weight) == nullptr && pointer(bias) == nullptr;
+  bool float_affine = pointer(weight) != nullptr && pointer(bias) != nullptr && weight->scalar_type() == at::kFloat &&
+                      bias->scalar_type() == at::kFloat && weight->is_contiguous() && bias->is_contiguous();
+  TORCH_CHECK(no_affine || float_affine,
+              "cudnn_fusion: ConvBatchNormCall takes a float32 contiguous BatchNorm weight and bias, or neither");
+  TORCH_CHECK(pointer(num_batches_tracked) == nullptr || pointer(running_mean) != nullptr,
+              "cudnn_fusion: ConvBatchNormCall counts num_batches_tracked only with running statistics");
+  for (const at::Tensor* t : {&x, &conv_weight, pointer(conv_bias), pointer(weight), pointer(bias),
+                              pointer(running_mean), pointer(running_var), pointer(num_batches_tracked),
+                              pointer(residual)}) {
+    metadata_.push_back(Metadata::of(t));
+  }
+  if (pointer(weight) == nullptr) {
+    int64_t channels = conv_weight.size(0);
+    ones_ = at::ones({channels}, x.options().dtype(at::kFloat));
+    zeros_ = at::zeros({channels}, x.options().dtype(at::kFloat));
+  }
+}
+
+std::optional<at::Tensor> ConvBatchNormCall::run(
+    const at::Tensor& x, const at::Tensor& conv_weight, const std::optional<at::Tensor>& conv_bias,
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var,
+    const std::optional<at::Tensor>& num_batches_tracked, const std::optional<at::Tensor>& residual,
+    double momentum) const {
+  const at::Tensor* tensors[] = {&x, &conv_weight, pointer(conv_bias), pointer(weight), pointer(bias),
+                                 pointer(running_mean), pointer(running_var), pointer(num_batches_tracked),
+                                 pointer(residual)};
+  for (size_t i = 0; i < metadata_.size(); ++i) {
+    if (!metadata_[i].matches(tensors[i])) return std::nullopt;
+  }
+  auto state = State::now();
+  if (!(state == state_)) return std::nullopt;
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("cudnn_fusion::conv_batch_norm_act", "")
+                       .typed<decltype(conv_batch_norm_act_forward)>();
+  std::optional<at::ScalarType> conv_dtype;
+  if (state.autocast) conv_dtype = state.autocast_dtype;
+  bool affine = tensors[3] != nullptr;
+  auto out = op.call(x, conv_weight, conv_bias, stride_, padding_, dilation_, groups_, affine ? *weight : ones_,
+                     affine ? *bias : zeros_, running_mean, running_var, num_batches_tracked, residual, momentum, eps_,
+                     activation_, implementation_, conv_dtype, policy_);
+  return std::get<0>(out);
+}
+
+}  // namespace tcf

@@ -1,0 +1,70 @@
+// A training Conv2d + BatchNorm layer's repeated call, run from C++ for its host time. Python decides how a layer
+// runs (torch_cudnn_fusion/functional.py, conv2d_batch_norm_act); where it decided on the one op
+// cudnn_fusion::conv_batch_norm_act, it records the call here: the metadata of every tensor the decision depends on,
+// the global state it read (grad mode, autocast, deterministic algorithms) and the op's constant arguments. A later
+// call's run() compares its tensors and that state with the record and, when everything matches, calls the op
+// through the dispatcher (autograd records its node as for a call from Python). Otherwise it returns nothing and
+// Python takes its general path, which decides again. On H200 the Python work per repeated call (the signature
+// tuple, the op's 19 arguments parsed from Python) cost more host time than a 7x7 layer's forward kernels.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+namespace tcf {
+
+class ConvBatchNormCall {
+ public:
+  // The tensors of the call being recorded (those run() takes, in the same order) and the op's arguments.
+  // weight and bias: float32 and contiguous, or both absent (affine=False: 1 and 0). num_batches_tracked only with
+  // running statistics.
+  ConvBatchNormCall(const at::Tensor& x, const at::Tensor& conv_weight, const std::optional<at::Tensor>& conv_bias,
+                    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                    const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var,
+                    const std::optional<at::Tensor>& num_batches_tracked, const std::optional<at::Tensor>& residual,
+                    std::vector<int64_t> stride, std::vector<int64_t> padding, std::vector<int64_t> dilation,
+                    int64_t groups, double eps, int64_t activation, int64_t implementation, int64_t policy);
+
+  // y of the op, or nothing when this call differs from the record (then nothing ran).
+  std::optional<at::Tensor> run(const at::Tensor& x, const at::Tensor& conv_weight,
+                                const std::optional<at::Tensor>& conv_bias, const std::optional<at::Tensor>& weight,
+                                const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& running_mean,
+                                const std::optional<at::Tensor>& running_var,
+                                const std::optional<at::Tensor>& num_batches_tracked,
+                                const std::optional<at::Tensor>& residual, double momentum) const;
+
+ private:
+  // What of one tensor the decision depends on (as functional._bn_signature).
+  struct Metadata {
+    bool defined = false;
+    std::vector<int64_t> sizes, strides;
+    at::ScalarType dtype = at::kFloat;
+    at::Device device = at::kCPU;
+    bool requires_grad = false;
+
+    static Metadata of(const at::Tensor* t);
+    bool matches(const at::Tensor* t) const;
+  };
+  struct State {
+    bool grad_enabled = false;
+    bool autocast = false;
+    at::ScalarType autocast_dtype = at::kFloat;
+    bool deterministic = false;
+
+    static State now();
+    bool operator==(const State& other) const;
+  };
+
+  std::vector<Metadata> metadata_;  // x, conv_weight, conv_bias, weight, bias, running_mean, running_var,
+                                    // num_batches_tracked, residual
+  State state_;
+  std::vector<int64_t> stride_, padding_, dilation_;
+  int64_t groups_;
+  double eps_;
+  int64_t activation_, implementation_, policy_;
+  at::Tensor ones_, zeros_;  // the scale and shift of affine=False
+};
+
+}  // namespace tcf
