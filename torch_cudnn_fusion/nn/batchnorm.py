@@ -16,18 +16,23 @@ from .conv import _layer_ids
 _ACTIVATIONS = ("relu", "relu6", None)
 
 
-def batch_norm_arguments(bn: nn.BatchNorm2d) -> tuple:
-    """(running_mean, running_var, use batch statistics, momentum) as nn.BatchNorm2d.forward computes them, with its
-    side effect: num_batches_tracked counts this training step."""
+def batch_norm_arguments(bn: nn.BatchNorm2d, count: bool = True) -> tuple:
+    """(running_mean, running_var, use batch statistics, momentum, uncounted) as nn.BatchNorm2d.forward computes them,
+    with its side effect: num_batches_tracked counts this training step. With count=False and a fixed momentum the
+    caller counts it instead: `uncounted` is then num_batches_tracked (None when it is counted here or not at all)."""
     momentum = 0.0 if bn.momentum is None else bn.momentum
+    uncounted = None
     if bn.training and bn.track_running_stats and bn.num_batches_tracked is not None:
-        bn.num_batches_tracked.add_(1)
-        momentum = 1.0 / float(bn.num_batches_tracked) if bn.momentum is None else bn.momentum
+        if count or bn.momentum is None:  # momentum=None is derived from the count: count now
+            bn.num_batches_tracked.add_(1)
+            momentum = 1.0 / float(bn.num_batches_tracked) if bn.momentum is None else bn.momentum
+        else:
+            uncounted = bn.num_batches_tracked
     batch_stats = bn.training or (bn.running_mean is None and bn.running_var is None)
     keep_stats = not bn.training or bn.track_running_stats
     running_mean = bn.running_mean if keep_stats else None
     running_var = bn.running_var if keep_stats else None
-    return running_mean, running_var, batch_stats, momentum
+    return running_mean, running_var, batch_stats, momentum, uncounted
 
 
 def check_activation(activation: Optional[str]) -> Optional[str]:
@@ -85,7 +90,7 @@ class BatchNorm2dReLU(nn.BatchNorm2d):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(x)
-        running_mean, running_var, batch_stats, momentum = batch_norm_arguments(self)
+        running_mean, running_var, batch_stats, momentum, _ = batch_norm_arguments(self)
         return batch_norm_act(x, running_mean, running_var, self.weight, self.bias, batch_stats, momentum, self.eps,
                               self.activation, strict=self.strict, policy=self.policy, layer_id=self.layer_id)
 

@@ -105,23 +105,15 @@ class Conv2dBN(FusedConv2d):
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
         bn = self.bn
-        if bn.training and bn.momentum is not None:
-            # training: conv2d_batch_norm_act counts the step in num_batches_tracked as batch_norm_arguments would,
-            # in the launch that writes the running statistics where conv and BatchNorm run as one op
-            if self._last_mode != "batch statistics":
-                self._last_mode = "batch statistics"
-            track = bn.track_running_stats
-            return conv2d_batch_norm_act(x, self, bn.running_mean if track else None, bn.running_var if track else None,
-                                         bn.weight, bn.bias, bn.momentum, bn.eps, self.activation, residual,
-                                         strict=self.strict, policy=self.policy, layer_id=self._bn_layer_id,
-                                         num_batches_tracked=bn.num_batches_tracked if track else None)
-        running_mean, running_var, batch_stats, momentum = batch_norm_arguments(bn)
+        # in training with a fixed momentum, conv2d_batch_norm_act counts the step (`uncounted`): in the one op's
+        # launch that writes the running statistics
+        running_mean, running_var, batch_stats, momentum, uncounted = batch_norm_arguments(bn, count=False)
         if batch_stats:
             if self._last_mode != "batch statistics":
                 self._last_mode = "batch statistics"
             return conv2d_batch_norm_act(x, self, running_mean, running_var, bn.weight, bn.bias, momentum, bn.eps,
                                          self.activation, residual, strict=self.strict, policy=self.policy,
-                                         layer_id=self._bn_layer_id)
+                                         layer_id=self._bn_layer_id, num_batches_tracked=uncounted)
         self._last_mode = "folded"
         weight, bias = self._folded_weight_and_bias()
         relu = self.activation == "relu"
