@@ -196,6 +196,12 @@ def _eager_batch_norm_act(x, running_mean, running_var, weight, bias, training, 
 _ones_zeros: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
+def _float32_affine(weight, bias) -> bool:
+    """Whether the op can take the module's BatchNorm scale and shift as they are (float32, contiguous)."""
+    return (weight is not None and bias is not None and weight.dtype == torch.float32 and bias.dtype == torch.float32
+            and weight.is_contiguous() and bias.is_contiguous())
+
+
 def _affine_or_identity(weight, bias, channels: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 scale and shift for the op: the module's (cast when they are not float32), or 1 and 0 (affine=False)."""
     if weight is None or bias is None:
@@ -395,9 +401,7 @@ def conv2d_batch_norm_act(
         fused, implementation, update, policy_number = bn_call[1]
         one_op = fused and (not update or running_mean.dtype == torch.float32)  # the op takes float32 statistics
         call = key = None
-        direct_affine = (weight is None and bias is None) or (
-            weight is not None and bias is not None and weight.dtype == bias.dtype == torch.float32
-            and weight.is_contiguous() and bias.is_contiguous())
+        direct_affine = (weight is None and bias is None) or _float32_affine(weight, bias)
         if one_op and direct_affine and (update or num_batches_tracked is None):
             call = _extension.require().ConvBatchNormCall(
                 x, conv.weight, conv.bias, weight, bias, running_mean if update else None,
@@ -424,8 +428,7 @@ def _run_conv_batch_norm(run: tuple, x, conv, conv_weight, conv_bias, running_me
         if num_batches_tracked is not None:
             num_batches_tracked.add_(1)
             num_batches_tracked = None
-    if (weight is None or bias is None or weight.dtype != torch.float32 or bias.dtype != torch.float32
-            or not weight.is_contiguous() or not bias.is_contiguous()):
+    if not _float32_affine(weight, bias):
         weight, bias = _affine_or_identity(weight, bias, conv.out_channels, x.device)
     conv_dtype = torch.get_autocast_dtype(x.device.type) if autocast else None
     return _conv_bn_op(x, conv_weight, conv_bias, conv.stride, conv.padding, conv.dilation, conv.groups, weight, bias,
