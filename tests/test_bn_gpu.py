@@ -340,6 +340,21 @@ def test_conv_bn_training_steps_run_as_one_op_and_match_eager(extension, no_tf32
                 plain_forward(conv_e, bn_e, shifted, residual)
 
 
+def assert_grads_match_then_clear(leaves, leaves_e, modules, tol):
+    """Each leaf's gradient against its eager twin's (both must exist), then the modules' gradients cleared."""
+    for t, t_e in zip(leaves, leaves_e, strict=True):
+        assert t.grad is not None and t_e.grad is not None
+        torch.testing.assert_close(t.grad, t_e.grad, rtol=tol, atol=tol)
+    for m in modules:
+        for p in m.parameters():
+            p.grad = None
+
+
+def assert_running_stats_match(bn, bn_e):
+    torch.testing.assert_close(bn.running_mean, bn_e.running_mean, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(bn.running_var, bn_e.running_var, rtol=1e-5, atol=1e-6)
+
+
 def test_conv_bn_training_decided_eager_stays_eager_on_repeated_calls(extension, no_tf32):
     """NCHW input: the BatchNorm runs eager (with the reason), on the first call and on the repeated calls that skip
     the decision; outputs and every gradient match eager's."""
@@ -355,14 +370,9 @@ def test_conv_bn_training_decided_eager_stays_eager_on_repeated_calls(extension,
         assert "ConvBatchNormAct" not in y.grad_fn.name(), f"step {step}: {y.grad_fn.name()}"
         y.backward(grad), y_e.backward(grad)
         torch.testing.assert_close(y, y_e, rtol=1e-5, atol=1e-5)
-        for g, g_e in ((x1.grad, x2.grad), (conv.weight.grad, conv_e.weight.grad), (bn.weight.grad, bn_e.weight.grad),
-                       (bn.bias.grad, bn_e.bias.grad)):
-            torch.testing.assert_close(g, g_e, rtol=1e-5, atol=1e-5)
-        for m in (conv, bn, conv_e, bn_e):
-            for p in m.parameters():
-                p.grad = None
-    torch.testing.assert_close(bn.running_mean, bn_e.running_mean, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(bn.running_var, bn_e.running_var, rtol=1e-5, atol=1e-6)
+        assert_grads_match_then_clear([x1, conv.weight, bn.weight, bn.bias], [x2, conv_e.weight, bn_e.weight, bn_e.bias],
+                                      (conv, bn, conv_e, bn_e), tol=1e-5)
+    assert_running_stats_match(bn, bn_e)
     status = fused.fusion_status
     assert not status.fused and "not channels_last" in status.reason, status
 
@@ -438,13 +448,9 @@ def test_recorded_conv_bn_call_runs_repeated_calls_and_steps_aside_when_the_call
         torch.testing.assert_close(y, y_e, rtol=1e-4, atol=1e-4)
         grad = torch.randn_like(y)
         y.backward(grad), y_e.backward(grad)
-        pairs = [(conv.weight.grad, conv_e.weight.grad), (bn.weight.grad, bn_e.weight.grad),
-                 (bn.bias.grad, bn_e.bias.grad)] + ([(x1.grad, x2.grad)] if needs_grad else [])
-        for g, g_e in pairs:
-            torch.testing.assert_close(g, g_e, rtol=1e-4, atol=1e-4)
-        for m in (conv, bn, conv_e, bn_e):
-            for p in m.parameters():
-                p.grad = None
-        torch.testing.assert_close(bn.running_mean, bn_e.running_mean, rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(bn.running_var, bn_e.running_var, rtol=1e-5, atol=1e-6)
+        leaves, leaves_e = [conv.weight, bn.weight, bn.bias], [conv_e.weight, bn_e.weight, bn_e.bias]
+        if needs_grad:
+            leaves, leaves_e = leaves + [x1], leaves_e + [x2]
+        assert_grads_match_then_clear(leaves, leaves_e, (conv, bn, conv_e, bn_e), tol=1e-4)
+        assert_running_stats_match(bn, bn_e)
         assert bn.num_batches_tracked.item() == bn_e.num_batches_tracked.item() == i + 1
