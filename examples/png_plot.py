@@ -1,4 +1,4 @@
-"""A line plot written as PNG with numpy and zlib only (no plotting library needed)."""
+"""A line plot written as PNG, and PNG files written, with numpy and zlib only (no plotting or imaging library)."""
 
 from __future__ import annotations
 
@@ -60,12 +60,20 @@ def plot_lines(path: str, series: dict[str, list[float]], width: int = 800, heig
         for i in range(1, len(ys)):
             _line(img, sx(i - 1), sy(ys[i - 1]), sx(i), sy(ys[i]), color)
         img[top + 4 + 10 * k: top + 8 + 10 * k, width - 80: width - 60] = color
+    write_png(path, img)
+
+
+def write_png(path: str, img: np.ndarray, level: int = 9) -> None:
+    """An RGB image, uint8 of shape (height, width, 3), as a PNG file (8-bit truecolour, no filter)."""
+    if img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3:
+        raise ValueError(f"img must be uint8 of shape (height, width, 3), got {img.dtype} of shape {img.shape}")
+    height, width = img.shape[:2]
     raw = b"".join(b"\x00" + img[row].tobytes() for row in range(height))
 
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
 
     png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-    png += chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b"")
+    png += chunk(b"IDAT", zlib.compress(raw, level)) + chunk(b"IEND", b"")
     with open(path, "wb") as f:
         f.write(png)

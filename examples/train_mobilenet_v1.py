@@ -3,6 +3,7 @@
     python examples/train_mobilenet_v1.py                     # synthetic shapes, full size on a GPU, small on a CPU
     python examples/train_mobilenet_v1.py --compare-eager     # + the eager model from the same weights and batches
     python examples/train_mobilenet_v1.py --data /path/to/imagefolder   # real images (needs torchvision)
+    python examples/synthetic_shapes.py /tmp/shapes && python examples/train_mobilenet_v1.py --data /tmp/shapes
     torchrun --nproc-per-node 2 examples/train_mobilenet_v1.py            # DistributedDataParallel over NCCL
 
 bf16 autocast by default (--dtype float16 uses a GradScaler), channels_last, SGD with momentum, a linear warm-up and a
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import json
 import math
 import os
@@ -43,6 +45,8 @@ def parse_args():
     p.add_argument("--weight-decay", type=float, default=4e-5)
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16" if gpu else "float32")
     p.add_argument("--data", default=None, help="an image folder (class per subdirectory); needs torchvision")
+    p.add_argument("--held-out", type=float, default=0.1, help="with --data: the fraction of images never trained on")
+    p.add_argument("--workers", type=int, default=8, help="with --data: data-loading processes")
     p.add_argument("--compare-eager", action="store_true",
                    help="also train the eager model from the same initial weights on the same batches")
     p.add_argument("--out", default="mobilenet_v1_run", help="directory for the loss plot and the JSON log")
@@ -65,19 +69,45 @@ class Progress:
             sys.stdout.write("\n")
 
 
-def image_folder_batches(path, batch_size, image_size, device, seed):
+def image_folder_data(path, batch_size, image_size, device, seed, held_out_fraction, workers, ddp):
+    """(endless training batches, held-out batches, class count, held-out image count) from an image folder (one subfolder per class).
+    A fixed random held_out_fraction of the images is never trained on; under DDP each process trains on its own
+    shard (DistributedSampler)."""
     try:
         from torchvision import datasets, transforms
     except ImportError as error:
         raise SystemExit(f"--data needs torchvision ({error}); the default synthetic data needs nothing") from error
-    tf = transforms.Compose([transforms.RandomResizedCrop(image_size), transforms.RandomHorizontalFlip(),
-                             transforms.ToTensor(), transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
-    dataset = datasets.ImageFolder(path, tf)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=8, drop_last=True,
+    normalize = transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
+    train_tf = transforms.Compose([transforms.RandomResizedCrop(image_size), transforms.RandomHorizontalFlip(),
+                                   transforms.ToTensor(), normalize])
+    eval_tf = transforms.Compose([transforms.Resize(image_size * 8 // 7), transforms.CenterCrop(image_size),
+                                  transforms.ToTensor(), normalize])
+    train_set, eval_set = datasets.ImageFolder(path, train_tf), datasets.ImageFolder(path, eval_tf)
+    order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(seed)).tolist()
+    held = int(len(order) * held_out_fraction)
+    if len(order) - held < batch_size:
+        raise SystemExit(f"--data: {len(order) - held} training images (of {len(order)}, {held} held out) are fewer "
+                         f"than one batch of --batch-size {batch_size}")
+    train_set = torch.utils.data.Subset(train_set, order[held:])
+    eval_set = torch.utils.data.Subset(eval_set, order[:held])
+    sampler = torch.utils.data.DistributedSampler(train_set, seed=seed) if ddp else None
+    loader = torch.utils.data.DataLoader(train_set, batch_size=batch_size, shuffle=sampler is None, sampler=sampler,
+                                         num_workers=workers, drop_last=True, pin_memory=device.type == "cuda",
                                          generator=torch.Generator().manual_seed(seed))
-    while True:
-        for images, labels in loader:
-            yield images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+    held_out = torch.utils.data.DataLoader(eval_set, batch_size=batch_size, num_workers=workers)
+
+    def batches():
+        for epoch in itertools.count():
+            if sampler is not None:
+                sampler.set_epoch(epoch)
+            for images, labels in loader:
+                yield images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+
+    def held_out_batches():
+        for images, labels in held_out:
+            yield images.to(device), labels.to(device)
+
+    return batches(), held_out_batches if held else None, len(train_set.dataset.classes), held
 
 
 def synthetic_batches(batch_size, image_size, classes, device, seed):
@@ -118,7 +148,8 @@ class Trainer:
         correct = total = 0
         for images, labels in batches:
             with torch.autocast(self.device.type, self.dtype, enabled=self.dtype != torch.float32):
-                correct += (self.model(images).argmax(1) == labels).sum().item()
+                logits = self.model(images.to(memory_format=torch.channels_last))
+                correct += (logits.argmax(1) == labels).sum().item()
             total += labels.numel()
         return correct / total
 
@@ -137,10 +168,16 @@ def main():
     torch.manual_seed(args.seed)
     classes = args.classes
     if args.data:
-        batches = image_folder_batches(args.data, args.batch_size, args.image_size, device, args.seed + rank)
-        classes = len(os.listdir(args.data))
+        batches, held_out_batches, classes, held_out_images = image_folder_data(
+            args.data, args.batch_size, args.image_size, device, args.seed, args.held_out, args.workers, ddp)
     else:
         batches = synthetic_batches(args.batch_size, args.image_size, classes, device, args.seed + rank)
+
+        def held_out_batches():  # 4 batches never trained on (another seed), the same ones for each model
+            return itertools.islice(synthetic_batches(args.batch_size, args.image_size, classes, device,
+                                                      10_000 + args.seed), 4)
+
+        held_out_images = 4 * args.batch_size
 
     plain = mobilenet_v1(num_classes=classes, width_multiplier=args.width).to(device)
     plain = plain.to(memory_format=torch.channels_last)
@@ -171,14 +208,11 @@ def main():
         progress.update(step, text)
     elapsed = time.time() - start
 
-    held_out = []
-    if not args.data:  # 4 batches never trained on (another seed)
-        held_out_batches = synthetic_batches(args.batch_size, args.image_size, classes, device, 10_000 + args.seed)
-        held_out = [next(held_out_batches) for _ in range(4)]
     results = {"args": vars(args), "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-               "torch": torch.__version__, "seconds": elapsed, "loss": history, "train_accuracy": accuracy}
-    if held_out:
-        results["held_out_accuracy"] = {name: t.accuracy(held_out) for name, t in trainers.items()}
+               "torch": torch.__version__, "classes": classes, "held_out_images": held_out_images, "seconds": elapsed,
+               "loss": history, "train_accuracy": accuracy}
+    if held_out_batches is not None:
+        results["held_out_accuracy"] = {name: t.accuracy(held_out_batches()) for name, t in trainers.items()}
     if max_diff:
         results["max_loss_difference_per_step"] = max_diff
     if rank == 0:
@@ -189,10 +223,11 @@ def main():
         print(f"fused: loss {first:.3f} -> {last:.3f} (mean of the last 10 steps) in {elapsed:.1f} s, "
               f"{args.steps * args.batch_size * (dist.get_world_size() if ddp else 1) / elapsed:.0f} images/s "
               "(both models, when comparing)")
-        if held_out:
+        if held_out_batches is not None:
             chance = 1 / classes
             for name, acc in results["held_out_accuracy"].items():
-                print(f"{name}: held-out accuracy {acc:.3f} (chance {chance:.3f})")
+                print(f"{name}: held-out accuracy {acc:.3f} on {held_out_images} images never trained on "
+                      f"(chance {chance:.3f})")
         if max_diff:
             print(f"largest |loss difference| fused vs eager over {len(max_diff)} steps: {max(max_diff):.3e} "
                   f"(step {max_diff.index(max(max_diff)) + 1}); first 5 steps: "
