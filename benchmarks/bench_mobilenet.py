@@ -2,7 +2,8 @@
 and an inference batch, for eager, torch.compile, fused (tcf.fuse) and fused under torch.compile, in one run; plus
 every distinct Conv+BN+ReLU layer of the model, fused vs eager, forward+backward. Medians of CUDA-event timings.
 Per layer, the one-call and ten-call columns include the host's time (small layers are bound by it); the GPU column
-replays ten forward+backward calls captured in a CUDA graph: the kernels' time alone.
+replays ten forward+backward calls captured in a CUDA graph: the kernels' time alone. The JSON also holds each
+host-inclusive timing's quartiles, and the summary prints them for any layer that came out slower fused.
 
     python benchmarks/bench_mobilenet.py [--json out.json] [--no-compile] [--layers-only]
 """
@@ -20,7 +21,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_cudnn_fusion as tcf  # noqa: E402
-from timing import graph_replay_ms, interleaved_median_ms, median_ms  # noqa: E402
+from timing import graph_replay_ms, interleaved_samples_ms, median_ms, quartiles  # noqa: E402
 from torch_cudnn_fusion.models import mobilenet_v1  # noqa: E402
 
 
@@ -110,10 +111,14 @@ def bench_layers(args):
                     module(x)
 
             steps[name], forwards[name] = step, forward
-        # eager and fused samples taken in turn: the host's speed drifts between runs and within one
+        # eager and fused samples taken in turn: the host's speed drifts between runs and within one. The quartiles
+        # show how far apart the samples of one timing lie: one synchronized call of a small layer is host-bound
+        # and its samples spread widely
         for label, fns, calls in (("fwd", forwards, 1), ("fwd_bwd", steps, 1), ("fwd_bwd_x10", steps, 10)):
-            for name, ms in interleaved_median_ms(fns, warmup=3, repeats=args.repeats, calls=calls).items():
-                result[f"{name}_{label}_ms"] = ms
+            for name, samples in interleaved_samples_ms(fns, warmup=3, repeats=args.layer_repeats,
+                                                        calls=calls).items():
+                q1, result[f"{name}_{label}_ms"], q3 = quartiles(samples)
+                result[f"{name}_{label}_quartiles_ms"] = (q1, q3)
         for name, step in steps.items():
             result[f"{name}_gpu_fwd_bwd_ms"] = graph_replay_ms(step)
         result["implementation"] = str(fused.fusion_status)
@@ -126,7 +131,8 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--repeats", type=int, default=20, help="timed training steps / inference batches per variant")
+    p.add_argument("--layer-repeats", type=int, default=60, help="timed samples per layer, timing and variant")
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--layers-only", action="store_true")
     p.add_argument("--json", default=None)
@@ -148,9 +154,14 @@ def main():
               f"{r['eager_gpu_fwd_bwd_ms'] / r['fused_gpu_fwd_bwd_ms']:>6.2f}x")
     for label, key in (("one call at a time", "fwd_bwd"), ("ten calls back to back", "fwd_bwd_x10"),
                        ("GPU time, CUDA-graph replay", "gpu_fwd_bwd")):
-        slower = [r["layer"] for r in out["layers"] if r[f"fused_{key}_ms"] > r[f"eager_{key}_ms"]]
-        print(f"fused layers slower than eager (f+b, {label}): {len(slower)} of {len(out['layers'])}"
-              + (f": {', '.join(slower)}" if slower else ""))
+        slower = [r for r in out["layers"] if r[f"fused_{key}_ms"] > r[f"eager_{key}_ms"]]
+        print(f"fused layers slower than eager (f+b, {label}): {len(slower)} of {len(out['layers'])}")
+        for r in slower:
+            line = f"    {r['layer']}: {r[f'eager_{key}_ms'] / r[f'fused_{key}_ms']:.2f}x"
+            if f"eager_{key}_quartiles_ms" in r:
+                (e1, e3), (f1, f3) = r[f"eager_{key}_quartiles_ms"], r[f"fused_{key}_quartiles_ms"]
+                line += f" (quartiles eager {e1:.3f}-{e3:.3f} ms, fused {f1:.3f}-{f3:.3f} ms)"
+            print(line)
     if "model" in out:
         eager = next(r for r in out["model"] if r["variant"] == "eager")
         print(f"\nMobileNet v1, batch {args.batch}, 224x224, bf16, channels_last ({out['gpu']}, torch {out['torch']}, "

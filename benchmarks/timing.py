@@ -43,6 +43,12 @@ def interleaved_median_ms(fns: dict, warmup: int = 5, repeats: int = 30, calls: 
     each per round), so that a drift of the host's or the GPU's speed during the run weighs on all of them alike.
     calls > 1: each sample times `calls` back-to-back calls (the host runs ahead, as in a training loop) and is
     divided by `calls`."""
+    return {name: statistics.median(values) for name, values in interleaved_samples_ms(fns, warmup, repeats,
+                                                                                        calls).items()}
+
+
+def interleaved_samples_ms(fns: dict, warmup: int = 5, repeats: int = 30, calls: int = 1) -> dict:
+    """The samples behind interleaved_median_ms: name -> `repeats` milliseconds per call."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
@@ -57,4 +63,10 @@ def interleaved_median_ms(fns: dict, warmup: int = 5, repeats: int = 30, calls: 
             end.record()
             end.synchronize()
             samples[name].append(start.elapsed_time(end) / calls)
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return samples
+
+
+def quartiles(values: list) -> tuple[float, float, float]:
+    """(25th percentile, median, 75th percentile)."""
+    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, median, q3

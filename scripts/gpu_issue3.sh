@@ -18,8 +18,15 @@ if [ "${SKIP_EXAMPLE:-0}" != 1 ]; then
   echo "example exit code: $?"
   tail -6 "$out/example.log" | tr '\r' '\n' | tail -6
 fi
+if [ "${DATA_EXAMPLE:-0}" = 1 ]; then  # the --data path on an image folder written from the synthetic classes
+  python3 examples/synthetic_shapes.py /tmp/tcf_shapes --per-class "${DATA_PER_CLASS:-300}" > "$out/example_data.log" 2>&1
+  timeout "${EXAMPLE_TIMEOUT:-200}" python3 examples/train_mobilenet_v1.py --data /tmp/tcf_shapes --compare-eager \
+    ${DATA_ARGS:-} --out "$out/example_data" >> "$out/example_data.log" 2>&1
+  echo "data example exit code: $?"
+  tail -7 "$out/example_data.log" | tr '\r' '\n' | tail -7
+fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   timeout "${BENCH_TIMEOUT:-300}" python3 benchmarks/bench_mobilenet.py --json "$out/mobilenet.json" ${BENCH_ARGS:-} > "$out/bench.log" 2>&1
   echo "benchmark exit code: $?"
-  grep -A40 "^layer (training" "$out/bench.log" | head -40
+  grep -A60 "^layer (training" "$out/bench.log" | head -60
 fi
