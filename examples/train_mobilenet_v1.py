@@ -91,9 +91,11 @@ def image_folder_data(path, batch_size, image_size, device, seed, held_out_fract
     train_set = torch.utils.data.Subset(train_set, order[held:])
     eval_set = torch.utils.data.Subset(eval_set, order[:held])
     sampler = torch.utils.data.DistributedSampler(train_set, seed=seed) if ddp else None
+    # persistent workers: a small folder's epochs are a few batches long, and starting the workers again for each
+    # one would leave the GPU waiting
     loader = torch.utils.data.DataLoader(train_set, batch_size=batch_size, shuffle=sampler is None, sampler=sampler,
                                          num_workers=workers, drop_last=True, pin_memory=device.type == "cuda",
-                                         generator=torch.Generator().manual_seed(seed))
+                                         persistent_workers=workers > 0, generator=torch.Generator().manual_seed(seed))
     held_out = torch.utils.data.DataLoader(eval_set, batch_size=batch_size, num_workers=workers)
 
     def batches():
@@ -207,6 +209,9 @@ def main():
             text += f" |Δloss| vs eager {max_diff[-1]:.2e}"
         progress.update(step, text)
     elapsed = time.time() - start
+    # stops the loader's workers and pin-memory thread now: left to the interpreter's exit, their shutdown hung
+    # (H200, 14 workers)
+    batches.close()
 
     results = {"args": vars(args), "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                "torch": torch.__version__, "classes": classes, "held_out_images": held_out_images, "seconds": elapsed,
