@@ -454,3 +454,73 @@ def test_recorded_conv_bn_call_runs_repeated_calls_and_steps_aside_when_the_call
         assert_grads_match_then_clear(leaves, leaves_e, (conv, bn, conv_e, bn_e), tol=1e-4)
         assert_running_stats_match(bn, bn_e)
         assert bn.num_batches_tracked.item() == bn_e.num_batches_tracked.item() == i + 1
+
+
+class _GraphRefused:
+    """The compiled module, except that check_batch_norm_layer reports cuDNN's graph as refused, as cuDNN does for
+    configurations it has no batchnorm engine for: the legacy API must then take the layer. Everything else,
+    the legacy API's own check included, is the real module's."""
+
+    def __init__(self, module):
+        self._module = module
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+    def check_batch_norm_layer(self, *args):
+        refusals = dict(self._module.check_batch_norm_layer(*args))
+        refusals["graph_forward"] = "batchnorm forward: No valid engine configs (refusal simulated by the test)"
+        return refusals
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_conv_bn_relu_training_runs_the_legacy_api_where_the_graph_is_refused(extension, no_tf32, monkeypatch, dtype):
+    """A layer whose BatchNorm graph cuDNN refuses runs the legacy cuDNN BatchNorm API (fused ReLU forward and
+    backward), says so with the graph's refusal as the reason, and matches eager and float64 in the output, every
+    gradient and the running statistics over three training steps (the second and third as the one op)."""
+    from torch_cudnn_fusion import _extension, fusion
+
+    monkeypatch.setattr(_extension, "load", lambda: _GraphRefused(extension))
+    fusion.decide_batch_norm.cache_clear()  # decisions are cached per configuration: none made with the real check
+    try:
+        torch.manual_seed(0)
+        conv = nn.Conv2d(32, 64, 3, padding=1, bias=False).cuda().to(memory_format=torch.channels_last)
+        bn = nn.BatchNorm2d(64).cuda()
+        with torch.no_grad():
+            bn.weight.uniform_(0.5, 1.5), bn.bias.normal_()
+        conv_e, bn_e = copy.deepcopy(conv), copy.deepcopy(bn)
+        conv_r, bn_r = copy.deepcopy(conv).double(), copy.deepcopy(bn).double()
+        fused = tcf.Conv2dBNReLU.from_modules(conv, bn)
+        autocast = dtype != torch.float32
+        for step in range(3):
+            x = torch.randn(8, 32, 14, 14, device="cuda").to(memory_format=torch.channels_last)
+            grad = torch.randn(8, 64, 14, 14, device="cuda").to(memory_format=torch.channels_last)
+            results = []
+            for forward, modules, precision in ((fused, (conv, bn), None),
+                                                (lambda t: F.relu(bn_e(conv_e(t))), (conv_e, bn_e), None),
+                                                (lambda t: F.relu(bn_r(conv_r(t))), (conv_r, bn_r), torch.float64)):
+                leaf = x.clone().to(precision or x.dtype).requires_grad_()
+                with torch.autocast("cuda", dtype, enabled=autocast and precision is None):
+                    y = forward(leaf)
+                if forward is fused:  # from the second call on, conv and the legacy BatchNorm run as one op
+                    assert ("ConvBatchNormActFunction" in y.grad_fn.name()) == (step > 0), y.grad_fn.name()
+                y.backward(grad.to(y.dtype))
+                results.append((y.detach(), [leaf.grad] + [p.grad for m in modules for p in m.parameters()]))
+                for m in modules:
+                    for p in m.parameters():
+                        p.grad = None
+            status = fused.fusion_status
+            assert status.fused and status.implementation == "cudnn_legacy", status
+            assert "the cuDNN graph was refused: batchnorm forward: No valid engine configs" in status.reason, status
+            (y, grads), (y_e, grads_e), (y_r, grads_r) = results
+            assert_as_accurate_as_eager(f"step {step} y", y, y_e, y_r, dtype)
+            for name, g, g_e, g_r in zip(("x", "conv weight", "bn weight", "bn bias"), grads, grads_e, grads_r,
+                                         strict=True):
+                assert_as_accurate_as_eager(f"step {step} gradient of {name}", g, g_e, g_r, dtype)
+            for name in ("running_mean", "running_var"):
+                compare_stats(name, getattr(bn, name), getattr(bn_e, name), getattr(bn_r, name), bn_r.running_var)
+            assert bn.num_batches_tracked.item() == step + 1
+    finally:
+        monkeypatch.undo()
+        fusion.decide_batch_norm.cache_clear()
+        tcf.clear_decisions()
