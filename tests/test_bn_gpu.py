@@ -523,4 +523,4 @@ def test_conv_bn_relu_training_runs_the_legacy_api_where_the_graph_is_refused(ex
     finally:
         monkeypatch.undo()
         fusion.decide_batch_norm.cache_clear()
-        tcf.clear_decisions()
+        fusion.clear_decisions()
