@@ -70,9 +70,9 @@ class Progress:
 
 
 def image_folder_data(path, batch_size, image_size, device, seed, held_out_fraction, workers, ddp):
-    """(endless training batches, held-out batches, class count, held-out image count) from an image folder (one subfolder per class).
-    A fixed random held_out_fraction of the images is never trained on; under DDP each process trains on its own
-    shard (DistributedSampler)."""
+    """(endless training batches, held-out batches, class count, held-out image count) from an image folder (one
+    subfolder per class). A fixed random held_out_fraction of the images is never trained on; under DDP each process
+    trains on its own shard (DistributedSampler)."""
     try:
         from torchvision import datasets, transforms
     except ImportError as error:
