@@ -50,6 +50,7 @@ ConvProblem problem_from(const std::string& dtype, bool channels_last, int64_t d
   p.has_residual = has_residual;
   p.relu = relu;
   p.policy = policy;
+  check_conv_problem(p);  // before any arithmetic on the sizes (a stride of 0 would divide by zero)
   return p;
 }
 
@@ -305,7 +306,7 @@ TORCH_LIBRARY(cudnn_fusion, m) {
       "Tensor? residual, float momentum, float eps, int activation, int implementation, int policy=0) -> "
       "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
-      "batch_norm_act_backward(Tensor grad_y, Tensor x, Tensor y, Tensor weight, Tensor bias, Tensor save_mean, "
+      "batch_norm_act_backward(Tensor grad_y, Tensor x, Tensor? y, Tensor weight, Tensor bias, Tensor save_mean, "
       "Tensor save_invstd, Tensor reserve, float eps, int activation, bool has_residual, int implementation, "
       "int policy=0) -> "
       "(Tensor, Tensor, Tensor, Tensor)");

@@ -1,7 +1,7 @@
 // Autograd for cudnn_fusion::batch_norm_act, in C++ as the conv op's is: the Python register_autograd version cost
 // ~180 us of host time per training step of one layer (profiled on H200), more than the layer's GPU time at 7x7 and
-// 14x14. Saves x, y (the activation's mask comes from it), weight, bias, the saved statistics and the legacy API's
-// reserve. Only y is differentiable; the statistics outputs are not. Below it, the autograd of
+// 14x14. Saves x, y (the activation's mask comes from it; not saved without an activation), weight, bias, the saved
+// statistics and the legacy API's reserve. Only y is differentiable; the statistics outputs are not. Below it, the autograd of
 // cudnn_fusion::conv_batch_norm_act: a training Conv2d + BatchNorm layer as one node.
 #include <torch/autograd.h>
 #include <torch/extension.h>
@@ -34,8 +34,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_backward(
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("cudnn_fusion::batch_norm_act_backward", "")
                        .typed<decltype(batch_norm_act_backward)>();
-  return op.call(grad_y, x, y, weight, bias, save_mean, save_invstd, reserve, eps, activation, has_residual,
-                 implementation, policy);
+  // y is saved only with an activation (its mask); without one it is undefined here
+  return op.call(grad_y, x, y.defined() ? std::optional<at::Tensor>(y) : std::nullopt, weight, bias, save_mean,
+                 save_invstd, reserve, eps, activation, has_residual, implementation, policy);
 }
 
 variable_list as_list(ForwardOutputs&& out) {
@@ -52,7 +53,9 @@ class BatchNormActFunction : public torch::autograd::Function<BatchNormActFuncti
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     auto out = as_list(call_forward(x, weight, bias, running_mean, running_var, residual, momentum, eps, activation,
                                     implementation, policy));
-    const auto& y = out[0];
+    // y only for the activation's mask: saving it without one would make an in-place op on the output (a following
+    // SiLU(inplace=True)) fail backward, where eager BatchNorm, which saves no output, works
+    const auto y = activation != 0 ? out[0] : at::Tensor();
     ctx->save_for_backward({x, y, weight, bias, out[1], out[2], out[5]});
     ctx->mark_non_differentiable({out[1], out[2], out[3], out[4], out[5]});
     // The five statistics outputs never get a gradient: materializing zeros for them cost five allocations and
@@ -141,7 +144,7 @@ ConvForwardOutputs call_conv_forward(const at::Tensor& x, const at::Tensor& conv
 // and weight, convolution, batch_norm, relu): fewer nodes, less host time per backward. The casts to conv_dtype are
 // done here so that their backward (the gradients cast back to x's and the weight's dtypes) is part of this node.
 // Saves what eager saves: the cast x and weight (the conv's backward), z (BatchNorm's input), y (the activation's
-// mask), BatchNorm's scale, shift and saved statistics, and the legacy API's reserve.
+// mask; with no activation, none), BatchNorm's scale, shift and saved statistics, and the legacy API's reserve.
 class ConvBatchNormActFunction : public torch::autograd::Function<ConvBatchNormActFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& conv_weight,
@@ -162,7 +165,8 @@ class ConvBatchNormActFunction : public torch::autograd::Function<ConvBatchNormA
         call_conv_forward(x_cast, weight_cast, bias_cast, stride, padding, dilation, groups, weight, bias,
                           running_mean, running_var, num_batches_tracked, residual, momentum, eps, activation,
                           implementation, dtype, policy);
-    ctx->save_for_backward({x_cast, weight_cast, z, y, weight, bias, save_mean, save_invstd, reserve});
+    ctx->save_for_backward({x_cast, weight_cast, z, activation != 0 ? y : at::Tensor(), weight, bias, save_mean,
+                            save_invstd, reserve});  // y for the activation's mask only (see BatchNormActFunction)
     ctx->mark_non_differentiable({z, save_mean, save_invstd, reserve});
     ctx->set_materialize_grads(false);  // only y has a gradient
     ctx->saved_data["stride"] = stride.vec();

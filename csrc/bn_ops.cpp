@@ -236,7 +236,8 @@ bool legacy_backward(const BatchNormProblem& p, const at::Tensor& x, const at::T
     const float one = 1.0f, zero = 0.0f;
     poison_output(dx);
     status = cudnnBatchNormalizationBackwardEx(
-        handle, d.mode, d.ops, &one, &zero, &one, &zero, d.x, x.data_ptr(), d.x, y.data_ptr(), d.x, dy.data_ptr(),
+        handle, d.mode, d.ops, &one, &zero, &one, &zero, d.x, x.data_ptr(), y.defined() ? d.x : nullptr,
+        y.defined() ? y.data_ptr() : nullptr, d.x, dy.data_ptr(),
         d.residual(p), p.has_residual ? dresidual.data_ptr() : nullptr, d.x, dx.data_ptr(), d.stats,
         weight.data_ptr(), bias.data_ptr(), dweight.data_ptr(), dbias.data_ptr(), eps, save_mean.data_ptr(),
         save_invstd.data_ptr(), d.activation, workspace.data_ptr(), sizes.backward_workspace, reserve.data_ptr(),
@@ -335,17 +336,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward(
-    const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& y, const at::Tensor& weight,
+    const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& y, const at::Tensor& weight,
     const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd, const at::Tensor& reserve,
     double eps, int64_t activation_value, bool has_residual, int64_t implementation_value, int64_t policy) {
   check_x(x, "x");
   check_like(grad_y, "grad_y", x);
-  check_like(y, "y", x);
+  auto activation = activation_from(activation_value);
+  bool has_y = y.has_value() && y->defined();
+  TORCH_CHECK(has_y || activation == Activation::kNone, "cudnn_fusion: y (the forward output) is needed for the "
+              "activation's backward, got none");
+  if (has_y) check_like(*y, "y", x);
   check_per_channel(weight, "weight", x);
   check_per_channel(bias, "bias", x);
   check_per_channel(save_mean, "save_mean", x);
   check_per_channel(save_invstd, "save_invstd", x);
-  auto activation = activation_from(activation_value);
   auto implementation = implementation_from(implementation_value);
 
   c10::DeviceGuard guard(x.device());
@@ -353,7 +357,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
   auto format = memory_format(channels_last);
   auto p = problem_of(x, channels_last, false, has_residual, activation, policy);
   auto x_dense = x.contiguous(format);
-  auto y_dense = y.contiguous(format);
+  auto y_dense = has_y ? y->contiguous(format) : at::Tensor();
   auto dy = grad_y.contiguous(format);
   int64_t c = x.size(1);
   auto stats_options = x.options().dtype(at::kFloat);

@@ -28,9 +28,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     double eps, int64_t activation, int64_t implementation, int64_t policy);
 
 // Gradients of batch_norm_act_forward: grad_x, grad_residual (empty without a residual), grad_weight, grad_bias.
-// The activation's mask comes from the saved output y (y > 0, and y < 6 for ReLU6).
+// The activation's mask comes from the saved output y (y > 0, and y < 6 for ReLU6); without an activation y is not
+// needed, and the autograd node does not save it (eager BatchNorm saves no output either, so an in-place op on it
+// afterwards is fine).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward(
-    const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& y, const at::Tensor& weight,
+    const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& y, const at::Tensor& weight,
     const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd, const at::Tensor& reserve,
     double eps, int64_t activation, bool has_residual, int64_t implementation, int64_t policy);
 

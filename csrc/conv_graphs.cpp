@@ -510,6 +510,33 @@ PlanInUse plan_in_use(const GraphKey& key) {
   return info;
 }
 
+void check_conv_problem(const ConvProblem& p) {
+  auto at_least = [](const std::array<int64_t, 2>& values, int64_t min_value, const char* name) {
+    TORCH_CHECK_VALUE(values[0] >= min_value && values[1] >= min_value, "cudnn_fusion: ", name,
+                      " values must be >= ", min_value, ", got ", at::IntArrayRef(values));
+  };
+  at_least(p.stride, 1, "stride");
+  at_least(p.dilation, 1, "dilation");
+  at_least(p.pad_pre, 0, "padding (before)");
+  at_least(p.pad_post, 0, "padding (after)");
+  TORCH_CHECK_VALUE(p.groups >= 1, "cudnn_fusion: groups must be >= 1, got ", p.groups);
+  TORCH_CHECK_VALUE(p.x_size[0] >= 0 && p.x_size[1] >= 1 && p.x_size[2] >= 1 && p.x_size[3] >= 1,
+                    "cudnn_fusion: x's size must be [N >= 0, C >= 1, H >= 1, W >= 1], got ", at::IntArrayRef(p.x_size));
+  TORCH_CHECK_VALUE(p.w_size[0] >= 1 && p.w_size[1] >= 1 && p.w_size[2] >= 1 && p.w_size[3] >= 1,
+                    "cudnn_fusion: weight's size must be positive, got ", at::IntArrayRef(p.w_size));
+  TORCH_CHECK_VALUE(p.x_size[1] == p.w_size[1] * p.groups, "cudnn_fusion: x has ", p.x_size[1],
+                    " channels but weight of shape ", at::IntArrayRef(p.w_size), " with groups=", p.groups,
+                    " expects ", p.w_size[1] * p.groups);
+  TORCH_CHECK_VALUE(p.w_size[0] % p.groups == 0, "cudnn_fusion: weight's out_channels (", p.w_size[0],
+                    ") must be divisible by groups (", p.groups, ")");
+  for (int i = 0; i < 2; ++i) {
+    int64_t extent = p.x_size[2 + i] + p.pad_pre[i] + p.pad_post[i];
+    int64_t window = p.dilation[i] * (p.w_size[2 + i] - 1) + 1;
+    TORCH_CHECK_VALUE(extent >= window, "cudnn_fusion: the padded input (", (i ? "width " : "height "), extent,
+                      ") is smaller than the dilated kernel (", window, ")");
+  }
+}
+
 std::array<int64_t, 4> ConvProblem::y_size() const {
   GraphKey key;
   key.x_size = x_size;

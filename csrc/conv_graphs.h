@@ -34,6 +34,11 @@ struct ConvProblem {
   std::array<int64_t, 4> y_size() const;
 };
 
+// Raises a c10::Error naming the argument (stride, padding, dilation, groups, channels, sizes) when `p` is not a
+// valid convolution. Every entry point calls it before any arithmetic on the sizes: a stride of 0 reached a
+// division and killed the process (SIGFPE).
+void check_conv_problem(const ConvProblem& p);
+
 // Tensor UIDs in the variant packs.
 enum TensorUid : int64_t {
   kUidX = 1,

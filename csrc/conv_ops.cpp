@@ -18,11 +18,9 @@ void poison(const at::Tensor& t) {
   if (poison_outputs.load(std::memory_order_relaxed)) t.fill_(std::numeric_limits<double>::quiet_NaN());
 }
 
-std::array<int64_t, 2> pair_arg(at::IntArrayRef values, const char* name, int64_t min_value) {
+std::array<int64_t, 2> pair_arg(at::IntArrayRef values, const char* name) {
   TORCH_CHECK(values.size() == 2, "cudnn_fusion: ", name, " must have 2 values (height, width), got ",
               values.size(), ": ", values);
-  TORCH_CHECK(values[0] >= min_value && values[1] >= min_value, "cudnn_fusion: ", name,
-              " values must be >= ", min_value, ", got ", values);
   return {values[0], values[1]};
 }
 
@@ -69,22 +67,12 @@ ConvProblem make_problem(const at::Tensor& grad_or_x, at::IntArrayRef x_size, at
   p.channels_last = channels_last;
   p.x_size = size4(x_size);
   p.w_size = size4(w_size);
-  p.stride = pair_arg(stride, "stride", 1);
-  p.pad_pre = pair_arg(padding_pre, "padding_pre", 0);
-  p.pad_post = pair_arg(padding_post, "padding_post", 0);
-  p.dilation = pair_arg(dilation, "dilation", 1);
+  p.stride = pair_arg(stride, "stride");
+  p.pad_pre = pair_arg(padding_pre, "padding_pre");
+  p.pad_post = pair_arg(padding_post, "padding_post");
+  p.dilation = pair_arg(dilation, "dilation");
   p.groups = groups;
-  TORCH_CHECK(groups >= 1, "cudnn_fusion: groups must be >= 1, got ", groups);
-  TORCH_CHECK(p.x_size[1] == p.w_size[1] * groups, "cudnn_fusion: x has ", p.x_size[1],
-              " channels but weight of shape ", w_size, " with groups=", groups, " expects ", p.w_size[1] * groups);
-  TORCH_CHECK(p.w_size[0] % groups == 0, "cudnn_fusion: weight's out_channels (", p.w_size[0],
-              ") must be divisible by groups (", groups, ")");
-  for (int i = 0; i < 2; ++i) {
-    int64_t extent = p.x_size[2 + i] + p.pad_pre[i] + p.pad_post[i];
-    int64_t window = p.dilation[i] * (p.w_size[2 + i] - 1) + 1;
-    TORCH_CHECK(extent >= window, "cudnn_fusion: the padded input (", (i ? "width " : "height "), extent,
-                ") is smaller than the dilated kernel (", window, ")");
-  }
+  check_conv_problem(p);
   return p;
 }
 
