@@ -16,6 +16,7 @@ import torch
 from torch._prims_common import suggest_memory_format
 
 from . import _extension
+from ._compile import constant_under_compile
 from .policy import policy_id
 
 _SUPPORTED_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -190,7 +191,7 @@ def _decide(config: tuple) -> tuple:
 _decisions_by_layer: dict[int, tuple[tuple, tuple]] = {}
 
 
-@torch.compiler.assume_constant_result
+@constant_under_compile
 def decide_and_record(layer_id: int, config: tuple) -> tuple:
     decision = _decide(config)
     _decisions_by_layer[layer_id] = (decision, config)
@@ -321,7 +322,7 @@ def decide_batch_norm(config: tuple) -> tuple:
     return False, f"{graph_refusal}; and {refusals['legacy']}", (), "eager"
 
 
-@torch.compiler.assume_constant_result
+@constant_under_compile
 def decide_batch_norm_and_record(layer_id: int, config: tuple) -> tuple:
     decision = decide_batch_norm(config)
     _decisions_by_layer[layer_id] = (decision, config)

@@ -23,6 +23,7 @@ from typing import Iterator, Mapping, Optional, Union
 import torch
 
 from . import _extension
+from ._compile import constant_under_compile
 
 MODES = ("heuristic", "autotune", "pinned")
 GRAPHS = ("forward", "relu_bias_backward", "dgrad", "wgrad", "batchnorm_forward", "batchnorm_backward")
@@ -130,7 +131,7 @@ def resolve(policy: Optional[EnginePolicy]) -> EnginePolicy:
 _ids: dict[tuple, int] = {HEURISTIC.key: 0}
 
 
-@torch.compiler.assume_constant_result
+@constant_under_compile
 def policy_id(key: tuple) -> int:
     """The id the C++ ops take for the policy whose `key` this is (registered once)."""
     found = _ids.get(key)
