@@ -3,6 +3,7 @@
 import copy
 import os
 import pickle
+import re
 import subprocess
 import sys
 
@@ -124,8 +125,8 @@ def test_strict_raises_with_the_reason():
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda: tcf.conv2d_bias_act(torch.randn(8, 5, 5), torch.randn(4, 8, 3, 3)),
-         r"x must be a 4-D tensor \[N, C, H, W\], got a 3-D tensor of shape \[8, 5, 5\]"),
+        (lambda: tcf.conv2d_bias_act(torch.randn(5, 5), torch.randn(4, 8, 3, 3)),
+         r"x must be a 4-D tensor \[N, C, H, W\] \(or 3-D \[C, H, W\]\), got a 2-D tensor of shape \[5, 5\]"),
         (lambda: tcf.conv2d_bias_act(torch.randn(1, 8, 5, 5), torch.randn(4, 8, 3, 3, dtype=torch.float64)),
          r"weight dtype must match x dtype \(torch.float32\), got torch.float64"),
         (lambda: tcf.conv2d_bias_act(torch.randn(1, 8, 5, 5), torch.randn(4, 8, 3, 3, device="meta")),
@@ -134,12 +135,18 @@ def test_strict_raises_with_the_reason():
          r"x has 6 channels but weight of shape \[4, 8, 3, 3\] with groups=1 expects 8"),
         (lambda: tcf.conv2d_bias_act(torch.randn(1, 8, 5, 5), torch.randn(4, 8, 3, 3), torch.randn(5)),
          r"bias must have shape \[4\] \(out_channels\), got \[5\]"),
-        (lambda: tcf.conv2d_bias_act(torch.randn(1, 8, 5, 5), torch.randn(4, 8, 3, 3), None,
-                                     torch.randn(1, 4, 5, 5)),
-         r"residual must have the output's shape \[1, 4, 3, 3\], got \[1, 4, 5, 5\]"),
-        (lambda: tcf.conv2d_bias_act(torch.randn(1, 8, 5, 5), torch.randn(4, 8, 3, 3), None,
-                                     torch.randn(1, 4, 3, 3, dtype=torch.float64)),
-         r"residual dtype must match x dtype \(torch.float32\), got torch.float64"),
+        (lambda: tcf.conv2d_bias_act(torch.randn(1, 8, 5, 5), torch.randn(4, 8, 3, 3), stride=0),
+         r"stride must be >= 1, got 0"),
+        (lambda: tcf.conv2d_bias_act(torch.randn(1, 8, 5, 5), torch.randn(4, 8, 3, 3), stride=(1, 0)),
+         r"stride must be >= 1, got \(1, 0\)"),
+        (lambda: tcf.conv2d_bias_act(torch.randn(1, 8, 5, 5), torch.randn(4, 8, 3, 3), dilation=(0, 1)),
+         r"dilation must be >= 1, got \(0, 1\)"),
+        (lambda: tcf.conv2d_bias_act(torch.randn(1, 8, 5, 5), torch.randn(4, 8, 3, 3), padding=-1),
+         r"padding must be >= 0, got -1"),
+        (lambda: tcf.conv2d_bias_act(torch.randn(1, 8, 5, 5), torch.randn(4, 8, 3, 3), groups=0),
+         r"groups must be an int >= 1, got 0"),
+        (lambda: tcf.Conv2dReLU(8, 4, 3, stride=(1, 0))(torch.randn(1, 8, 5, 5)),
+         r"stride must be >= 1, got \(1, 0\)"),
         (lambda: tcf.conv2d_bias_act(torch.randn(1, 8, 5, 5), torch.randn(4, 8, 3, 3), activation="gelu"),
          r"activation must be 'relu', 'identity' or None, got 'gelu'"),
         (lambda: tcf.conv2d_bias_act(torch.randn(1, 8, 5, 5), torch.randn(4, 8, 3, 3), stride=2, padding="same"),
@@ -149,6 +156,43 @@ def test_strict_raises_with_the_reason():
 def test_bad_arguments_are_named(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_unbatched_input_runs_as_nn_conv2d_does():
+    torch.manual_seed(0)
+    layer = tcf.Conv2dReLU(8, 16, 3, padding=1)
+    x = torch.randn(8, 5, 5)
+    out = layer(x)
+    assert out.shape == (16, 5, 5)
+    torch.testing.assert_close(out, F.relu(F.conv2d(x, layer.weight, layer.bias, padding=1)), rtol=0, atol=0)
+    add = tcf.Conv2dAddReLU.from_conv(layer)
+    residual = torch.randn(16, 5, 5)
+    torch.testing.assert_close(add(x, residual), F.relu(F.conv2d(x, layer.weight, layer.bias, padding=1) + residual),
+                               rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"expected 4D input \(got 3D input\)"):  # as nn.BatchNorm2d after the conv
+        tcf.Conv2dBNReLU(8, 16, 3)(x)
+
+
+@pytest.mark.parametrize("residual_shape, dtype, why", [
+    ((16, 1, 1), torch.float32, r"the residual's shape \[16, 1, 1\] is not the output's \[2, 16, 5, 5\]: eager broadcasts"),
+    ((2, 16, 5, 5), torch.float64, r"the residual is torch.float64 but the conv output is torch.float32: eager promotes"),
+])
+def test_residual_eager_would_broadcast_or_promote_runs_eager_with_the_reason(residual_shape, dtype, why):
+    torch.manual_seed(0)
+    layer = tcf.Conv2dAddReLU(8, 16, 3, padding=1)
+    x, residual = torch.randn(2, 8, 5, 5), torch.randn(*residual_shape, dtype=dtype)
+    out = layer(x, residual)
+    expected = F.relu(F.conv2d(x, layer.weight, layer.bias, padding=1) + residual)
+    assert out.dtype == expected.dtype
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    assert re.search(why, layer.fusion_status.reason), layer.fusion_status.reason
+    with pytest.raises(tcf.FusionError, match=why):
+        tcf.Conv2dAddReLU.from_conv(layer, strict=True)(x, residual)
+    conv, norm = nn.Conv2d(8, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16)
+    fused = tcf.Conv2dBNAddReLU.from_modules(copy.deepcopy(conv), copy.deepcopy(norm))
+    torch.testing.assert_close(fused(x, residual), F.relu(norm(conv(x)) + residual), rtol=0, atol=0)
+    assert re.search(why, fused.fusion_status.reason), fused.fusion_status.reason
+    torch.testing.assert_close(fused.bn.running_var, norm.running_var, rtol=0, atol=0)
 
 
 def test_zero_size_batch_returns_empty():
@@ -233,3 +277,32 @@ def test_explain_on_cpu_reports_each_fallback():
     assert report[1].reason.startswith("groups=2")
     assert report[0].median_ms is None  # timed on CUDA only
     assert "eager: groups=2" in str(report)
+
+
+def test_import_is_cheap_and_writes_no_environment_variable():
+    code = ("import os, sys, torch; before = dict(os.environ); import torch_cudnn_fusion; "
+            "print('torch._dynamo' in sys.modules, dict(os.environ) == before)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"], out.stdout + out.stderr
+
+
+def test_compile_mark_is_what_torch_compiler_assume_constant_result_sets():
+    """_compile.constant_under_compile marks without importing torch._dynamo; if torch's decorator ever did more
+    than set attributes, this fails."""
+    from torch_cudnn_fusion._compile import constant_under_compile
+
+    def ours():
+        return 1
+
+    def theirs():
+        return 1
+
+    import torch._dynamo  # noqa: F401 — after this import constant_under_compile defers to torch's decorator
+    marked = torch.compiler.assume_constant_result(theirs)
+    assert marked is theirs and vars(theirs)
+    saved = sys.modules.pop("torch._dynamo")
+    try:
+        assert constant_under_compile(ours) is ours
+    finally:
+        sys.modules["torch._dynamo"] = saved
+    assert vars(ours) == vars(theirs), (vars(ours), vars(theirs))

@@ -14,14 +14,16 @@ _IntPair = Union[int, Sequence[int]]
 FUNCTIONAL_LAYER_ID = -1  # decisions of calls made without a module are recorded under this id
 
 
-def _pair(value: _IntPair, name: str) -> tuple[int, int]:
-    if isinstance(value, int):
-        return (value, value)
-    values = tuple(value)
+def _pair(value: _IntPair, name: str, minimum: int) -> tuple[int, int]:
+    """(height, width) from an int or a pair, each at least `minimum` (checked here, before any C++ arithmetic: a
+    stride of 0 reached a division there and killed the process)."""
+    values = (value, value) if isinstance(value, int) else tuple(value)
     if len(values) == 1:
-        return (values[0], values[0])
-    if len(values) != 2 or not all(isinstance(v, int) for v in values):
+        values = (values[0], values[0])
+    if len(values) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         raise ValueError(f"{name} must be an int or a pair of ints (height, width), got {value!r}")
+    if min(values) < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
     return values  # type: ignore[return-value]
 
 
@@ -39,19 +41,20 @@ def conv_padding(padding: Union[str, _IntPair], kernel_size: Sequence[int], dila
         pre = tuple(t // 2 for t in total)
         post = tuple(t - p for t, p in zip(total, pre))
         return pre, post  # type: ignore[return-value]
-    pair = _pair(padding, "padding")
+    pair = _pair(padding, "padding", 0)
     return pair, pair
 
 
-def _check_args(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                residual: Optional[torch.Tensor], groups: int) -> None:
+def _check_args(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], groups: int) -> None:
     if not isinstance(x, torch.Tensor) or x.dim() != 4:
         got = f"{x.dim()}-D tensor of shape {list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ValueError(f"x must be a 4-D tensor [N, C, H, W], got a {got}")
+        raise ValueError(f"x must be a 4-D tensor [N, C, H, W] (or 3-D [C, H, W]), got a {got}")
     if weight.dim() != 4:
         raise ValueError(f"weight must be a 4-D tensor [out_channels, in_channels / groups, kH, kW], got shape "
                          f"{list(weight.shape)}")
-    for name, t in (("weight", weight), ("bias", bias), ("residual", residual)):
+    if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
+        raise ValueError(f"groups must be an int >= 1, got {groups!r}")
+    for name, t in (("weight", weight), ("bias", bias)):
         if t is None:
             continue
         if t.device != x.device:
@@ -66,7 +69,8 @@ def _check_args(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
 
 
 def _autocast(tensors: Sequence[Optional[torch.Tensor]], device_type: str) -> list[Optional[torch.Tensor]]:
-    """Under torch.autocast, run in the autocast dtype as F.conv2d does (the residual is cast too)."""
+    """Under torch.autocast, the conv's operands in the autocast dtype, as F.conv2d casts them (the residual is not
+    one: eager adds it to the conv's output as it is)."""
     if not torch.is_autocast_enabled(device_type):
         return list(tensors)
     dtype = torch.get_autocast_dtype(device_type)
@@ -87,6 +91,20 @@ def _eager(x, weight, bias, residual, stride, padding_pre, padding_post, dilatio
     if residual is not None:
         y = y + residual
     return F.relu(y) if relu else y
+
+
+def _odd_residual(residual: torch.Tensor, expected: Sequence[int], out: torch.Tensor) -> str:
+    """Why the fused add cannot take `residual` for an output of shape `expected` and out's dtype ('' when it can):
+    eager adds a residual that broadcasts, or has another dtype (promoting the sum), and so does the fallback."""
+    if list(residual.shape) != list(expected):
+        return (f"the residual's shape {list(residual.shape)} is not the output's {list(expected)}: eager broadcasts "
+                "it, so the layer runs eager")
+    if residual.dtype != out.dtype:
+        return (f"the residual is {residual.dtype} but the conv output is {out.dtype}: eager promotes the sum, so the "
+                "layer runs eager")
+    if residual.device != out.device:
+        return f"the residual is on {residual.device}, the conv output on {out.device}: eager decides what happens"
+    return ""
 
 
 def _signature(t: Optional[torch.Tensor]):
@@ -124,6 +142,11 @@ def conv2d_bias_act(
     strict=True (or global strict mode) raises FusionError instead of running eager. policy: the EnginePolicy that
     chooses the cuDNN plans (None: the global one, see torch_cudnn_fusion.set_engine_policy).
     """
+    if isinstance(x, torch.Tensor) and x.dim() == 3:  # unbatched [C, H, W], as nn.Conv2d takes it
+        if residual is not None and residual.dim() == 3:
+            residual = residual.unsqueeze(0)
+        return conv2d_bias_act(x.unsqueeze(0), weight, bias, residual, stride, padding, dilation, groups, activation,
+                               padding_mode=padding_mode, strict=strict, policy=policy, layer_id=layer_id).squeeze(0)
     device_type = x.device.type
     policy = resolve(policy)
     autocast = torch.is_autocast_enabled(device_type)
@@ -136,30 +159,35 @@ def conv2d_bias_act(
         last = _last_call.get(layer_id)
         if last is not None and last[0] == signature:
             if autocast:
-                x, weight, bias, residual = _autocast((x, weight, bias, residual), device_type)
+                x, weight, bias = _autocast((x, weight, bias), device_type)
             return _run(last[1], x, weight, bias, residual, last[2], padding_mode)
 
     if activation not in ("relu", "identity", None):
         raise ValueError(f"activation must be 'relu', 'identity' or None, got {activation!r}")
     relu = activation == "relu"
     if autocast:
-        x, weight, bias, residual = _autocast((x, weight, bias, residual), device_type)
-    _check_args(x, weight, bias, residual, groups)
-    stride_ = _pair(stride, "stride")
-    dilation_ = _pair(dilation, "dilation")
+        x, weight, bias = _autocast((x, weight, bias), device_type)
+    _check_args(x, weight, bias, groups)
+    stride_ = _pair(stride, "stride", 1)
+    dilation_ = _pair(dilation, "dilation", 1)
     padding_pre, padding_post = conv_padding(padding, weight.shape[2:], dilation_, stride_)
+    where = (f"the conv layer {x.shape[1]}->{weight.shape[0]} channels, kernel {weight.shape[2]}x{weight.shape[3]}, "
+             f"input {list(x.shape)}")
+    conv_args = (list(stride_), list(padding_pre), list(padding_post), list(dilation_), groups, relu, 0)
     if residual is not None:
         from .ops import conv_output_size
 
         expected = conv_output_size(x.shape, weight.shape, stride_, padding_pre, padding_post, dilation_)
-        if list(residual.shape) != expected:
-            raise ValueError(f"residual must have the output's shape {expected}, got {list(residual.shape)}")
+        odd = _odd_residual(residual, expected, x)
+        if odd:  # eager broadcasts or promotes the sum: do exactly that
+            decision = (False, odd, ())
+            fusion.record_decision(layer_id, decision)
+            fusion.raise_if_strict(decision, strict, where)
+            return _run(False, x, weight, bias, residual, conv_args, padding_mode)
 
     config = fusion.layer_config(x, weight, bias, residual, stride_, padding_pre, padding_post, dilation_, groups,
                                  relu, padding_mode, policy.key)
     decision = fusion.decide_and_record(layer_id, config)
-    where = (f"the conv layer {x.shape[1]}->{weight.shape[0]} channels, kernel {weight.shape[2]}x{weight.shape[3]}, "
-             f"input {list(x.shape)}")
     fusion.raise_if_strict(decision, strict, where)
     conv_args = (list(stride_), list(padding_pre), list(padding_post), list(dilation_), groups, relu,
                  policy_id(policy.key) if decision[0] else 0)
@@ -191,6 +219,18 @@ def _eager_batch_norm_act(x, running_mean, running_var, weight, bias, training, 
     if activation == "relu6":
         return F.relu6(y)
     return y
+
+
+def _eager_batch_norm_reason(x: torch.Tensor, residual: Optional[torch.Tensor], batch_stats: bool) -> str:
+    """Why a BatchNorm (+ residual) call runs as eager's composition whatever the rules below say ('' when it need
+    not): inference, an empty batch, or a residual eager would broadcast or promote."""
+    if not batch_stats:
+        return "inference with running statistics: eager BatchNorm (Conv2dBN* fold it into the conv)"
+    if x.dim() > 0 and x.numel() == 0:
+        return "an empty batch: eager (it leaves the running statistics as they are)"
+    if residual is not None:
+        return _odd_residual(residual, x.shape, x)
+    return ""
 
 
 _ones_zeros: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -269,16 +309,17 @@ def batch_norm_act(
         raise TypeError(f"x must be a tensor, got {type(x).__name__}")
     if (running_mean is None) != (running_var is None):
         raise ValueError("running_mean and running_var must be given together (or both None)")
-    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype or residual.device != x.device):
-        raise ValueError(f"residual must match x ({list(x.shape)}, {x.dtype}, {x.device}), got "
-                         f"{list(residual.shape)}, {residual.dtype}, {residual.device}")
     batch_stats = training or running_mean is None
-    if not batch_stats:
-        decision = (False, "inference with running statistics: eager BatchNorm (Conv2dBN* fold it into the conv)",
-                    (), "eager")
+    eager_reason = _eager_batch_norm_reason(x, residual, batch_stats)
+    if eager_reason:
+        decision = (False, eager_reason, (), "eager")
         fusion.record_decision(layer_id, decision)
-        return _eager_batch_norm_act(x, running_mean, running_var, weight, bias, False, momentum, eps, activation,
-                                     residual)
+        _last_bn_call.pop(layer_id, None)  # nothing for conv2d_batch_norm_act to record as this layer's run
+        if batch_stats:
+            fusion.raise_if_strict(decision, strict, f"the BatchNorm layer over {x.shape[1]} channels, input "
+                                                     f"{list(x.shape)}")
+        return _eager_batch_norm_act(x, running_mean, running_var, weight, bias, batch_stats, momentum, eps,
+                                     activation, residual)
     if x.dim() >= 2 and x.shape[1] != (weight.shape[0] if weight is not None else x.shape[1]):
         raise ValueError(f"weight must have shape [{x.shape[1]}] (x's channels), got {list(weight.shape)}")
     update = training and running_mean is not None
@@ -387,13 +428,6 @@ def conv2d_batch_norm_act(
     if num_batches_tracked is not None:
         num_batches_tracked.add_(1)
     z = conv._conv_forward(x, conv.weight, conv.bias)
-    if residual is not None and residual.dtype != z.dtype:
-        # eager would promote the sum to the residual's dtype: keep its numbers and dtype exactly
-        fusion.record_decision(layer_id, (
-            False, f"the residual is {residual.dtype} but the conv output is {z.dtype}: eager promotes the sum, so "
-            "the layer runs eager", (), "eager"))
-        return _eager_batch_norm_act(z, running_mean, running_var, weight, bias, True, momentum, eps, activation,
-                                     residual)
     y = batch_norm_act(z, running_mean, running_var, weight, bias, True, momentum, eps, activation, residual,
                        strict=strict, policy=policy, layer_id=layer_id)
     bn_call = _last_bn_call.get(layer_id)  # this call's decision: batch_norm_act made it or found it unchanged

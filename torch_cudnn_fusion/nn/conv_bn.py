@@ -18,7 +18,7 @@ from torch import nn
 from torch._prims_common import suggest_memory_format
 
 from .. import fusion
-from ..functional import conv2d_batch_norm_act, conv2d_bias_act
+from ..functional import _eager_batch_norm_act, conv2d_batch_norm_act, conv2d_bias_act
 from .batchnorm import batch_norm_arguments, check_activation
 from ..policy import EnginePolicy
 from .conv import FusedConv2d, _layer_ids
@@ -105,6 +105,8 @@ class Conv2dBN(FusedConv2d):
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
         bn = self.bn
+        if x.dim() != 4:  # what nn.BatchNorm2d raises after the conv (nn.Conv2d alone also takes [C, H, W])
+            raise ValueError(f"expected 4D input (got {x.dim()}D input)")
         # in training with a fixed momentum, conv2d_batch_norm_act counts the step (`uncounted`): in the one op's
         # launch that writes the running statistics
         running_mean, running_var, batch_stats, momentum, uncounted = batch_norm_arguments(bn, count=False)
@@ -115,6 +117,16 @@ class Conv2dBN(FusedConv2d):
                                          self.activation, residual, strict=self.strict, policy=self.policy,
                                          layer_id=self._bn_layer_id, num_batches_tracked=uncounted)
         self._last_mode = "folded"
+        if not x.is_cuda:
+            # nothing runs fused off CUDA: eager's own composition (conv, BatchNorm on running statistics,
+            # activation), whose numbers are eager's exactly, rather than the fold
+            decision = (False, f"x is on {x.device.type}: the fused path runs on CUDA tensors", ())
+            fusion.record_decision(self.layer_id, decision)
+            fusion.raise_if_strict(decision, self.strict, f"the conv + BatchNorm layer {self.in_channels}->"
+                                                          f"{self.out_channels} channels")
+            z = self._conv_forward(x, self.weight, self.bias)
+            return _eager_batch_norm_act(z, running_mean, running_var, bn.weight, bn.bias, False, momentum, bn.eps,
+                                         self.activation, residual)
         weight, bias = self._folded_weight_and_bias()
         relu = self.activation == "relu"
         y = conv2d_bias_act(x, weight, bias, residual, self.stride, self.padding, self.dilation, self.groups,
