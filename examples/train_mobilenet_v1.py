@@ -184,9 +184,12 @@ def main():
     plain = mobilenet_v1(num_classes=classes, width_multiplier=args.width).to(device)
     plain = plain.to(memory_format=torch.channels_last)
     initial = copy.deepcopy(plain) if args.compare_eager else None
-    fused_model, report = tcf.fuse(plain)
+    # an example batch, so that the report says how each fused layer runs here (on a CPU: eager, and why)
+    example = torch.randn(2, 3, args.image_size, args.image_size, device=device).to(memory_format=torch.channels_last)
+    with torch.autocast(device.type, dtype, enabled=dtype != torch.float32):
+        fused_model, report = tcf.fuse(plain, example)
     if rank == 0:
-        print(f"fuse(): {len(report.fused)} fused, {len(report.not_fused)} not fused")
+        print(f"fuse(): {report.summary()}")
     trainers = {"fused": Trainer(fused_model, args, device, dtype, local_rank)}
     if initial is not None:
         trainers["eager"] = Trainer(initial, args, device, dtype, local_rank)

@@ -96,7 +96,15 @@ def test_functional_errors_name_the_argument():
         tcf.batch_norm_act(x, torch.zeros(8), None, training=True)
     with pytest.raises(ValueError, match="activation must be 'relu', 'relu6', 'identity' or None, got 'tanh'"):
         tcf.batch_norm_act(x, None, None, training=True, activation="tanh")
-    with pytest.raises(ValueError, match=r"residual must match x \(\[2, 8, 4, 4\]"):
+
+
+def test_functional_residual_is_added_as_eager_adds_it():
+    """A residual eager would broadcast runs eager (with the reason); one eager cannot add fails as eager fails."""
+    x = torch.randn(2, 8, 4, 4)
+    residual = torch.randn(8, 1, 1)
+    out = tcf.batch_norm_act(x, None, None, training=True, residual=residual)
+    torch.testing.assert_close(out, F.relu(F.batch_norm(x, None, None, training=True) + residual), rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="must match the size of tensor b"):
         tcf.batch_norm_act(x, None, None, training=True, residual=torch.randn(2, 8, 4, 3))
 
 
@@ -123,35 +131,73 @@ def rows_by_path(report):
     return {row.path: row for row in report}
 
 
+def module_classes(model):
+    return [(path, type(m)) for path, m in model.named_modules()]
+
+
 def test_fuse_mobilenet_report_state_dict_and_training_match():
     torch.manual_seed(0)
     plain = mobilenet_v1(num_classes=10, width_multiplier=0.25)
-    model, report = tcf.fuse(copy.deepcopy(plain))
-    assert len(report.fused) == 27 and not report.not_fused  # stem + 13 x (depthwise, pointwise)
+    untouched = copy.deepcopy(plain)
+    model, report = tcf.fuse(plain)
+    assert model is not plain and module_classes(plain) == module_classes(untouched)
+    assert len(report.replaced) == 27 and not report.not_replaced  # stem + 13 x (depthwise, pointwise)
+    assert report.conv_coverage()[:2] == (27, 27)
     assert all(row.module == "Conv2dBNReLU" and row.pattern == "Conv2d -> BatchNorm2d -> ReLU" for row in report)
     assert "grouped/depthwise" in rows_by_path(report)["features.1.0"].reason
     assert rows_by_path(report)["features.1.3"].reason == ""
-    assert list(model.state_dict()) == list(plain.state_dict())
+    assert set(model.state_dict()) == set(plain.state_dict())
     assert isinstance(model.get_submodule("features.1.1"), BatchNorm2dFused)
-    assert "Conv2d -> BatchNorm2d -> ReLU" in str(report)
+    assert type(plain.get_submodule("features.1.1")) is nn.BatchNorm2d
+    text = str(report)
+    assert "Conv2d -> BatchNorm2d -> ReLU" in text and "27 patterns replaced by fused modules (27 of 27" in text
 
-    opt_plain = torch.optim.SGD(plain.parameters(), lr=0.1, momentum=0.9)
-    opt_fused = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    assert len(list(model.parameters())) == len(list(plain.parameters()))
+    # one set of Parameters and buffers: the optimizer of the plain model trains the fused one
+    assert [id(p) for p in model.parameters()] == [id(p) for p in plain.parameters()]
+    eager = copy.deepcopy(untouched)
+    opt_eager = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
+    opt_fused = torch.optim.SGD(plain.parameters(), lr=0.1, momentum=0.9)
     for step in range(3):
         x, target = torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))
         losses = []
-        for m, opt in ((plain, opt_plain), (model, opt_fused)):
+        for m, opt in ((eager, opt_eager), (model, opt_fused)):
             opt.zero_grad()
             loss = F.cross_entropy(m(x), target)
             loss.backward()
             opt.step()
             losses.append(loss)
-        torch.testing.assert_close(losses[1], losses[0])
-    torch.testing.assert_close(model.state_dict(), plain.state_dict())
-    plain.eval(), model.eval()
+        torch.testing.assert_close(losses[1], losses[0], rtol=0, atol=0)
+    torch.testing.assert_close(model.state_dict(), eager.state_dict(), rtol=0, atol=0)
+    eager.eval(), model.eval()
     x = torch.randn(2, 3, 32, 32)
-    torch.testing.assert_close(model(x), plain(x), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(model(x), eager(x), rtol=0, atol=0)  # on the CPU eval runs eager's own composition
+    assert plain.training  # fused.eval() is the fused model's own
+    plain.eval()
+    torch.testing.assert_close(plain(x), eager(x), rtol=0, atol=0)  # the original, still a plain model, works
+
+
+def test_fuse_never_changes_the_model_even_when_it_fails(monkeypatch):
+    torch.manual_seed(0)
+    plain = BasicBlock()
+    untouched = copy.deepcopy(plain)
+    x = torch.randn(2, 16, 8, 8)
+
+    def same_as_untouched():
+        assert module_classes(plain) == module_classes(untouched)
+        torch.testing.assert_close(plain.state_dict(), untouched.state_dict(), rtol=0, atol=0)
+        torch.testing.assert_close(plain(x), untouched(x), rtol=0, atol=0)  # training: both update their statistics
+
+    tcf.fuse(plain)
+    same_as_untouched()
+    from torch_cudnn_fusion import rewrite
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated failure in the middle of the rewrite")
+
+    monkeypatch.setattr(rewrite._GraphRewrite, "replace", broken)
+    with pytest.raises(RuntimeError, match="simulated failure"):
+        tcf.fuse(plain)
+    same_as_untouched()
 
 
 def test_checkpoint_round_trip_between_plain_and_fused():
@@ -164,18 +210,21 @@ def test_checkpoint_round_trip_between_plain_and_fused():
     torch.testing.assert_close(fresh.state_dict(), plain.state_dict())
     plain.eval(), fused.eval()
     x = torch.randn(2, 3, 32, 32)
-    torch.testing.assert_close(fused(x), plain(x), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(fused(x), plain(x), rtol=0, atol=0)
 
 
 def test_fuse_is_idempotent_and_sequential_walk_matches():
     torch.manual_seed(0)
     model, _ = tcf.fuse(mobilenet_v1(num_classes=10, width_multiplier=0.25))
     again, report = tcf.fuse(model)
-    assert again is model
+    assert again is not model
+    assert ({path: type(m).__name__ for path, m in again.named_modules()}
+            == {path: type(m).__name__ for path, m in model.named_modules()})
     assert all(row.reason == "already fused" for row in report) and len(report) == 27
     walked, report = tcf.fuse(mobilenet_v1(num_classes=10, width_multiplier=0.25), use_fx=False)
-    assert len(report.fused) == 27
+    assert len(report.replaced) == 27
     assert isinstance(walked.get_submodule("features.1.2"), ActivationFused)  # in a Sequential, it is called
+    assert type(walked).__name__ == "MobileNetV1"  # no tracing: the model keeps its class
     _, report = tcf.fuse(walked, use_fx=False)
     assert all(row.reason == "already fused" for row in report)
 
@@ -183,45 +232,110 @@ def test_fuse_is_idempotent_and_sequential_walk_matches():
 def test_fuse_resnet_basic_block_fuses_the_residual():
     torch.manual_seed(0)
     plain = BasicBlock()
-    model, report = tcf.fuse(copy.deepcopy(plain))
+    eager = copy.deepcopy(plain)
+    model, report = tcf.fuse(plain)
     rows = rows_by_path(report)
-    assert rows["conv1"].module == "Conv2dBNReLU" and rows["conv1"].fused
+    assert rows["conv1"].module == "Conv2dBNReLU" and rows["conv1"].replaced
     assert rows["conv2"].module == "Conv2dBNAddReLU" and rows["conv2"].pattern == "Conv2d -> BatchNorm2d -> add -> ReLU"
-    assert list(model.state_dict()) == list(plain.state_dict())
+    assert set(model.state_dict()) == set(plain.state_dict())
     x = torch.randn(2, 16, 8, 8)
-    torch.testing.assert_close(model(x.clone()), plain(x.clone()))
-    plain.eval(), model.eval()
-    torch.testing.assert_close(model(x.clone()), plain(x.clone()), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(model(x.clone()), eager(x.clone()), rtol=0, atol=0)
+    eager.eval(), model.eval()
+    torch.testing.assert_close(model(x.clone()), eager(x.clone()), rtol=0, atol=0)
+
+
+class DownsampleBlock(nn.Module):
+    """torchvision's ResNet block with a downsample: the residual comes from a module run after the first conv."""
+
+    def __init__(self, cin=8, cout=16):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=2, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=2, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        out += self.downsample(x)
+        return self.relu(out)
+
+
+class FunctionalForms(nn.Module):
+    """Activations and adds written as functions and methods."""
+
+    def __init__(self):
+        super().__init__()
+        self.convs = nn.ModuleList(nn.Conv2d(8, 8, 3, padding=1, bias=False) for _ in range(6))
+        self.bns = nn.ModuleList(nn.BatchNorm2d(8) for _ in range(6))
+
+    def forward(self, x):
+        c, b = self.convs, self.bns
+        x = F.relu(b[0](c[0](x)), inplace=True)
+        x = torch.relu(b[1](c[1](x)))
+        x = b[2](c[2](x)).relu()
+        x = F.relu6(b[3](c[3](x)))
+        x = torch.add(b[4](c[4](x)), x).relu_()
+        skip = x * 0.5  # a residual produced by a function, after the conv
+        return F.relu(b[5](c[5](x)) + skip)
+
+
+@pytest.mark.parametrize("block, patterns", [
+    (DownsampleBlock, {"conv1": "Conv2dBNReLU", "conv2": "Conv2dBNAddReLU", "downsample.0": "Conv2dBN"}),
+    (FunctionalForms, {f"convs.{i}": m for i, m in enumerate(
+        ["Conv2dBNReLU"] * 4 + ["Conv2dBNAddReLU"] * 2)}),
+])
+def test_fuse_any_graph_residuals_from_modules_and_functions(block, patterns):
+    torch.manual_seed(0)
+    plain = block()
+    eager = copy.deepcopy(plain)
+    model, report = tcf.fuse(plain)
+    assert {r.path: r.module for r in report.replaced} == patterns
+    model.graph.lint()
+    assert model.get_submodule("convs.3" if block is FunctionalForms else "conv1").activation == (
+        "relu6" if block is FunctionalForms else "relu")
+    x = torch.randn(2, 8, 8, 8)
+    for mode in (True, False):
+        model.train(mode), eager.train(mode)
+        torch.testing.assert_close(model(x.clone()), eager(x.clone()), rtol=0, atol=0)
+    torch.testing.assert_close(model.state_dict(), eager.state_dict(), rtol=0, atol=0)
 
 
 def test_fuse_relu6_and_other_activations():
     torch.manual_seed(0)
     plain = nn.Sequential(
         nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU6(),  # fused, clipped ReLU
-        nn.Conv2d(16, 16, 1), nn.BatchNorm2d(16), nn.SiLU(),  # Conv + BN fused, SiLU reported
+        nn.Conv2d(16, 16, 1), nn.BatchNorm2d(16), nn.SiLU(inplace=True),  # Conv + BN fused, SiLU after it
         nn.Conv2d(16, 16, 1), nn.ReLU6(),  # no BN: the conv graph has no clipped ReLU
         nn.BatchNorm2d(16), nn.ReLU(),  # BN + ReLU without a conv
     )
-    model, report = tcf.fuse(copy.deepcopy(plain))
+    eager = copy.deepcopy(plain)
+    model, report = tcf.fuse(plain)
     rows = rows_by_path(report)
     assert rows["0"].module == "Conv2dBNReLU" and model.get_submodule("0").activation == "relu6"
-    assert rows["3"].module == "Conv2dBN" and "SiLU after it not fused" in rows["3"].reason
-    assert not rows["6"].fused and "ReLU6 without a BatchNorm" in rows["6"].reason
+    assert rows["3"].module == "Conv2dBN" and "SiLU after it applied as before" in rows["3"].reason
+    assert not rows["6"].replaced and "ReLU6 without a BatchNorm" in rows["6"].reason
     assert rows["8"].module == "BatchNorm2dReLU"
     x = torch.randn(2, 8, 6, 6) * 3
-    torch.testing.assert_close(model(x), plain(x))
+    torch.testing.assert_close(model(x), eager(x), rtol=0, atol=0)
+    model(x).sum().backward()  # the in-place SiLU after the fused Conv2dBN: its output is saved by nothing
 
 
 def test_fuse_odd_channel_counts_fuses_modules_and_they_fall_back_at_run_time():
     torch.manual_seed(0)
     plain = nn.Sequential(nn.Conv2d(3, 13, 3, padding=1), nn.BatchNorm2d(13), nn.ReLU(),
                           nn.Conv2d(13, 13, 3, padding=1, groups=13), nn.BatchNorm2d(13), nn.ReLU())
-    model, report = tcf.fuse(copy.deepcopy(plain), torch.randn(2, 3, 8, 8))
-    assert len(report.fused) == 2
-    # on the CPU the layers run eager, and the report says why (from the example forward)
-    assert all("eager" in row.implementation and "cuda" in row.implementation.lower() for row in report)
+    eager = copy.deepcopy(plain)
+    model, report = tcf.fuse(plain, torch.randn(2, 3, 8, 8))
+    assert len(report.replaced) == 2
+    # on the CPU the layers run eager, and the report says so (from the example forward)
+    assert all(row.runs_fused is False and "cpu" in row.implementation for row in report)
+    assert "on the example input 0 ran fused, 2 eager" in str(report)
+    torch.testing.assert_close(plain[1].running_mean, eager[1].running_mean, rtol=0, atol=0)  # example: restored
     x = torch.randn(2, 3, 8, 8)
-    torch.testing.assert_close(model(x), plain(x))
+    torch.testing.assert_close(model(x), eager(x), rtol=0, atol=0)
 
 
 def test_fuse_reports_modules_used_twice_and_sync_batchnorm():
@@ -236,18 +350,17 @@ def test_fuse_reports_modules_used_twice_and_sync_batchnorm():
             return self.relu(self.bn(self.conv(self.relu(self.bn(self.conv(x))))))
 
     _, report = tcf.fuse(Twice())
-    assert report and not report.fused
-    assert all("called 2 times" in row.reason or "called more than once" in row.reason for row in report)
-    assert any("conv is called 2 times" in row.reason for row in report)
+    assert report and not report.replaced
+    assert all("called 2 times in forward: fusing it would change its other calls" in row.reason for row in report)
     sync = nn.Sequential(nn.Conv2d(8, 8, 1), nn.SyncBatchNorm(8), nn.ReLU())
     _, report = tcf.fuse(sync)
-    assert not report.fused and "SyncBatchNorm" in report[0].reason
+    assert not report.replaced and "SyncBatchNorm" in report[0].reason
     shared = nn.Sequential(conv, bn, nn.ReLU(), conv, bn, nn.ReLU())
     _, report = tcf.fuse(shared, use_fx=False)
-    assert not report.fused and "used more than once" in report[0].reason
+    assert not report.replaced and "used more than once" in report[0].reason
 
 
-def test_fuse_non_traceable_model_gets_a_clear_message():
+def test_fuse_non_traceable_model_rewrites_its_children_and_says_why():
     class DataDependent(nn.Module):
         def __init__(self):
             super().__init__()
@@ -259,13 +372,72 @@ def test_fuse_non_traceable_model_gets_a_clear_message():
             return self.body(-x)
 
     plain = DataDependent()
-    model, report = tcf.fuse(copy.deepcopy(plain))
+    eager = copy.deepcopy(plain)
+    model, report = tcf.fuse(plain)
     assert report[0].path == "(model)" and "not traceable by torch.fx" in report[0].reason
-    assert report[1].fused and report[1].module == "Conv2dBNReLU"
+    assert report[1].replaced and report[1].module == "Conv2dBNReLU" and report[1].path == "body.0"
+    assert type(model) is DataDependent and type(plain.body) is nn.Sequential
     x = torch.randn(2, 8, 5, 5)
-    torch.testing.assert_close(model(x), plain(x))
+    torch.testing.assert_close(model(x), eager(x), rtol=0, atol=0)
     with pytest.raises(TypeError, match="model must be an nn.Module, got int"):
         tcf.fuse(3)
+
+
+def test_fuse_keeps_training_and_eval_behaviour_of_a_forward_that_reads_self_training():
+    """One torch.fx trace would freeze `if self.training` (stochastic depth, auxiliary heads): such a module keeps
+    its forward and its children are rewritten."""
+
+    class AuxInTraining(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = conv_bn_relu_seq()
+            self.aux = nn.Conv2d(16, 4, 1)
+
+        def forward(self, x):
+            y = self.body(x)
+            return (y, self.aux(y)) if self.training else y
+
+    plain = AuxInTraining()
+    eager = copy.deepcopy(plain)
+    model, report = tcf.fuse(plain)
+    assert "differs between training and eval" in report[0].reason and report[0].path == "(model)"
+    assert rows_by_path(report)["body.0"].module == "Conv2dBNReLU"
+    x = torch.randn(2, 8, 5, 5)
+    torch.testing.assert_close(model(x), eager(x), rtol=0, atol=0)
+    model.eval(), eager.eval()
+    torch.testing.assert_close(model(x), eager(x), rtol=0, atol=0)
+
+
+def test_fuse_timm_style_batchnorm_act_and_identity_in_the_chain():
+    """timm's BatchNormAct2d is recognized by its class name and module (this stand-in has both), with its
+    activation fused (ReLU) or applied after the fused conv + BatchNorm (SiLU)."""
+
+    class BatchNormAct2d(nn.BatchNorm2d):
+        def __init__(self, channels, act):
+            super().__init__(channels)
+            self.drop, self.act = nn.Identity(), act
+
+        def forward(self, x):
+            return self.act(self.drop(F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                                                   self.training, self.momentum, self.eps)))
+
+    BatchNormAct2d.__module__ = "timm.layers.norm_act"
+    plain = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1, bias=False), BatchNormAct2d(16, nn.ReLU(inplace=True)),
+                          nn.Conv2d(16, 16, 1, bias=False), BatchNormAct2d(16, nn.SiLU()),
+                          nn.Conv2d(16, 16, 1), nn.Identity(), nn.ReLU())
+    eager = copy.deepcopy(plain)
+    for use_fx in (True, False):
+        model, report = tcf.fuse(plain, use_fx=use_fx)
+        rows = rows_by_path(report)
+        assert rows["0"].module == "Conv2dBNReLU" and rows["0"].pattern == "Conv2d -> BatchNormAct2d(ReLU)"
+        assert rows["2"].module == "Conv2dBN" and "SiLU after it applied as before" in rows["2"].reason
+        assert rows["4"].module == "Conv2dReLU" if use_fx else not rows["4"].replaced
+        assert set(model.state_dict()) == set(plain.state_dict())
+        x = torch.randn(2, 8, 6, 6)
+        for mode in (True, False):
+            model.train(mode), eager.train(mode)
+            torch.testing.assert_close(model(x), eager(x), rtol=0, atol=0)
+        plain.load_state_dict(eager.state_dict())  # statistics were shared with the fused model: align again
 
 
 def test_mobilenet_v1_shape_and_width():

@@ -13,6 +13,22 @@ from torch import nn
 from .fusion import FusionStatus
 
 
+class restoring_buffers:  # noqa: N801 — a context manager, named like torch.no_grad
+    """Within the block a model's buffers (running statistics, num_batches_tracked) may change; afterwards they hold
+    their old values again, in place (so a model sharing them sees the old values too)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    def __enter__(self) -> None:
+        self.saved = [(b, b.detach().clone()) for b in self.model.buffers()]
+
+    def __exit__(self, *exc) -> None:
+        with torch.no_grad():
+            for buffer, value in self.saved:
+                buffer.copy_(value)
+
+
 @dataclass(frozen=True)
 class FusionReportRow:
     path: str
@@ -132,8 +148,14 @@ def explain(model: nn.Module, *example_inputs, time: bool = True, repeats: int =
     """Runs `model(*example_inputs)` once without gradients and reports, per fused layer: the operations fused in
     its forward graph, the engine and workspace of the plan that ran and (with `time`, on CUDA) the layer's median
     forward time on its input from that run; or the fallback and its reason. BatchNorm layers with batch
-    statistics (training mode) are listed with their implementation (cuDNN graph, legacy API or eager). Timing
-    repeats each layer's forward, which in training mode updates BatchNorm running statistics again."""
+    statistics (training mode) are listed with their implementation (cuDNN graph, legacy API or eager). The model's
+    buffers (BatchNorm running statistics, num_batches_tracked) are restored afterwards: in training mode the run and
+    the timing update them."""
+    with restoring_buffers(model):
+        return _explain(model, example_inputs, time, repeats)
+
+
+def _explain(model: nn.Module, example_inputs: tuple, time: bool, repeats: int) -> Explanation:
     from .fusion import recorded_config, recorded_decision
     from .nn.batchnorm import BatchNorm2dReLU
     from .nn.conv import FusedConv2d

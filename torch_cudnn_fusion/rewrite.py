@@ -1,24 +1,27 @@
-"""fuse(model): rewrite a model's Conv2d / BatchNorm2d / ReLU patterns into fused modules, with a report.
+"""fuse(model): a new model whose Conv2d / BatchNorm2d / ReLU patterns run as fused modules, with a report.
 
-Patterns (each node's output used only by the next):
-    Conv2d -> BatchNorm2d -> ReLU | ReLU6   => Conv2dBNReLU
-    Conv2d -> BatchNorm2d                  => Conv2dBN
-    Conv2d -> BatchNorm2d -> add -> ReLU    => Conv2dBNAddReLU   (needs torch.fx: the add is in forward's code)
-    Conv2d -> add -> ReLU                   => Conv2dAddReLU     (torch.fx)
-    Conv2d -> ReLU                          => Conv2dReLU
-    BatchNorm2d -> ReLU | ReLU6 (no conv)  => BatchNorm2dReLU
+The user's model is never touched. fuse() works on a copy of its module tree that shares the original's Parameters
+and buffers (an optimizer built on either updates both; running statistics are one set of tensors), rewrites the
+copy, and returns it. Every module of the original keeps its class, attributes, hooks and behaviour, also when
+fuse() raises.
 
-The model is traced with torch.fx where it can be (the result is a torch.fx.GraphModule holding the same
-submodules); where it cannot, the children of every nn.Sequential are rewritten in place. Either way Parameters and
-buffers stay the same objects (an optimizer built before or after fuse() updates the fused model) and state_dict keys
-do not change: a fused conv takes the conv's place, and the BatchNorm it absorbed stays at its own path as a
-BatchNorm2dFused (parameters and statistics kept, input passed through). A checkpoint of the plain model loads into
-the fused one, and the fused model's state_dict loads into the plain model: that is the way back.
+How the copy is rewritten, per module, from the top:
+  * torch.fx traces it, in training and in eval mode. When both traces agree, the patterns below are fused in the
+    graph and the module becomes a torch.fx.GraphModule holding the same submodules.
+  * Where tracing fails, or the two traces differ (its forward branches on self.training, e.g. stochastic depth or
+    auxiliary heads, which a single trace would freeze), the module keeps its class and each of its children is
+    rewritten the same way; in an nn.Sequential, consecutive children are matched in order first.
+
+State_dict keys do not change: a fused conv takes the conv's place, and the BatchNorm it absorbed stays at its own
+path as a BatchNorm2dFused placeholder (parameters and statistics kept, input passed through). A checkpoint of the
+plain model loads into the fused one and back.
 """
 
 from __future__ import annotations
 
 import collections
+import copy
+import itertools
 import operator
 from dataclasses import dataclass
 from typing import Optional
@@ -28,114 +31,162 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from . import fusion
-
+from .diagnostics import restoring_buffers
 from .nn import (ActivationFused, BatchNorm2dFused, BatchNorm2dReLU, Conv2dAddReLU, Conv2dBN, Conv2dBNAddReLU,
                  Conv2dBNReLU, Conv2dReLU, FusedConv2d)
 
-_BATCH_NORMS = (nn.BatchNorm2d, nn.SyncBatchNorm)
-_FUSED_TYPES = (FusedConv2d, BatchNorm2dReLU, BatchNorm2dFused, ActivationFused)
+# ---- the patterns: (BatchNorm, residual add, activation) -> the fused module ----
+
+PATTERNS: dict[tuple[bool, bool, Optional[str]], type] = {
+    (True, False, "relu"): Conv2dBNReLU,
+    (True, False, "relu6"): Conv2dBNReLU,  # activation="relu6"
+    (True, False, None): Conv2dBN,  # an activation after it that is not ReLU/ReLU6 stays where it is
+    (True, True, "relu"): Conv2dBNAddReLU,
+    (False, False, "relu"): Conv2dReLU,
+    (False, True, "relu"): Conv2dAddReLU,
+}
+# Chains that match no pattern, and why.
+NOT_FUSED: dict[tuple[bool, bool, Optional[str]], str] = {
+    (False, False, "relu6"): "Conv2d -> ReLU6 without a BatchNorm: the fused conv graph applies ReLU only",
+    (False, False, None): "nothing fusable follows it (patterns: Conv2d -> BatchNorm2d / ReLU / add -> ReLU)",
+}
+
+# Why each eligibility condition exists; every refusal below quotes one of these.
+WHY = {
+    "conv_type": "only nn.Conv2d itself is fused: a subclass may change forward (timm's Conv2dSame pads by the "
+                 "input size)",
+    "called_twice": "fusing it would change its other calls",
+    "shared_output": "its output is also used elsewhere: fusing would drop a value another operation reads",
+    "bn_type": "a BatchNorm2d subclass whose behaviour fuse() cannot know",
+    "sync_bn": "SyncBatchNorm reduces its statistics across processes, which the fused BatchNorm does not do",
+    "bn_drop": "timm's BatchNormAct2d applies its drop layer between BatchNorm and activation",
+    "add_relu": "a residual add is fused only when a ReLU follows it (cuDNN 9.19 refuses BatchNorm + add alone)",
+}
+
 _OTHER_ACTIVATIONS = (nn.SiLU, nn.GELU, nn.Hardswish, nn.Hardsigmoid, nn.LeakyReLU, nn.ELU, nn.SELU, nn.Sigmoid,
                       nn.Tanh, nn.Mish, nn.PReLU, nn.Hardtanh)
-_OTHER_ACTIVATION_FUNCTIONS = {F.silu, F.gelu, F.hardswish, F.leaky_relu, F.elu, torch.sigmoid, torch.tanh, F.mish,
-                               torch.nn.functional.hardtanh}
+_OTHER_ACTIVATION_FUNCTIONS = {F.silu, F.gelu, F.hardswish, F.hardsigmoid, F.leaky_relu, F.elu, F.selu, torch.sigmoid,
+                               torch.tanh, F.mish, F.hardtanh}
+_OTHER_ACTIVATION_METHODS = {"sigmoid", "sigmoid_", "tanh", "tanh_"}
+_RELU_FUNCTIONS = {F.relu, torch.relu, torch.relu_}
+_ADD_FUNCTIONS = {operator.add, operator.iadd, torch.add}
+_FUSED_TYPES = (FusedConv2d, BatchNorm2dReLU)  # already fused: leaves, reported as such
+_PLACEHOLDERS = (BatchNorm2dFused, ActivationFused)
 
 
 @dataclass(frozen=True)
 class FuseRow:
-    path: str  # the module path of the pattern's first module
-    pattern: str  # e.g. "Conv2d -> BatchNorm2d -> ReLU"
-    fused: bool  # replaced by a fused module
+    """One candidate of the model: a pattern (replaced or not, and why), a conv nothing fusable follows, or a
+    module that could not be traced."""
+
+    path: str  # the module path of the pattern's first module ("(model)" for the root)
+    pattern: str  # e.g. "Conv2d -> BatchNorm2d -> ReLU"; "torch.fx trace" for a module that was not traced
+    replaced: bool  # replaced by a fused module
     module: str  # the fused module's class, or "" when not replaced
     implementation: str  # how it runs: from its fusion_status once it ran (fuse(..., example_input) runs it)
-    reason: str  # why not fused, or a note
+    reason: str  # why not replaced, or a note
+
+    @property
+    def runs_fused(self) -> Optional[bool]:
+        """Whether its last forward ran fused (cuDNN); None when it has not run or was not replaced."""
+        if not self.replaced or not self.implementation or self.implementation.startswith("decided on"):
+            return None
+        return not self.implementation.startswith("eager")
 
 
 class FuseReport(list):
-    """A list of FuseRow that prints as a table."""
+    """A list of FuseRow that prints as a table, with a summary of what was replaced and what runs fused."""
 
     @property
-    def fused(self) -> list[FuseRow]:
-        return [r for r in self if r.fused]
+    def replaced(self) -> list[FuseRow]:
+        return [r for r in self if r.replaced]
 
     @property
-    def not_fused(self) -> list[FuseRow]:
-        return [r for r in self if not r.fused]
+    def not_replaced(self) -> list[FuseRow]:
+        return [r for r in self if not r.replaced]
+
+    def conv_coverage(self) -> tuple[int, int, dict[str, str]]:
+        """(Conv2d layers replaced, Conv2d layers in the model, {path: why not} for the others)."""
+        convs = [r for r in self if r.pattern.startswith("Conv2d") or r.pattern.startswith("(Conv2d")]
+        why_not = {r.path: r.reason for r in convs if not r.replaced}
+        return sum(r.replaced for r in convs), len(convs), why_not
+
+    def summary(self) -> str:
+        replaced, total, _ = self.conv_coverage()
+        ran = [r.runs_fused for r in self.replaced]
+        text = f"{len(self.replaced)} patterns replaced by fused modules ({replaced} of {total} Conv2d layers)"
+        if any(v is not None for v in ran):
+            text += f"; on the example input {sum(v is True for v in ran)} ran fused, {sum(v is False for v in ran)} eager"
+        else:
+            text += "; each decides how it runs on its first forward"
+        untraced = [r for r in self if r.pattern == "torch.fx trace"]
+        if untraced:
+            text += f"; {len(untraced)} modules not traced as a whole (their children were rewritten instead)"
+        return text
 
     def __str__(self) -> str:
         if not self:
             return "fuse(): no Conv2d / BatchNorm2d / ReLU patterns found"
-        headers = ("layer", "pattern", "fused", "module", "implementation / reason")
-        rows = [(r.path, r.pattern, "yes" if r.fused else "no", r.module,
-                 r.implementation + (f" — {r.reason}" if r.reason and r.fused else r.reason if not r.fused else ""))
+        headers = ("layer", "pattern", "replaced", "module", "runs / reason")
+        rows = [(r.path, r.pattern, "yes" if r.replaced else "no", r.module,
+                 (r.implementation + (f" — {r.reason}" if r.reason else "")) if r.replaced else r.reason)
                 for r in self]
         widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers[:-1])]
-        line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)) + "  " + cells[-1]
-        return "\n".join([line(headers)] + [line(row) for row in rows])
+        line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)) + "  " + cells[-1]  # noqa: E731
+        return "\n".join([line(headers)] + [line(row) for row in rows] + [self.summary()])
 
 
-class _Tracer(fx.Tracer):
-    """Keeps fused modules whole (they are Python code outside torch.nn, which fx would otherwise trace into)."""
+# ---- recognizing modules ----
 
-    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        return isinstance(m, _FUSED_TYPES) or super().is_leaf_module(m, qualname)
+def _is_timm_batch_norm_act(m: nn.Module) -> bool:
+    """timm.layers.BatchNormAct2d (BatchNorm + drop + activation in one module), recognized without importing timm."""
+    cls = type(m)
+    return cls.__name__ == "BatchNormAct2d" and cls.__module__.startswith("timm.") and isinstance(m, nn.BatchNorm2d)
+
+
+def _is_batch_norm(m: nn.Module) -> bool:
+    """Any BatchNorm (SyncBatchNorm is no BatchNorm2d subclass) that is not already fused: a candidate to match, or to
+    report why not (see _batch_norm_problem)."""
+    return isinstance(m, nn.modules.batchnorm._BatchNorm) and not isinstance(m, _PLACEHOLDERS + (BatchNorm2dReLU,))
+
+
+def _batch_norm_problem(bn: nn.Module) -> str:
+    """Why `bn` cannot be fused ('' when it can)."""
+    if isinstance(bn, nn.SyncBatchNorm) or "SyncBatchNorm" in type(bn).__name__:
+        return f"{type(bn).__name__}: {WHY['sync_bn']}; kept as is"
+    if _is_timm_batch_norm_act(bn):
+        if not isinstance(getattr(bn, "drop", nn.Identity()), nn.Identity):
+            return f"BatchNormAct2d with {type(bn.drop).__name__}: {WHY['bn_drop']}; kept as is"
+        return ""
+    if type(bn) is not nn.BatchNorm2d:
+        return f"{type(bn).__name__}: {WHY['bn_type']}; kept as is"
+    return ""
 
 
 def _activation_of_module(m: nn.Module) -> Optional[str]:
     if type(m) is nn.ReLU:
         return "relu"
-    if type(m) is nn.ReLU6:
+    if type(m) is nn.ReLU6 or (type(m) is nn.Hardtanh and m.min_val == 0.0 and m.max_val == 6.0):
         return "relu6"
     return None
 
 
-def _activation_of_node(node: fx.Node, modules: dict) -> tuple[Optional[str], str]:
-    """(fusable activation or None, the node's name for the report: '' when it is not an activation at all)."""
-    if node.op == "call_module":
-        m = modules[node.target]
-        act = _activation_of_module(m)
-        if act:
-            return act, type(m).__name__
-        return None, type(m).__name__ if isinstance(m, _OTHER_ACTIVATIONS) else ""
-    if node.op == "call_function":
-        if node.target in (F.relu, torch.relu, torch.relu_):
-            return "relu", "relu"
-        if node.target is F.relu6:
-            return "relu6", "relu6"
-        if node.target in _OTHER_ACTIVATION_FUNCTIONS:
-            return None, getattr(node.target, "__name__", str(node.target))
-    if node.op == "call_method" and node.target in ("relu", "relu_"):
-        return "relu", "relu"
-    return None, ""
+def _inner_activation(bn: nn.Module) -> tuple[Optional[str], Optional[nn.Module]]:
+    """For timm's BatchNormAct2d: (the fusable activation, or None; the module to apply after the fused conv + BN
+    when its activation is not fusable). (None, None) for a plain BatchNorm2d or an identity activation."""
+    if not _is_timm_batch_norm_act(bn):
+        return None, None
+    act = getattr(bn, "act", None)
+    if act is None or isinstance(act, nn.Identity):
+        return None, None
+    fusable = _activation_of_module(act)
+    return (fusable, None) if fusable else (None, act)
 
 
-def _is_add(node: fx.Node) -> bool:
-    if node.op == "call_function" and node.target in (operator.add, operator.iadd, torch.add):
-        return len(node.args) == 2 and not node.kwargs
-    return node.op == "call_method" and node.target in ("add", "add_") and len(node.args) == 2 and not node.kwargs
-
-
-def _sole_user(node: fx.Node) -> Optional[fx.Node]:
-    users = list(node.users)
-    return users[0] if len(users) == 1 else None
-
-
-def _set_module(root: nn.Module, path: str, module: nn.Module) -> None:
-    parent_path, _, name = path.rpartition(".")
-    setattr(root.get_submodule(parent_path) if parent_path else root, name, module)
-
-
-def _absorb_bn(bn: nn.BatchNorm2d, fused_into: str) -> None:
-    bn.__class__ = BatchNorm2dFused  # same object: its Parameters, buffers and state_dict keys stay in place
-    bn.fused_into = fused_into
-
-
-def _bn_row_problem(bn: nn.Module) -> str:
-    if isinstance(bn, nn.SyncBatchNorm):
-        return ("SyncBatchNorm: its statistics are reduced across processes, which the fused BatchNorm does not do; "
-                "kept as is")
-    if type(bn) is not nn.BatchNorm2d:
-        return f"{type(bn).__name__} is a BatchNorm2d subclass whose behaviour fuse() cannot know; kept as is"
-    return ""
+def _batch_norm_name(bn: nn.Module) -> str:
+    """The BatchNorm's part of a pattern's name: timm's BatchNormAct2d with its activation, e.g. BatchNormAct2d(ReLU)."""
+    act = getattr(bn, "act", None) if _is_timm_batch_norm_act(bn) else None
+    return type(bn).__name__ + (f"({type(act).__name__})" if act is not None and not isinstance(act, nn.Identity) else "")
 
 
 def _pattern_name(parts: list[str]) -> str:
@@ -143,211 +194,398 @@ def _pattern_name(parts: list[str]) -> str:
 
 
 def _fused_module(conv: nn.Conv2d, bn: Optional[nn.BatchNorm2d], residual: bool, act: Optional[str]):
-    """The fused module for a matched chain, or (None, reason)."""
+    """The fused module for a chain, or (None, why not)."""
+    cls = PATTERNS.get((bn is not None, residual, act))
+    if cls is None:
+        return None, NOT_FUSED.get((bn is not None, residual, act), "no fused module for this pattern")
     if bn is not None:
-        if residual:
-            if act != "relu":
-                return None, "a residual add is fused only when a ReLU follows it"
-            return Conv2dBNAddReLU.from_modules(conv, bn, bn_registered_elsewhere=True), ""
-        if act is None:
-            return Conv2dBN.from_modules(conv, bn, bn_registered_elsewhere=True), ""
-        return Conv2dBNReLU.from_modules(conv, bn, activation=act, bn_registered_elsewhere=True), ""
-    if act == "relu":
-        return (Conv2dAddReLU if residual else Conv2dReLU).from_conv(conv), ""
-    if act == "relu6":
-        return None, "Conv2d -> ReLU6 without a BatchNorm: the fused conv graph applies ReLU only"
-    return None, ""
+        return cls.from_modules(conv, bn, activation=act, bn_registered_elsewhere=True), ""
+    return cls.from_conv(conv), ""
 
 
 def _note_for(conv: nn.Conv2d, bn) -> str:
     if conv.groups > 1 and bn is None:
         return "grouped/depthwise conv: runs eager (cuDNN's fused grouped conv measured 6-9x slower)"
     if conv.groups > 1:
-        return ("grouped/depthwise conv: it runs PyTorch's own kernel (cuDNN's fused grouped conv measured 6-9x "
+        return ("grouped/depthwise conv: PyTorch's own kernel runs it (cuDNN's fused grouped conv measured 6-9x "
                 "slower); BatchNorm and activation fused")
     return ""
 
 
-def _fuse_graph(gm: fx.GraphModule, rows: list[FuseRow]) -> None:
-    modules = dict(gm.named_modules())
-    calls = collections.Counter(n.target for n in gm.graph.nodes if n.op == "call_module")
-    consumed: set[fx.Node] = set()
-    for node in list(gm.graph.nodes):
-        if node in consumed or node.op != "call_module":
-            continue
-        m = modules[node.target]
-        if isinstance(m, _FUSED_TYPES) and not isinstance(m, (BatchNorm2dFused, ActivationFused)):
-            rows.append(FuseRow(node.target, type(m).__name__, True, type(m).__name__, "", "already fused"))
-            continue
-        if type(m) is nn.Conv2d:
-            _match_conv(gm, node, modules, calls, consumed, rows)
-        elif isinstance(m, nn.BatchNorm2d) and not isinstance(m, BatchNorm2dFused):
-            _match_bn_relu(gm, node, modules, calls, consumed, rows)
-    gm.graph.lint()
-    gm.recompile()
+def _absorb_bn(bn: nn.BatchNorm2d, fused_into: str, applies_act: bool = False) -> None:
+    """`bn` belongs to fuse()'s copy: it becomes a placeholder at its own path (same Parameters and buffers, same
+    state_dict keys, timm's activation child kept), applied by the fused conv before it. applies_act: where the
+    placeholder is still called (in an nn.Sequential), it applies timm's activation that was not fused."""
+    bn.__class__ = BatchNorm2dFused
+    bn.fused_into = fused_into
+    bn.applies_act = applies_act
 
 
-def _match_conv(gm, node, modules, calls, consumed, rows) -> None:
-    path = node.target
-    conv = modules[path]
-    parts, chain = ["Conv2d"], [node]
-    bn = None
-    cur = node
-    nxt = _sole_user(cur)
-    if nxt is not None and nxt.op == "call_module" and isinstance(modules[nxt.target], _BATCH_NORMS):
-        problem = _bn_row_problem(modules[nxt.target])
-        if problem:
-            rows.append(FuseRow(path, _pattern_name(parts + [type(modules[nxt.target]).__name__]), False, "", "",
-                                problem))
-            return
-        bn, cur = modules[nxt.target], nxt
-        parts.append("BatchNorm2d")
-        chain.append(nxt)
-    residual_node = None
-    nxt = _sole_user(cur)
-    if nxt is not None and _is_add(nxt):
-        after = _sole_user(nxt)
-        if after is not None and _activation_of_node(after, modules)[0] == "relu":
-            other = nxt.args[1] if nxt.args[0] is cur else nxt.args[0]
-            if isinstance(other, fx.Node) and (nxt.args[0] is cur) != (nxt.args[1] is cur):
-                residual_node, cur = other, nxt
-                parts.append("add")
-                chain.append(nxt)
-    act = None
-    nxt = _sole_user(cur)
-    unfused_activation = ""
-    if nxt is not None:
-        act, name = _activation_of_node(nxt, modules)
-        if act is not None:
-            parts.append(name)
-            chain.append(nxt)
-        elif name:
-            unfused_activation = name
-    if len(chain) == 1:
-        if unfused_activation:
-            rows.append(FuseRow(path, f"Conv2d -> {unfused_activation}", False, "", "",
-                                f"{unfused_activation}: the fused graphs express ReLU and ReLU6 (clipped ReLU) only"))
-        return
-    pattern = _pattern_name(parts)
-    for n in chain:
-        # a stateless activation module may be shared (torchvision's ResNet blocks call one ReLU twice)
-        if n.op == "call_module" and calls[n.target] > 1 and not _activation_of_module(modules[n.target]):
-            rows.append(FuseRow(path, pattern, False, "", "",
-                                f"{n.target} is called {calls[n.target]} times in forward: fusing it would change "
-                                "its other calls"))
-            return
-    fused, reason = _fused_module(conv, bn, residual_node is not None, act)
-    if fused is None:
-        rows.append(FuseRow(path, pattern, False, "", "", reason))
-        return
-    _set_module(gm, path, fused)
-    if residual_node is not None:
-        node.args = (node.args[0], residual_node)
-    chain[-1].replace_all_uses_with(node)
-    for n in reversed(chain[1:]):
-        consumed.add(n)
-        gm.graph.erase_node(n)
-        if n.op == "call_module":
-            target = modules[n.target]
-            if isinstance(target, nn.BatchNorm2d):
-                _absorb_bn(target, path)
-            # activation modules stay: they hold no state, and a shared one may still be called elsewhere
-    note = _note_for(conv, bn)
-    if unfused_activation:
-        note = f"{unfused_activation} after it not fused (the fused graphs express ReLU and ReLU6 only)"
-    rows.append(FuseRow(path, pattern, True, type(fused).__name__, "", note))
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
 
 
-def _match_bn_relu(gm, node, modules, calls, consumed, rows) -> None:
-    path = node.target
-    bn = modules[path]
-    nxt = _sole_user(node)
-    if nxt is None:
-        return
-    act, name = _activation_of_node(nxt, modules)
-    if act is None:
-        return
-    pattern = f"BatchNorm2d -> {name}"
-    problem = _bn_row_problem(bn)
-    if problem or calls[path] > 1:
-        rows.append(FuseRow(path, pattern, False, "", "", problem or "called more than once in forward"))
-        return
-    _set_module(gm, path, BatchNorm2dReLU.from_bn(bn, activation=act))
-    nxt.replace_all_uses_with(node)
-    consumed.add(nxt)
-    gm.graph.erase_node(nxt)
-    rows.append(FuseRow(path, pattern, True, "BatchNorm2dReLU", "", ""))
+# ---- the copy that shares Parameters and buffers ----
+
+def _shared_copy(model: nn.Module) -> nn.Module:
+    """A copy of `model`'s module tree whose Parameters and buffers are the original's own tensors."""
+    memo = {id(t): t for _, t in itertools.chain(model.named_parameters(remove_duplicate=False),
+                                                  model.named_buffers(remove_duplicate=False))}
+    return copy.deepcopy(model, memo)
 
 
-def _fuse_sequentials(model: nn.Module, rows: list[FuseRow]) -> None:
-    """The same patterns among consecutive children of each nn.Sequential (no residual adds: they live in forward)."""
-    uses = collections.Counter(id(m) for _, m in model.named_modules(remove_duplicate=False))
-    for seq_path, seq in list(model.named_modules()):
-        if not isinstance(seq, nn.Sequential):
-            continue
-        children = list(seq._modules.items())
-        i = 0
-        while i < len(children):
-            name, m = children[i]
-            path = f"{seq_path}.{name}" if seq_path else name
-            following = [c for _, c in children[i + 1:i + 3]]
-            if isinstance(m, _FUSED_TYPES) and not isinstance(m, (BatchNorm2dFused, ActivationFused)):
-                rows.append(FuseRow(path, type(m).__name__, True, type(m).__name__, "", "already fused"))
-                i += 1
-                continue
-            if type(m) is nn.Conv2d:
-                i += _sequential_conv(model, seq, seq_path, children, i, uses, rows)
-                continue
-            if type(m) is nn.BatchNorm2d and following and _activation_of_module(following[0]):
-                act = _activation_of_module(following[0])
-                _, act_name = children[i + 1]
-                if uses[id(m)] > 1:
-                    rows.append(FuseRow(path, f"BatchNorm2d -> {type(following[0]).__name__}", False, "", "",
-                                        "the module is used more than once in the model"))
+# ---- torch.fx ----
+
+class _Tracer(fx.Tracer):
+    """Keeps whole: fused modules (our Python code), every Conv2d and BatchNorm2d (timm's subclasses included, so that
+    a Conv2dSame or BatchNormAct2d is one node to match or to report, not its inlined forward)."""
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return (isinstance(m, _FUSED_TYPES + _PLACEHOLDERS + (nn.Conv2d, nn.modules.batchnorm._BatchNorm))
+                or super().is_leaf_module(m, qualname))
+
+
+def _trace(module: nn.Module, name: str) -> tuple[Optional[fx.GraphModule], str]:
+    """(module traced by torch.fx as a GraphModule class called `name`, '') when its training and eval traces agree;
+    else (None, why not)."""
+    training = module.training
+    codes, graph = [], None
+    try:
+        for mode in (True, False):
+            module.train(mode)
+            tracer = _Tracer()
+            traced = tracer.trace(module)
+            codes.append(traced.python_code("self").src)
+            if mode == training:
+                graph = traced
+    except Exception as error:  # noqa: BLE001 — any tracing failure means: rewrite the children instead
+        text = str(error).strip()
+        first_line = text.splitlines()[0] if text else type(error).__name__
+        return None, f"not traceable by torch.fx ({type(error).__name__}: {first_line[:200]})"
+    finally:
+        module.train(training)
+    if codes[0] != codes[1]:
+        return None, ("its forward differs between training and eval (it reads self.training), which one torch.fx "
+                      "trace would freeze")
+    gm = fx.GraphModule(module, graph, name)
+    _keep_every_module(gm, module)
+    gm.train(training)
+    return gm, ""
+
+
+def _keep_every_module(gm: fx.GraphModule, root: nn.Module) -> None:
+    """torch.fx keeps only what forward reaches; put every other submodule, Parameter and buffer back at its own path,
+    so that state_dict keys, .to() and .train() reach them as in the original."""
+    for path, module in root.named_modules():
+        if path and _get(gm, path) is None:
+            parent_path, _, name = path.rpartition(".")
+            _get(gm, parent_path).add_module(name, module)
+    for kind, items in (("parameter", root.named_parameters()), ("buffer", root.named_buffers())):
+        for path, tensor in items:
+            owner_path, _, name = path.rpartition(".")
+            owner = _get(gm, owner_path)
+            present = owner._parameters if kind == "parameter" else owner._buffers
+            if name not in present:
+                if kind == "parameter":
+                    owner.register_parameter(name, tensor)
                 else:
-                    seq._modules[name] = BatchNorm2dReLU.from_bn(m, activation=act)
-                    seq._modules[act_name] = ActivationFused(following[0], path)
-                    rows.append(FuseRow(path, f"BatchNorm2d -> {type(following[0]).__name__}", True,
-                                        "BatchNorm2dReLU", "", ""))
-                i += 2
+                    original_owner = root.get_submodule(owner_path) if owner_path else root
+                    owner.register_buffer(name, tensor,
+                                          persistent=name not in original_owner._non_persistent_buffers_set)
+
+
+def _get(root: nn.Module, path: str) -> Optional[nn.Module]:
+    try:
+        return root.get_submodule(path) if path else root
+    except AttributeError:
+        return None
+
+
+def _set_module(root: nn.Module, path: str, module: nn.Module) -> None:
+    parent_path, _, name = path.rpartition(".")
+    parent = root.get_submodule(parent_path) if parent_path else root
+    parent._modules[name] = module
+
+
+def _sole_user(node: fx.Node) -> Optional[fx.Node]:
+    users = list(node.users)
+    return users[0] if len(users) == 1 else None
+
+
+def _node_activation(node: fx.Node, value: fx.Node, modules: dict) -> tuple[Optional[str], str]:
+    """For `node` applied to `value`: (fusable activation or None, a name for the report; '' when `node` is not an
+    activation of `value` at all)."""
+    if not node.args or node.args[0] is not value:
+        return None, ""
+    if node.op == "call_module":
+        m = modules[node.target]
+        act = _activation_of_module(m)
+        if act and len(node.args) == 1 and not node.kwargs:
+            return act, type(m).__name__
+        return None, type(m).__name__ if isinstance(m, _OTHER_ACTIVATIONS) else ""
+    if node.op == "call_function":
+        rest = node.args[1:] + tuple(v for k, v in node.kwargs.items() if k != "inplace")
+        if node.target in _RELU_FUNCTIONS and all(isinstance(v, bool) for v in rest):
+            return "relu", "relu"
+        if node.target is F.relu6 and all(isinstance(v, bool) for v in rest):
+            return "relu6", "relu6"
+        if node.target in _OTHER_ACTIVATION_FUNCTIONS:
+            return None, getattr(node.target, "__name__", str(node.target))
+    if node.op == "call_method" and node.target in ("relu", "relu_") and len(node.args) == 1 and not node.kwargs:
+        return "relu", "relu"
+    if node.op == "call_method" and node.target in _OTHER_ACTIVATION_METHODS:
+        return None, node.target.rstrip("_")
+    return None, ""
+
+
+def _residual_of_add(node: fx.Node, value: fx.Node) -> Optional[fx.Node]:
+    """The other operand when `node` is value + other (other a tensor node), else None."""
+    is_add = ((node.op == "call_function" and node.target in _ADD_FUNCTIONS)
+              or (node.op == "call_method" and node.target in ("add", "add_")))
+    if not is_add or len(node.args) != 2 or (node.kwargs and node.kwargs != {"alpha": 1}):
+        return None
+    a, b = node.args
+    if (a is value) == (b is value):  # value + value, or value is not an operand
+        return None
+    other = b if a is value else a
+    return other if isinstance(other, fx.Node) else None
+
+
+def _describe_users(node: fx.Node, modules: dict) -> str:
+    names = []
+    for user in node.users:
+        if user.op == "call_module":
+            names.append(type(modules[user.target]).__name__)
+        elif user.op == "output":
+            names.append("the output")
+        else:
+            names.append(getattr(user.target, "__name__", str(user.target)))
+    return ", ".join(names) or "nothing"
+
+
+class _GraphRewrite:
+    """Fuses the patterns of one traced module's graph."""
+
+    def __init__(self, gm: fx.GraphModule, prefix: str, rows: list[FuseRow]) -> None:
+        self.gm, self.prefix, self.rows = gm, prefix, rows
+        self.modules = dict(gm.named_modules())
+        self.calls = collections.Counter(n.target for n in gm.graph.nodes if n.op == "call_module")
+        self.consumed: set[fx.Node] = set()
+
+    def run(self) -> None:
+        called = set()
+        for node in list(self.gm.graph.nodes):
+            if node in self.consumed or node.op != "call_module":
                 continue
-            i += 1
+            called.add(node.target)
+            m = self.modules[node.target]
+            path = _join(self.prefix, node.target)
+            if isinstance(m, _FUSED_TYPES):
+                self.rows.append(FuseRow(path, type(m).__name__, True, type(m).__name__, "", "already fused"))
+            elif isinstance(m, nn.Conv2d):
+                self.match_conv(node)
+            elif _is_batch_norm(m):
+                self.match_batch_norm_relu(node)
+        for target, m in self.modules.items():  # convs forward never calls
+            if isinstance(m, nn.Conv2d) and not isinstance(m, _FUSED_TYPES) and target not in called:
+                self.rows.append(FuseRow(_join(self.prefix, target), "Conv2d", False, "", "", "not called in forward"))
+        self.gm.graph.lint()
+        self.gm.recompile()
 
+    def refuse(self, path: str, pattern: str, reason: str) -> None:
+        self.rows.append(FuseRow(path, pattern, False, "", "", reason))
 
-def _sequential_conv(model, seq, seq_path, children, i, uses, rows) -> int:
-    name, conv = children[i]
-    path = f"{seq_path}.{name}" if seq_path else name
-    parts, absorbed = ["Conv2d"], []
-    bn = None
-    j = i + 1
-    if j < len(children) and isinstance(children[j][1], _BATCH_NORMS):
-        problem = _bn_row_problem(children[j][1])
+    def next_step(self, value: fx.Node) -> tuple[list[fx.Node], Optional[fx.Node], fx.Node]:
+        """(the nn.Identity calls passed through, the sole user of `value` after them or None, the node that user
+        reads). nn.Identity does nothing; timm puts one where a norm or activation is absent."""
+        passed = []
+        user = _sole_user(value)
+        while (user is not None and user.op == "call_module" and type(self.modules[user.target]) is nn.Identity
+               and len(user.args) == 1 and not user.kwargs):
+            passed.append(user)
+            value, user = user, _sole_user(user)
+        return passed, user, value
+
+    def match_conv(self, node: fx.Node) -> None:
+        path = _join(self.prefix, node.target)
+        conv = self.modules[node.target]
+        if type(conv) is not nn.Conv2d:
+            return self.refuse(path, f"({type(conv).__name__})", f"{type(conv).__name__}: {WHY['conv_type']}")
+        if len(node.args) != 1 or node.kwargs:
+            return self.refuse(path, "Conv2d", "called with other than one positional input")
+        parts, chain, value = ["Conv2d"], [node], node
+        bn = bn_node = inner_after = residual = None
+        act, trailing = None, ""
+        passed, nxt, _ = self.next_step(value)
+        if nxt is not None and nxt.op == "call_module" and _is_batch_norm(self.modules[nxt.target]):
+            bn = self.modules[nxt.target]
+            problem = _batch_norm_problem(bn)
+            if problem:
+                return self.refuse(path, _pattern_name(parts + [type(bn).__name__]), problem)
+            parts.append(_batch_norm_name(bn))
+            chain += passed + [nxt]
+            value = bn_node = nxt
+            act, inner_after = _inner_activation(bn)
+        if inner_after is not None:
+            trailing = type(inner_after).__name__
+        elif act is None:
+            passed, nxt, read = self.next_step(value)
+            other = _residual_of_add(nxt, read) if nxt is not None else None
+            if other is not None:
+                _, after, after_reads = self.next_step(nxt)
+                if after is not None and _node_activation(after, after_reads, self.modules)[0] == "relu":
+                    residual = other
+                    parts.append("add")
+                    chain += passed + [nxt]
+                    value = nxt
+            passed, nxt, read = self.next_step(value)
+            if nxt is not None:
+                act, name = _node_activation(nxt, read, self.modules)
+                if act is not None:
+                    parts.append(name)
+                    chain += passed + [nxt]
+                    value = nxt
+                elif name:
+                    trailing = name
+        if len(chain) == 1:
+            if trailing:
+                return self.refuse(path, f"Conv2d -> {trailing}",
+                                   f"{trailing}: the fused graphs express ReLU and ReLU6 (clipped ReLU) only")
+            users = len(node.users)
+            why = (f"its output goes to {users} operations ({_describe_users(node, self.modules)}): "
+                   f"{WHY['shared_output']}" if users > 1 else
+                   f"{NOT_FUSED[(False, False, None)]}; its output goes to {_describe_users(node, self.modules)}")
+            return self.refuse(path, "Conv2d", why)
+        pattern = _pattern_name(parts)
+        for n in chain:
+            # stateless modules may be shared (torchvision's ResNet blocks call one ReLU twice)
+            m = self.modules[n.target] if n.op == "call_module" else None
+            if m is not None and self.calls[n.target] > 1 and not (_activation_of_module(m) or type(m) is nn.Identity):
+                return self.refuse(path, pattern, f"{_join(self.prefix, n.target)} is called {self.calls[n.target]} "
+                                                  f"times in forward: {WHY['called_twice']}")
+        fused, reason = _fused_module(conv, bn, residual is not None, act)
+        if fused is None:
+            return self.refuse(path, pattern, reason)
+        self.replace(node, chain, fused, residual, inner_after, bn_node)
+        note = _note_for(conv, bn)
+        if trailing:
+            note = (f"{trailing} after it applied as before (the fused graphs express ReLU and ReLU6 only)"
+                    + (f"; {note}" if note else ""))
+        self.rows.append(FuseRow(path, pattern, True, type(fused).__name__, "", note))
+
+    def replace(self, node, chain, fused, residual, inner_after, bn_node) -> None:
+        """The fused call goes right before the chain's last node: every input (x, the residual) exists there, so the
+        graph stays in order however the residual was produced."""
+        graph = self.gm.graph
+        _set_module(self.gm, node.target, fused)
+        last = chain[-1]
+        with graph.inserting_before(last):
+            args = (node.args[0],) if residual is None else (node.args[0], residual)
+            out = graph.call_module(node.target, args)
+            if inner_after is not None:  # timm's activation, applied after the fused conv + BatchNorm
+                out = graph.call_module(f"{bn_node.target}.act", (out,))
+        last.replace_all_uses_with(out)
+        for n in reversed(chain):
+            self.consumed.add(n)
+            graph.erase_node(n)
+        if bn_node is not None:
+            _absorb_bn(self.modules[bn_node.target], _join(self.prefix, node.target))
+
+    def match_batch_norm_relu(self, node: fx.Node) -> None:
+        path = _join(self.prefix, node.target)
+        bn = self.modules[node.target]
+        act, inner_after = _inner_activation(bn)
+        nxt, passed = None, []
+        if act is None:
+            passed, nxt, read = self.next_step(node)
+            if nxt is None or inner_after is not None:
+                return
+            act, name = _node_activation(nxt, read, self.modules)
+            if act is None:
+                return
+        else:
+            name = type(bn.act).__name__
+        pattern = f"{type(bn).__name__} -> {name}"
+        problem = _batch_norm_problem(bn)
+        if not problem and self.calls[node.target] > 1:
+            problem = f"called {self.calls[node.target]} times in forward: {WHY['called_twice']}"
         if problem:
-            rows.append(FuseRow(path, f"Conv2d -> {type(children[j][1]).__name__}", False, "", "", problem))
+            return self.refuse(path, pattern, problem)
+        _set_module(self.gm, node.target, BatchNorm2dReLU.from_bn(bn, activation=act))
+        if nxt is not None:
+            nxt.replace_all_uses_with(node)
+            for n in [nxt] + passed[::-1]:
+                self.consumed.add(n)
+                self.gm.graph.erase_node(n)
+        self.rows.append(FuseRow(path, pattern, True, "BatchNorm2dReLU", "", ""))
+
+
+# ---- nn.Sequential children, in order ----
+
+def _fuse_sequential(seq: nn.Sequential, prefix: str, uses: collections.Counter, rows: list[FuseRow]) -> None:
+    """The patterns among consecutive children of an nn.Sequential (no residual adds: they live in forward code)."""
+    children = list(seq._modules.items())
+    i = 0
+    while i < len(children):
+        name, m = children[i]
+        path = _join(prefix, name)
+        if isinstance(m, _FUSED_TYPES):
+            rows.append(FuseRow(path, type(m).__name__, True, type(m).__name__, "", "already fused"))
+        elif isinstance(m, nn.Conv2d):
+            i += _sequential_conv(seq, prefix, children, i, uses, rows)
+            continue
+        elif _is_batch_norm(m) and not _batch_norm_problem(m) and uses[id(m)] == 1:
+            act = _inner_activation(m)[0]
+            follower = children[i + 1][1] if i + 1 < len(children) else None
+            if act is None and follower is not None and _inner_activation(m)[1] is None:
+                act = _activation_of_module(follower)
+                if act is not None:
+                    seq._modules[children[i + 1][0]] = ActivationFused(follower, path)
+                    i += 1
+            if act is not None:
+                seq._modules[name] = BatchNorm2dReLU.from_bn(m, activation=act)
+                rows.append(FuseRow(path, f"{type(m).__name__} -> {act}", True, "BatchNorm2dReLU", "", ""))
+        i += 1
+
+
+def _sequential_conv(seq, prefix, children, i, uses, rows) -> int:
+    name, conv = children[i]
+    path = _join(prefix, name)
+    if type(conv) is not nn.Conv2d:
+        rows.append(FuseRow(path, f"({type(conv).__name__})", False, "", "", f"{type(conv).__name__}: {WHY['conv_type']}"))
+        return 1
+    parts, absorbed, bn, act, inner_after, trailing = ["Conv2d"], [], None, None, None, ""
+    j = i + 1
+    if j < len(children) and _is_batch_norm(children[j][1]):
+        candidate = children[j][1]
+        problem = _batch_norm_problem(candidate)
+        if problem:
+            rows.append(FuseRow(path, f"Conv2d -> {type(candidate).__name__}", False, "", "", problem))
             return 2
-        bn = children[j][1]
-        parts.append("BatchNorm2d")
+        bn = candidate
+        parts.append(_batch_norm_name(bn))
         absorbed.append(children[j])
+        act, inner_after = _inner_activation(bn)
         j += 1
-    act = None
-    unfused_activation = ""
-    if j < len(children):
+    if act is None and inner_after is None and j < len(children):
         act = _activation_of_module(children[j][1])
         if act:
             parts.append(type(children[j][1]).__name__)
             absorbed.append(children[j])
             j += 1
         elif isinstance(children[j][1], _OTHER_ACTIVATIONS):
-            unfused_activation = type(children[j][1]).__name__
+            trailing = type(children[j][1]).__name__
+    elif inner_after is not None:
+        trailing = type(inner_after).__name__
     if not absorbed:
-        if unfused_activation:
-            rows.append(FuseRow(path, f"Conv2d -> {unfused_activation}", False, "", "",
-                                f"{unfused_activation}: the fused graphs express ReLU and ReLU6 (clipped ReLU) only"))
+        rows.append(FuseRow(path, "Conv2d", False, "", "",
+                            f"{trailing}: the fused graphs express ReLU and ReLU6 (clipped ReLU) only" if trailing
+                            else NOT_FUSED[(False, False, None)]))
         return 1
     pattern = _pattern_name(parts)
     if any(uses[id(m)] > 1 for m in [conv] + [m for _, m in absorbed]):
-        rows.append(FuseRow(path, pattern, False, "", "", "a module of the pattern is used more than once in the "
-                            "model: fusing it would change its other uses"))
+        rows.append(FuseRow(path, pattern, False, "", "", f"a module of the pattern is used more than once in the "
+                                                          f"model: {WHY['called_twice']}"))
         return j - i
     fused, reason = _fused_module(conv, bn, False, act)
     if fused is None:
@@ -355,79 +593,79 @@ def _sequential_conv(model, seq, seq_path, children, i, uses, rows) -> int:
         return j - i
     seq._modules[name] = fused
     for child_name, child in absorbed:
-        if isinstance(child, nn.BatchNorm2d):
-            _absorb_bn(child, path)
+        if child is bn:
+            # the placeholder stays in the Sequential: it applies timm's activation when that was not fused
+            _absorb_bn(child, path, applies_act=inner_after is not None)
         else:
             seq._modules[child_name] = ActivationFused(child, path)
     note = _note_for(conv, bn)
-    if unfused_activation:
-        note = f"{unfused_activation} after it not fused (the fused graphs express ReLU and ReLU6 only)"
+    if trailing:
+        note = f"{trailing} after it applied as before (the fused graphs express ReLU and ReLU6 only)"
     rows.append(FuseRow(path, pattern, True, type(fused).__name__, "", note))
     return j - i
+
+
+# ---- the walk ----
+
+def _rewrite(module: nn.Module, path: str, use_fx: bool, uses: collections.Counter, names: dict[str, str],
+             rows: list[FuseRow]) -> nn.Module:
+    """`module` (of fuse()'s copy) with its patterns fused: a GraphModule when it traces, else itself with its
+    children rewritten. names: the class name of each path in the user's model (a traced module keeps it)."""
+    if isinstance(module, _FUSED_TYPES + _PLACEHOLDERS) or not module._modules:
+        return module
+    if use_fx:
+        gm, why_not = _trace(module, names.get(path, type(module).__name__))
+        if gm is not None:
+            _GraphRewrite(gm, path, rows).run()
+            return gm
+        rows.append(FuseRow(path or "(model)", "torch.fx trace", False, "", "",
+                            f"{why_not}: rewriting its children instead"
+                            + (" (residual adds in its own forward are not fused)" if not isinstance(module, nn.Sequential) else "")))
+    if isinstance(module, nn.Sequential):
+        _fuse_sequential(module, path, uses, rows)
+    for name, child in list(module._modules.items()):
+        if child is None:
+            continue
+        new = _rewrite(child, _join(path, name), use_fx, uses, names, rows)
+        if new is not child:
+            module._modules[name] = new
+    return module
 
 
 def _with_implementations(model: nn.Module, rows: list[FuseRow]) -> list[FuseRow]:
     out = []
     for row in rows:
-        if row.fused:
+        if row.replaced:
             status = model.get_submodule(row.path).fusion_status
             text = "decided on its first forward" if status == fusion.NOT_RUN else str(status)
-            row = FuseRow(row.path, row.pattern, row.fused, row.module, text, row.reason)
+            row = FuseRow(row.path, row.pattern, row.replaced, row.module, text, row.reason)
         out.append(row)
     return out
 
 
-def _run_example(model: nn.Module, example_input) -> None:
-    """One forward on example_input, so every fused layer decides how it runs; buffers (running statistics,
-    num_batches_tracked) are restored afterwards."""
-    saved = [(b, b.detach().clone()) for b in model.buffers()]
-    inputs = example_input if isinstance(example_input, tuple) else (example_input,)
-    try:
-        model(*inputs)
-    finally:
-        with torch.no_grad():
-            for buffer, value in saved:
-                buffer.copy_(value)
-
-
 def fuse(model: nn.Module, example_input=None, *, use_fx: bool = True) -> tuple[nn.Module, FuseReport]:
-    """Rewrite `model`'s Conv2d / BatchNorm2d / ReLU patterns into fused modules; returns (model, report).
+    """A new model in which `model`'s Conv2d / BatchNorm2d / ReLU patterns run fused; returns (fused model, report).
 
-    The returned model is a torch.fx.GraphModule over the same submodules when `model` traces (use_fx=False skips
-    tracing), else `model` itself with its nn.Sequential children rewritten in place. Call it before wrapping the
-    model in DistributedDataParallel or torch.compile; an optimizer may be built before or after (the Parameters
-    are the same objects). With `example_input` the model runs one forward (running statistics restored) so that
-    the report says how each fused layer runs. Fusing twice changes nothing.
+    `model` itself is never changed. The fused model shares its Parameters and buffers (an optimizer built on either
+    updates both, and state_dict keys are the same in both, so checkpoints move either way); its modules are its
+    own (fused.train()/eval() do not change `model`'s mode, and a module replaced in one is not replaced in the
+    other). It is a torch.fx.GraphModule when `model` traces the same in training and eval (use_fx=False skips
+    tracing), else a copy of `model` whose submodules were rewritten (see the module docstring); the report says which.
+    Call it before wrapping the model in DistributedDataParallel or torch.compile. With `example_input` the fused model
+    runs one forward (buffers restored afterwards) so that the report says how each fused layer runs.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     rows: list[FuseRow] = []
-    result = model
-    traced = None
-    if isinstance(model, fx.GraphModule):
-        traced = model  # fused before (or traced by the user): rewrite its graph as it is
-    elif use_fx:
-        try:
-            tracer = _Tracer()
-            graph = tracer.trace(model)
-            traced = fx.GraphModule(tracer.root, graph, type(model).__name__)
-            traced.train(model.training)
-            if set(traced.state_dict()) != set(model.state_dict()):
-                rows.append(FuseRow("(model)", "torch.fx trace", False, "", "", "the traced model does not hold every "
-                                    "module of the original (some are not called in forward); rewriting nn.Sequential "
-                                    "children instead"))
-                traced = None
-        except Exception as error:  # noqa: BLE001 — any tracing failure means: use the Sequential walk
-            first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            rows.append(FuseRow("(model)", "torch.fx trace", False, "", "",
-                                f"not traceable by torch.fx ({type(error).__name__}: {first_line}); rewriting "
-                                "nn.Sequential children only (residual adds in forward are not fused)"))
-            traced = None
-    if traced is not None:
-        _fuse_graph(traced, rows)
-        result = traced
-    else:
-        _fuse_sequentials(model, rows)
+    work = _shared_copy(model)
+    uses = collections.Counter(id(m) for _, m in work.named_modules(remove_duplicate=False))
+    names = {path: type(m).__name__ for path, m in model.named_modules()}
+    result = _rewrite(work, "", use_fx, uses, names, rows)
+    missing = set(model.state_dict()) ^ set(result.state_dict())
+    if missing:  # a bug of ours, not the user's: say so rather than hand out a model that would not load checkpoints
+        raise RuntimeError(f"fuse(): the fused model's state_dict keys differ from the model's: {sorted(missing)[:5]}")
     if example_input is not None:
-        _run_example(result, example_input)
+        inputs = example_input if isinstance(example_input, tuple) else (example_input,)
+        with restoring_buffers(result):
+            result(*inputs)
     return result, FuseReport(_with_implementations(result, rows))

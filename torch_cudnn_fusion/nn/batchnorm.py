@@ -98,12 +98,13 @@ class BatchNorm2dReLU(nn.BatchNorm2d):
 class BatchNorm2dFused(nn.BatchNorm2d):
     """A BatchNorm2d whose work fuse() moved into the fused conv layer before it (`fused_into`). It keeps its
     parameters, buffers and state_dict keys in place, so checkpoints of the plain model load unchanged, and passes
-    its input through."""
+    its input through (applying timm's BatchNormAct2d activation where that was not fused and `applies_act`)."""
 
     fused_into: str = ""
+    applies_act: bool = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x
+        return self.act(x) if self.applies_act else x
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", applied by {self.fused_into or 'the fused layer before it'}"
