@@ -3,6 +3,7 @@
 #include <torch/extension.h>
 
 #include <c10/core/DeviceGuard.h>
+#include <cudnn.h>
 #include <cudnn_frontend_version.h>
 
 #include "bn_ops.h"

@@ -4,7 +4,7 @@
 // statistics and the legacy API's reserve. Only y is differentiable; the statistics outputs are not. Below it, the autograd of
 // cudnn_fusion::conv_batch_norm_act: a training Conv2d + BatchNorm layer as one node.
 #include <torch/autograd.h>
-#include <torch/extension.h>
+#include <torch/library.h>
 
 #include "bn_ops.h"
 

@@ -1,5 +1,7 @@
 #include "bn_graphs.h"
 
+#include "graph_builder.h"
+
 namespace tcf {
 
 namespace {

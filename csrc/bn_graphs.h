@@ -24,7 +24,4 @@ struct BatchNormProblem {
 GraphKey make_batch_norm_key(GraphKind kind, const BatchNormProblem& problem, const std::array<int8_t, 3>& alignment);
 
 // Graph descriptions, called by the plan cache's build (conv_graphs.cpp) for the batchnorm kinds.
-void describe_batch_norm_forward(fe::graph::Graph& graph, const GraphKey& key);
-void describe_batch_norm_backward(fe::graph::Graph& graph, const GraphKey& key);
-
 }  // namespace tcf

@@ -9,7 +9,7 @@
 #include <tuple>
 #include <unordered_map>
 
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 
 #include "bn_graphs.h"
 

@@ -3,7 +3,7 @@
 // ReLU, the output y: ReLU backward takes its mask from y. Every op is called through the dispatcher, so
 // torch.compile traces the backward graph through the fake kernels.
 #include <torch/autograd.h>
-#include <torch/extension.h>
+#include <torch/library.h>
 
 #include "conv_ops.h"
 

@@ -1,5 +1,9 @@
 #include "conv_graphs.h"
 
+#include "graph_builder.h"
+
+#include <ATen/ATen.h>
+
 #include "bn_graphs.h"
 #include "engine_policy.h"
 

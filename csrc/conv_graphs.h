@@ -1,4 +1,6 @@
-// cuDNN frontend graphs for a fused conv layer: one build function per graph kind, one execute function.
+// A conv layer's problem and the plans of its graphs, as the ops see them: the cache key, the plan lookup (built on
+// a miss), its tuning and its execution. The graph builders' own helpers, which need the frontend's types, are in
+// graph_builder.h.
 #pragma once
 
 #include <array>
@@ -7,7 +9,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include "plan_cache.h"
 
@@ -66,26 +69,6 @@ enum TensorUid : int64_t {
   kUidDshift = 22,
 };
 
-// Helpers shared by the graph builders (conv_graphs.cpp, bn_graphs.cpp).
-using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
-
-struct ComputeCapability {
-  int8_t major = 0;
-  int8_t minor = 0;
-};
-ComputeCapability compute_capability(int device);  // cached per device
-fe::DataType_t fe_dtype(at::ScalarType dtype);
-std::vector<int64_t> as_vector(const std::array<int64_t, 4>& a);
-std::vector<int64_t> as_vector(const std::array<int64_t, 2>& a);
-std::array<int64_t, 4> output_size(const GraphKey& key);  // of the conv a key describes
-// A graph input / a graph output with explicit dims and dense strides in the layout.
-TensorPtr add_tensor(fe::graph::Graph& graph, const char* name, int64_t uid, const std::array<int64_t, 4>& size,
-                     bool channels_last, fe::DataType_t dtype);
-void mark_output(const TensorPtr& tensor, const char* name, int64_t uid, const std::array<int64_t, 4>& size,
-                 bool channels_last, fe::DataType_t dtype);
-// An empty graph in the key's I/O dtype, float32 intermediates and compute.
-std::shared_ptr<fe::graph::Graph> new_graph(const GraphKey& key);
-
 // Multiprocessors of a CUDA device (cached).
 int multiprocessor_count(int device);
 
@@ -114,34 +97,6 @@ bool execute_plan(const CachedPlan& plan, GraphKind kind, std::unordered_map<int
 void maybe_tune(const CachedPlan& plan, const std::unordered_map<int64_t, void*>& pointers, const at::Device& device,
                 const std::function<void()>& aten, bool aten_under_benchmark = false);
 
-// Where cuDNN refused a graph: the build step and cuDNN's message (both empty when nothing failed).
-struct BuildFailure {
-  std::string stage;
-  std::string message;
-  bool failed() const { return !stage.empty(); }
-};
-
-// "cuDNN refused the <graph> graph (<configuration>) at <stage>: <message>. Requirements not met: [...]": names the
-// requirements of the fused engines the configuration does not meet, not only cuDNN's status.
-std::string describe_refusal(const GraphKey& key, const std::string& stage, const std::string& message);
-
-// `key`'s graph with the heuristic's candidate plans listed but none built (for engine listing), or null with
-// `failure` set.
-std::shared_ptr<fe::graph::Graph> candidate_graph(const GraphKey& key, BuildFailure& failure);
-
-// The current stream (PyTorch's cuDNN handle is bound to it), or null while it captures a CUDA graph: nothing is
-// timed inside a capture.
-cudaStream_t stream_if_not_capturing(cudnnHandle_t handle);
-
-// Median milliseconds of `repeats` CUDA-event timings of `run` on `stream`, after one warm-up run; negative if a
-// run returns false or an event fails.
-float median_event_ms(const std::function<bool()>& run, cudaStream_t stream, int repeats);
-
-// Median milliseconds of `repeats` runs of built plan `index` on `pointers` after a warm-up, on the current
-// stream; negative if it cannot run (or while a CUDA graph is being captured).
-float time_plan_ms(fe::graph::Graph& graph, int64_t index, const std::unordered_map<int64_t, void*>& pointers,
-                   const at::Device& device, int repeats);
-
 // The plan the cache runs for `key` (building it if needed): cuDNN's name for it (engine id and knobs), its
 // workspace, whether autotuning chose it; or the refusal.
 struct PlanInUse {
@@ -155,10 +110,5 @@ struct PlanInUse {
   std::string refusal;
 };
 PlanInUse plan_in_use(const GraphKey& key);
-
-// Strides cuDNN must be given for a dense tensor of `size` in the layout: set explicitly for every tensor,
-// outputs included (the frontend's default output strides are NHWC, which silently wrote NHWC data into
-// NCHW buffers when they were left unset).
-std::vector<int64_t> dense_strides(const std::array<int64_t, 4>& size, bool channels_last);
 
 }  // namespace tcf

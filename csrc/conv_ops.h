@@ -12,7 +12,7 @@
 #include <tuple>
 #include <unordered_map>
 
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 
 #include "conv_graphs.h"
 

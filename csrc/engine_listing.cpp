@@ -2,6 +2,10 @@
 // name (engine id and knob choices), behaviour notes, workspace and, on request, its median time on random data.
 #include "engine_listing.h"
 
+#include "graph_builder.h"
+
+#include <ATen/ATen.h>
+
 #include <c10/core/DeviceGuard.h>
 
 namespace tcf {

@@ -13,7 +13,11 @@
 #include <unordered_map>
 #include <vector>
 
-#include <cudnn_frontend.h>
+// Declared only: the frontend's headers cost about 27 s of compile time per file that includes them, so only the
+// files that build, run or serialize graphs do (through graph_builder.h).
+namespace cudnn_frontend::graph {
+class Graph;
+}  // namespace cudnn_frontend::graph
 
 namespace tcf {
 

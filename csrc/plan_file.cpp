@@ -1,5 +1,7 @@
 #include "plan_file.h"
 
+#include "graph_builder.h"
+
 #include <ATen/cudnn/Handle.h>
 #include <c10/core/DeviceGuard.h>
 #include <cuda_runtime_api.h>

@@ -1,0 +1,77 @@
+// The graph builders' shared helpers (conv_graphs.cpp, bn_graphs.cpp, engine_listing.cpp, plan_file.cpp): the only
+// header that includes cudnn-frontend, whose headers cost about 27 s of compile time in each file that includes them.
+#pragma once
+
+#include <array>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <cudnn.h>
+#include <cudnn_frontend.h>
+
+#include "bn_graphs.h"
+#include "conv_graphs.h"
+
+namespace tcf {
+
+// Helpers shared by the graph builders (conv_graphs.cpp, bn_graphs.cpp).
+using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
+
+struct ComputeCapability {
+  int8_t major = 0;
+  int8_t minor = 0;
+};
+ComputeCapability compute_capability(int device);  // cached per device
+fe::DataType_t fe_dtype(at::ScalarType dtype);
+std::vector<int64_t> as_vector(const std::array<int64_t, 4>& a);
+std::vector<int64_t> as_vector(const std::array<int64_t, 2>& a);
+std::array<int64_t, 4> output_size(const GraphKey& key);  // of the conv a key describes
+// A graph input / a graph output with explicit dims and dense strides in the layout.
+TensorPtr add_tensor(fe::graph::Graph& graph, const char* name, int64_t uid, const std::array<int64_t, 4>& size,
+                     bool channels_last, fe::DataType_t dtype);
+void mark_output(const TensorPtr& tensor, const char* name, int64_t uid, const std::array<int64_t, 4>& size,
+                 bool channels_last, fe::DataType_t dtype);
+// An empty graph in the key's I/O dtype, float32 intermediates and compute.
+std::shared_ptr<fe::graph::Graph> new_graph(const GraphKey& key);
+
+// Where cuDNN refused a graph: the build step and cuDNN's message (both empty when nothing failed).
+struct BuildFailure {
+  std::string stage;
+  std::string message;
+  bool failed() const { return !stage.empty(); }
+};
+
+// "cuDNN refused the <graph> graph (<configuration>) at <stage>: <message>. Requirements not met: [...]": names the
+// requirements of the fused engines the configuration does not meet, not only cuDNN's status.
+std::string describe_refusal(const GraphKey& key, const std::string& stage, const std::string& message);
+
+// `key`'s graph with the heuristic's candidate plans listed but none built (for engine listing), or null with
+// `failure` set.
+std::shared_ptr<fe::graph::Graph> candidate_graph(const GraphKey& key, BuildFailure& failure);
+
+// The current stream (PyTorch's cuDNN handle is bound to it), or null while it captures a CUDA graph: nothing is
+// timed inside a capture.
+cudaStream_t stream_if_not_capturing(cudnnHandle_t handle);
+
+// Median milliseconds of `repeats` CUDA-event timings of `run` on `stream`, after one warm-up run; negative if a
+// run returns false or an event fails.
+float median_event_ms(const std::function<bool()>& run, cudaStream_t stream, int repeats);
+
+// Median milliseconds of `repeats` runs of built plan `index` on `pointers` after a warm-up, on the current
+// stream; negative if it cannot run (or while a CUDA graph is being captured).
+float time_plan_ms(fe::graph::Graph& graph, int64_t index, const std::unordered_map<int64_t, void*>& pointers,
+                   const at::Device& device, int repeats);
+
+// Strides cuDNN must be given for a dense tensor of `size` in the layout: set explicitly for every tensor,
+// outputs included (the frontend's default output strides are NHWC, which silently wrote NHWC data into
+// NCHW buffers when they were left unset).
+std::vector<int64_t> dense_strides(const std::array<int64_t, 4>& size, bool channels_last);
+
+// The batchnorm graphs' nodes (bn_graphs.cpp), added to an empty graph from new_graph.
+void describe_batch_norm_forward(fe::graph::Graph& graph, const GraphKey& key);
+void describe_batch_norm_backward(fe::graph::Graph& graph, const GraphKey& key);
+
+}  // namespace tcf
