@@ -5,9 +5,5 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-# The GPU image's default g++ (/opt/gcc/bin/g++, a wrapper over GCC 13.3 built with --enable-libstdcxx-debug)
-# produced an extension whose std::stringstream crashed inside cudnn-frontend (ostream << long, 2026-11-21);
-# Ubuntu's own g++ 13.3 builds a working one.
-if [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CC=/usr/bin/gcc; fi
 MAX_JOBS=${MAX_JOBS:-8} python3 setup.py -q build_ext --inplace 2>&1 | grep -v "Wc++20-extensions\|^ *|\|^In file included\|^ *from " || true
 test -f torch_cudnn_fusion/_C*.so

@@ -7,8 +7,6 @@ out=${OUT:-/tmp/tcf_out}
 repo=$PWD
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
-# See scripts/gpu_build.sh: the image's default g++ builds an extension that crashes in cudnn-frontend.
-export CXX=/usr/bin/g++ CC=/usr/bin/gcc
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site
 rm -rf build torch_cudnn_fusion/_C*.so
@@ -28,7 +26,6 @@ fi
 python3 -m pip uninstall -q -y torch_cudnn_fusion
 cd "$repo"
 export PYTHONPATH=/tmp/site:$repo TORCH_EXTENSIONS_DIR=/tmp/jit_cache
-unset CXX CC  # the just-in-time build uses c++ from PATH, as a user's would
 python3 - <<'PY' > "$out/jit.log" 2>&1
 import time, torch, torch_cudnn_fusion as tcf
 start = time.time()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from types import ModuleType
 
 import torch
@@ -16,34 +17,59 @@ _module: ModuleType | None = None
 _error: str | None = None
 
 
+def _report_progress(build_dir: str, sources: int, done: threading.Event, every_s: float = 15.0) -> None:
+    """Prints how far a just-in-time build has got, every `every_s` seconds, until `done` (nothing when the cached
+    build loads at once)."""
+    start = time.time()
+    while not done.wait(every_s):
+        try:
+            compiled = sum(1 for entry in os.scandir(build_dir)
+                           if entry.name.endswith(".o") and entry.stat().st_mtime >= start)
+        except OSError:
+            compiled = 0
+        print(f"torch_cudnn_fusion: building the cuDNN extension: {compiled} of {sources} files compiled, "
+              f"{time.time() - start:.0f} s", file=sys.stderr, flush=True)
+
+
 def _jit_build() -> ModuleType:
     from torch.utils import cpp_extension
 
-    if cpp_extension.CUDA_HOME is None:
+    cuda_home = _build_paths.cuda_home(cpp_extension.CUDA_HOME, torch.version.cuda)
+    if cuda_home is None:
         raise _build_paths.BuildSetupError(
             "the CUDA toolkit was not found (CUDA_HOME is unset and nvcc is not on PATH): install the toolkit "
             f"matching torch's CUDA {torch.version.cuda}, or install a build of torch_cudnn_fusion made with it"
         )
+    cpp_extension.CUDA_HOME = str(cuda_home)  # torch's guess may be a folder with no toolkit in it
+    name = "torch_cudnn_fusion_C"
+    build_dir = cpp_extension._get_build_directory(name, verbose=False)
     sources = sorted(str(p) for p in _build_paths.csrc_dir().glob("*.c[pu]*"))
     includes = [str(_build_paths.frontend_include_dir()), str(_build_paths.cudnn_include_dir())]
-    link = _build_paths.link_args()
+    libstdcxx, note = _build_paths.libstdcxx_link_args(os.environ.get("CXX", "c++"), build_dir)
+    if note:
+        print(f"torch_cudnn_fusion: {note}", file=sys.stderr, flush=True)
     print(
         "torch_cudnn_fusion: loading the cuDNN extension from torch's extension cache, building it first if it is "
-        "not there (about a minute)...",
+        f"not there ({build_dir}; a few minutes with one core per file)...",
         file=sys.stderr,
         flush=True,
     )
-    return cpp_extension.load(
-        name="torch_cudnn_fusion_C",
-        sources=sources,
-        extra_include_paths=includes,
-        extra_cflags=_build_paths.COMPILE_ARGS,
-        extra_cuda_cflags=["-O3"],
-        extra_ldflags=link,
-        with_cuda=True,
-        is_python_module=True,
-        verbose=False,
-    )
+    done = threading.Event()
+    threading.Thread(target=_report_progress, args=(build_dir, len(sources), done), daemon=True).start()
+    try:
+        return cpp_extension.load(
+            name=name,
+            sources=sources,
+            extra_include_paths=includes,
+            extra_cflags=_build_paths.COMPILE_ARGS,
+            extra_cuda_cflags=["-O3"],
+            extra_ldflags=libstdcxx + _build_paths.link_args(),
+            with_cuda=True,
+            is_python_module=True,
+            verbose=False,
+        )
+    finally:
+        done.set()
 
 
 DEBUG_DIR_VARIABLE = "TORCH_CUDNN_FUSION_DEBUG_DIR"
