@@ -25,6 +25,7 @@ from timing import graph_replay_ms
 # name, in_channels, out_channels, kernel, stride, input size, residual add
 SHAPES = [
     ("mbv1 stem 3x3/2 3->32 @224", 3, 32, 3, 2, 224, False),
+    ("rn50 stem 7x7/2 3->64 @224", 3, 64, 7, 2, 224, False),
     ("mbv1 1x1 32->64 @112", 32, 64, 1, 1, 112, False),
     ("mbv1 1x1 64->128 @56", 64, 128, 1, 1, 56, False),
     ("mbv1 1x1 128->128 @56", 128, 128, 1, 1, 56, False),
