@@ -5,7 +5,7 @@ Per layer, the one-call and ten-call columns include the host's time (small laye
 replays ten forward+backward calls captured in a CUDA graph: the kernels' time alone. The JSON also holds each
 host-inclusive timing's quartiles, and the summary prints them for any layer that came out slower fused.
 
-    python benchmarks/bench_mobilenet.py [--json out.json] [--no-compile] [--layers-only]
+    python benchmarks/bench_mobilenet.py [--json out.json] [--no-compile] [--layers-only | --no-layers]
 """
 
 from __future__ import annotations
@@ -128,19 +128,21 @@ def bench_layers(args):
 
 
 def main():
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--repeats", type=int, default=20, help="timed training steps / inference batches per variant")
     p.add_argument("--layer-repeats", type=int, default=60, help="timed samples per layer, timing and variant")
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--layers-only", action="store_true")
+    p.add_argument("--no-layers", action="store_true", help="the whole model only")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     torch.backends.cudnn.benchmark = True
     out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
            "batch": args.batch}
-    out["layers"] = bench_layers(args)
+    out["layers"] = [] if args.no_layers else bench_layers(args)
     if not args.layers_only:
         out["model"] = bench_model(args)
     print("\nlayer (training: conv, BN, ReLU; bf16)    eager fwd  fused fwd  eager f+b  fused f+b  speedup   "
@@ -152,7 +154,7 @@ def main():
               f"{r['eager_fwd_bwd_x10_ms'] / r['fused_fwd_bwd_x10_ms']:>6.2f}x "
               f"{r['eager_gpu_fwd_bwd_ms']:>15.3f} {r['fused_gpu_fwd_bwd_ms']:>9.3f} "
               f"{r['eager_gpu_fwd_bwd_ms'] / r['fused_gpu_fwd_bwd_ms']:>6.2f}x")
-    for label, key in (("one call at a time", "fwd_bwd"), ("ten calls back to back", "fwd_bwd_x10"),
+    for label, key in () if args.no_layers else (("one call at a time", "fwd_bwd"), ("ten calls back to back", "fwd_bwd_x10"),
                        ("GPU time, CUDA-graph replay", "gpu_fwd_bwd")):
         slower = [r for r in out["layers"] if r[f"fused_{key}_ms"] > r[f"eager_{key}_ms"]]
         print(f"fused layers slower than eager (f+b, {label}): {len(slower)} of {len(out['layers'])}")

@@ -185,13 +185,13 @@ def test_mobilenet_v1_full_size_fused_training_matches_eager(extension):
     plain = mobilenet_v1().cuda().to(memory_format=torch.channels_last)
     reference_model = copy.deepcopy(plain).double()
     fused, report = tcf.fuse(copy.deepcopy(plain))
-    assert len(report.fused) == 27
+    assert len(report.replaced) == 27
     batches = [(torch.randn(16, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last),
                 torch.randint(0, 1000, (16,), device="cuda")) for _ in range(3)]
     fallbacks = tcf.plan_cache_stats()["runtime_fallbacks"]
     losses, grads, buffers = train_steps(fused, batches, torch.bfloat16)
     assert tcf.plan_cache_stats()["runtime_fallbacks"] == fallbacks
-    statuses = [fused.get_submodule(r.path).fusion_status for r in report]
+    statuses = [fused.get_submodule(r.path).fusion_status for r in report.replaced]
     assert all(s.fused and s.implementation == "cudnn_graph" for s in statuses), [str(s) for s in statuses]
     losses_e, grads_e, buffers_e = train_steps(plain, batches, torch.bfloat16)
     _, grads_r, buffers_r = train_steps(reference_model, batches[:1], torch.float64)
@@ -216,7 +216,7 @@ def test_mobilenet_v1_full_size_fused_training_matches_eager(extension):
         x = batches[0][0]
         out, out_e = fused(x).float(), plain(x).float()
     assert rel_err(out, out_e) <= 3e-2
-    assert all(fused.get_submodule(r.path).fusion_status.reason.startswith("eval") for r in report)
+    assert all(fused.get_submodule(r.path).fusion_status.reason.startswith("eval") for r in report.replaced)
 
 
 def test_explain_reports_what_ran_in_training_and_in_eval(extension):
@@ -524,3 +524,68 @@ def test_conv_bn_relu_training_runs_the_legacy_api_where_the_graph_is_refused(ex
         monkeypatch.undo()
         fusion.decide_batch_norm.cache_clear()
         fusion.clear_decisions()
+
+
+@pytest.mark.parametrize("make", ["Conv2dBN", "Conv2dBNReLU", "Conv2dBNAddReLU", "BatchNorm2dReLU"])
+def test_an_empty_training_batch_leaves_the_running_statistics_as_eager_does(extension, make):
+    """A zero-size batch in training changed the running statistics (the next eval output was 118 % off)."""
+    torch.manual_seed(0)
+    if make == "BatchNorm2dReLU":
+        fused = tcf.BatchNorm2dReLU(32)
+        eager = nn.Sequential(nn.BatchNorm2d(32), nn.ReLU())
+        eager[0].load_state_dict(fused.state_dict())
+        x = torch.randn(0, 32, 8, 8, device="cuda")
+    else:
+        fused = getattr(tcf, make)(16, 32, 3, padding=1)
+        eager_bn = nn.BatchNorm2d(32)
+        eager_bn.load_state_dict(fused.bn.state_dict())
+        eager = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1, bias=False), eager_bn)
+        eager[0].weight = fused.weight
+        x = torch.randn(0, 16, 8, 8, device="cuda")
+    fused, eager = fused.cuda().to(memory_format=torch.channels_last), eager.cuda()
+    with torch.no_grad():
+        for m in (fused.modules() if make == "BatchNorm2dReLU" else fused.bn.modules()):
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-1, 1), m.running_var.uniform_(0.5, 2)
+        source = fused if make == "BatchNorm2dReLU" else fused.bn
+        eager_bn = eager[0] if make == "BatchNorm2dReLU" else eager[1]
+        eager_bn.running_mean.copy_(source.running_mean), eager_bn.running_var.copy_(source.running_var)
+    before = {k: v.clone() for k, v in source.state_dict().items()}
+    x = x.to(memory_format=torch.channels_last).requires_grad_()
+    residual = torch.randn(0, 32, 8, 8, device="cuda").to(memory_format=torch.channels_last)
+    out = fused(x, residual) if make == "Conv2dBNAddReLU" else fused(x)
+    out.sum().backward()
+    expected = eager(x.detach())
+    assert out.shape == expected.shape and x.grad.shape == x.shape
+    for name, value in source.state_dict().items():
+        eager_value = eager_bn.state_dict()[name]
+        assert torch.equal(value, eager_value), (name, value, eager_value)
+        if name != "num_batches_tracked":
+            assert torch.equal(value, before[name]), name
+    assert source.num_batches_tracked.item() == before["num_batches_tracked"].item() + 1  # as eager counts it
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_an_in_place_activation_after_a_fused_conv_bn_trains_as_eager(extension, no_tf32, dtype):
+    """torchvision's efficientnet: Conv2d -> BatchNorm2d -> SiLU(inplace=True). The fused Conv2dBN must not return a
+    tensor its backward saved (eager BatchNorm saves none), or the in-place SiLU breaks backward."""
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.SiLU(inplace=True),
+                          nn.Conv2d(32, 32, 1, bias=False), nn.BatchNorm2d(32), nn.Hardswish(inplace=True))
+    plain = plain.cuda().to(memory_format=torch.channels_last)
+    fused, report = tcf.fuse(plain)
+    assert [r.module for r in report.replaced] == ["Conv2dBN", "Conv2dBN"], str(report)
+    eager, reference = copy.deepcopy(plain), copy.deepcopy(plain).double()  # before fused updates the shared state
+    x = torch.randn(8, 16, 14, 14, device="cuda").to(memory_format=torch.channels_last)
+    results = []
+    for model, precision in ((fused, None), (eager, None), (reference, torch.float64)):
+        leaf = x.clone().to(precision or x.dtype).requires_grad_()
+        with torch.autocast("cuda", dtype, enabled=dtype != torch.float32 and precision is None):
+            y = model(leaf)
+        y.float().square().sum().backward()
+        results.append((y.detach(), [leaf.grad] + [p.grad for p in model.parameters()]))
+    assert all(fused.get_submodule(r.path).fusion_status.fused for r in report.replaced)
+    (y, grads), (y_e, grads_e), (y_r, grads_r) = results
+    assert_as_accurate_as_eager("y", y, y_e, y_r, dtype)
+    for i, (g, g_e, g_r) in enumerate(zip(grads, grads_e, grads_r, strict=True)):
+        assert_as_accurate_as_eager(f"gradient {i}", g, g_e, g_r, dtype)

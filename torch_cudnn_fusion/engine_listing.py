@@ -138,10 +138,10 @@ def engines(
                          f"expects {weight_shape[1] * groups}")
     if activation not in ("relu", "identity", None):
         raise ValueError(f"activation must be 'relu', 'identity' or None, got {activation!r}")
+    stride_, dilation_ = _pair(stride, "stride", 1), _pair(dilation, "dilation", 1)
+    pre, post = conv_padding(padding, weight_shape[2:], dilation_, stride_)
     module = _extension.require()
     cuda = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-    stride_, dilation_ = _pair(stride, "stride"), _pair(dilation, "dilation")
-    pre, post = conv_padding(padding, weight_shape[2:], dilation_, stride_)
     relu = activation == "relu"
     listing = module.list_engines(graph, _SUPPORTED_DTYPES[dtype], channels_last, cuda.index, list(x_shape),
                                   list(weight_shape), list(stride_), list(pre), list(post), list(dilation_), groups,
