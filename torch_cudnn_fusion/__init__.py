@@ -14,7 +14,7 @@ from .nn import (BatchNorm2dReLU, Conv2dAddReLU, Conv2dBN, Conv2dBNAddReLU, Conv
                  FusedConv2d)
 from .rewrite import FuseReport, FuseRow, fuse
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 
 def is_available() -> bool:
