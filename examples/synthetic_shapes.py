@@ -18,7 +18,6 @@ import os
 import numpy as np
 import torch
 
-from png_plot import write_png
 
 PATTERNS = ("disk", "square", "ring", "horizontal stripes", "vertical stripes", "checkerboard", "cross",
             "diagonal stripes", "dots", "triangle")
@@ -76,6 +75,8 @@ def write_image_folder(root: str, images_per_class: int, image_size: int = 256, 
     """Writes images_per_class PNG images of each class under root/<class_folder_name(label)>/; returns the count."""
     if images_per_class < 1:
         raise ValueError(f"images_per_class must be at least 1, got {images_per_class}")
+    from PIL import Image  # Pillow, which torchvision (needed to read the folder back) depends on
+
     generator = torch.Generator().manual_seed(seed)
     written = [0] * num_classes
     while min(written) < images_per_class:
@@ -86,15 +87,17 @@ def write_image_folder(root: str, images_per_class: int, image_size: int = 256, 
                 continue
             folder = os.path.join(root, class_folder_name(label))
             os.makedirs(folder, exist_ok=True)
-            write_png(os.path.join(folder, f"{written[label]:05d}.png"), np.ascontiguousarray(image), level=1)
+            Image.fromarray(np.ascontiguousarray(image)).save(os.path.join(folder, f"{written[label]:05d}.png"),
+                                                              compress_level=1)
             written[label] += 1
     return sum(written)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description="Write the synthetic shapes as an image folder (one folder per class).")
-    p.add_argument("root")
-    p.add_argument("--per-class", type=int, default=100)
+    p = argparse.ArgumentParser(description="Write the synthetic shapes as an image folder (one folder per class).",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("root", help="the folder to write (created)")
+    p.add_argument("--per-class", type=int, default=100, help="images per class")
     p.add_argument("--image-size", type=int, default=256)
     p.add_argument("--classes", type=int, default=len(PATTERNS))
     p.add_argument("--seed", type=int, default=0)

@@ -4,8 +4,9 @@
     python examples/train_mobilenet_v1.py --compare-eager     # + the eager model from the same weights and batches
     python examples/train_mobilenet_v1.py --data /path/to/imagefolder   # real images (needs torchvision)
     python examples/synthetic_shapes.py /tmp/shapes && python examples/train_mobilenet_v1.py --data /tmp/shapes
-    torchrun --nproc-per-node 2 examples/train_mobilenet_v1.py            # DistributedDataParallel over NCCL
+    torchrun --nproc-per-node 2 examples/train_mobilenet_v1.py            # DistributedDataParallel (NCCL; gloo on CPU)
 
+Needs matplotlib and tqdm (`pip install ".[examples]"`). Writes OUT/loss.png (the loss curves) and OUT/train_log.json.
 bf16 autocast by default (--dtype float16 uses a GradScaler), channels_last, SGD with momentum, a linear warm-up and a
 cosine learning-rate schedule. The default data (examples/synthetic_shapes.py) needs no download and is learnable: accuracy
 rises well above chance.
@@ -28,45 +29,53 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_cudnn_fusion as tcf  # noqa: E402
-from png_plot import plot_lines  # noqa: E402
 from synthetic_shapes import PATTERNS, synthetic_batch  # noqa: E402
 from torch_cudnn_fusion.models import mobilenet_v1  # noqa: E402
 
 
 def parse_args():
     gpu = torch.cuda.is_available()
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=300 if gpu else 500)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--steps", type=int, default=300 if gpu else 500, help="training steps")
     p.add_argument("--batch-size", type=int, default=256 if gpu else 32, help="per process")
-    p.add_argument("--image-size", type=int, default=224 if gpu else 64)
+    p.add_argument("--image-size", type=int, default=224 if gpu else 64, help="training images are this square")
     p.add_argument("--width", type=float, default=1.0 if gpu else 0.25, help="MobileNet width multiplier")
-    p.add_argument("--classes", type=int, default=len(PATTERNS))
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--weight-decay", type=float, default=4e-5)
-    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16" if gpu else "float32")
+    p.add_argument("--classes", type=int, default=len(PATTERNS), help="synthetic classes (with --data: the folder's)")
+    p.add_argument("--lr", type=float, default=0.05, help="peak learning rate (SGD, Nesterov momentum 0.9)")
+    p.add_argument("--weight-decay", type=float, default=4e-5, help="SGD weight decay")
+    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16" if gpu else "float32",
+                   help="autocast dtype (float16 with a GradScaler; float32: no autocast)")
     p.add_argument("--data", default=None, help="an image folder (class per subdirectory); needs torchvision")
     p.add_argument("--held-out", type=float, default=0.1, help="with --data: the fraction of images never trained on")
     p.add_argument("--workers", type=int, default=8, help="with --data: data-loading processes")
     p.add_argument("--compare-eager", action="store_true",
                    help="also train the eager model from the same initial weights on the same batches")
     p.add_argument("--out", default="mobilenet_v1_run", help="directory for the loss plot and the JSON log")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="weights, data and held-out split")
     return p.parse_args()
 
 
-class Progress:
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.total, self.enabled, self.start = total, enabled, time.time()
+def plot_losses(path: str, history: dict[str, list[float]]) -> None:
+    """The training loss per step of each model: fused solid, eager dashed on top of it, so both stay visible."""
+    import matplotlib
 
-    def update(self, step: int, text: str) -> None:
-        if not self.enabled or (step % max(1, self.total // 100) and step != self.total):
-            return
-        done = int(30 * step / self.total)
-        rate = step / max(time.time() - self.start, 1e-9)
-        sys.stdout.write(f"\r[{'#' * done}{'.' * (30 - done)}] {step}/{self.total} {rate:.1f} it/s {text}")
-        sys.stdout.flush()
-        if step == self.total:
-            sys.stdout.write("\n")
+    matplotlib.use("Agg")  # files only, no display needed
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5), layout="constrained")
+    styles = {"fused": {"color": "tab:blue", "linewidth": 2.5},
+              "eager": {"color": "tab:orange", "linewidth": 1.2, "linestyle": "--"}}
+    for name, losses in history.items():
+        ax.plot(range(1, len(losses) + 1), losses, label=f"{name} ({losses[0]:.2f} -> {losses[-1]:.2f})",
+                **styles.get(name, {}))
+    ax.set_xlabel("training step")
+    ax.set_ylabel("cross-entropy loss")
+    ax.set_title("MobileNet v1: " + " vs ".join(history) + " from the same weights and batches")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def image_folder_data(path, batch_size, image_size, device, seed, held_out_fraction, workers, ddp):
@@ -119,10 +128,11 @@ def synthetic_batches(batch_size, image_size, classes, device, seed):
 
 
 class Trainer:
-    def __init__(self, model, args, device, dtype, ddp_rank):
+    def __init__(self, model, args, device, dtype, ddp):
         self.model = model
-        if ddp_rank is not None:
-            self.model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[ddp_rank])
+        if ddp:
+            self.model = torch.nn.parallel.DistributedDataParallel(
+                model, device_ids=[device.index] if device.type == "cuda" else None)
         self.opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=args.weight_decay,
                                    nesterov=True)
         warmup = max(1, args.steps // 10)  # linear warm-up, then cosine decay to 0
@@ -158,13 +168,18 @@ class Trainer:
 
 def main():
     args = parse_args()
+    try:
+        from tqdm import tqdm
+    except ImportError as error:
+        raise SystemExit(f"this example needs tqdm and matplotlib: pip install \".[examples]\" ({error})") from error
     ddp = "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1
-    rank, local_rank = 0, None
+    rank, local_rank = 0, int(os.environ.get("LOCAL_RANK", 0))
     if ddp:
-        dist.init_process_group("nccl")
-        rank, local_rank = dist.get_rank(), int(os.environ["LOCAL_RANK"])
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        rank = dist.get_rank()
+    if torch.cuda.is_available():
         torch.cuda.set_device(local_rank)
-    device = torch.device("cuda", local_rank or 0) if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
     dtype = getattr(torch, args.dtype)
     torch.backends.cudnn.benchmark = device.type == "cuda"
     torch.manual_seed(args.seed)
@@ -190,16 +205,16 @@ def main():
         fused_model, report = tcf.fuse(plain, example)
     if rank == 0:
         print(f"fuse(): {report.summary()}")
-    trainers = {"fused": Trainer(fused_model, args, device, dtype, local_rank)}
+    trainers = {"fused": Trainer(fused_model, args, device, dtype, ddp)}
     if initial is not None:
-        trainers["eager"] = Trainer(initial, args, device, dtype, local_rank)
+        trainers["eager"] = Trainer(initial, args, device, dtype, ddp)
 
     history = {name: [] for name in trainers}
     accuracy = {name: [] for name in trainers}
     max_diff = []
-    progress = Progress(args.steps, rank == 0)
+    progress = tqdm(range(1, args.steps + 1), desc="training", unit="step", disable=rank != 0)
     start = time.time()
-    for step in range(1, args.steps + 1):
+    for step in progress:
         images, labels = next(batches)
         images = images.to(memory_format=torch.channels_last)
         for name, trainer in trainers.items():
@@ -210,7 +225,7 @@ def main():
         if "eager" in trainers:
             max_diff.append(abs(history["fused"][-1] - history["eager"][-1]))
             text += f" |Δloss| vs eager {max_diff[-1]:.2e}"
-        progress.update(step, text)
+        progress.set_postfix_str(text, refresh=False)
     elapsed = time.time() - start
     # stops the loader's workers and pin-memory thread now: left to the interpreter's exit, their shutdown hung
     # (H200, 14 workers)
@@ -240,9 +255,8 @@ def main():
             print(f"largest |loss difference| fused vs eager over {len(max_diff)} steps: {max(max_diff):.3e} "
                   f"(step {max_diff.index(max(max_diff)) + 1}); first 5 steps: "
                   + ", ".join(f"{d:.1e}" for d in max_diff[:5]))
-            plot_lines(os.path.join(args.out, "loss_fused_vs_eager.png"),
-                       {"fused": history["fused"], "eager": history["eager"]})
-            print(f"loss curves: {os.path.join(args.out, 'loss_fused_vs_eager.png')} (blue fused, orange eager)")
+        plot_losses(os.path.join(args.out, "loss.png"), history)
+        print(f"loss curves: {os.path.join(args.out, 'loss.png')}")
     if ddp:
         dist.destroy_process_group()
 

@@ -1,49 +1,25 @@
 """examples/train_mobilenet_v1.py and its data, run for a few steps at a small size (on the GPU where there is one).
-The --data path needs torchvision and is skipped without it."""
+The --data path needs torchvision; the examples need matplotlib and tqdm (`pip install ".[examples]"`)."""
 
 import json
 import os
-import struct
 import subprocess
 import sys
-import zlib
 
 import numpy as np
 import pytest
 import torch
 
+pytest.importorskip("matplotlib", reason='the examples need matplotlib: pip install ".[examples]"')
+pytest.importorskip("tqdm", reason='the examples need tqdm: pip install ".[examples]"')
+Image = pytest.importorskip("PIL.Image", reason="Pillow (torchvision's dependency) reads the images back")
+
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+TRAIN = os.path.join(EXAMPLES, "train_mobilenet_v1.py")
 sys.path.insert(0, EXAMPLES)
-from png_plot import write_png  # noqa: E402
 from synthetic_shapes import PATTERNS, class_folder_name, write_image_folder  # noqa: E402
 
-
-def _read_png(path: str) -> np.ndarray:
-    """Decodes the PNGs write_png writes (8-bit RGB, filter type 0 on every row)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, chunks = 8, {}
-    while pos < len(data):
-        (length,) = struct.unpack(">I", data[pos:pos + 4])
-        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
-        (crc,) = struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])
-        assert crc == zlib.crc32(kind + body) & 0xFFFFFFFF, f"bad CRC in {kind}"
-        chunks[kind] = chunks.get(kind, b"") + body
-        pos += 12 + length
-    width, height, depth, color = struct.unpack(">IIBB", chunks[b"IHDR"][:10])
-    assert (depth, color) == (8, 2)
-    rows = np.frombuffer(zlib.decompress(chunks[b"IDAT"]), dtype=np.uint8).reshape(height, 1 + 3 * width)
-    assert (rows[:, 0] == 0).all()
-    return rows[:, 1:].reshape(height, width, 3)
-
-
-def test_write_png_round_trips_and_names_a_wrong_array(tmp_path):
-    img = np.random.default_rng(0).integers(0, 256, (5, 7, 3), dtype=np.uint8)
-    write_png(str(tmp_path / "a.png"), img)
-    np.testing.assert_array_equal(_read_png(str(tmp_path / "a.png")), img)
-    with pytest.raises(ValueError, match=r"img must be uint8 of shape \(height, width, 3\), got float32"):
-        write_png(str(tmp_path / "b.png"), img.astype(np.float32))
+BLUE, ORANGE = (31, 119, 180), (255, 127, 14)  # matplotlib's tab:blue (fused) and tab:orange (eager)
 
 
 def test_synthetic_image_folder_has_one_sorted_folder_per_class(tmp_path):
@@ -54,19 +30,23 @@ def test_synthetic_image_folder_has_one_sorted_folder_per_class(tmp_path):
     for folder in folders:
         files = sorted(os.listdir(tmp_path / folder))
         assert files == [f"{i:05d}.png" for i in range(4)]
-        images = [_read_png(str(tmp_path / folder / name)) for name in files]
-        assert all(image.shape == (24, 24, 3) for image in images)
+        images = [np.asarray(Image.open(tmp_path / folder / name)) for name in files]
+        assert all(image.shape == (24, 24, 3) and image.dtype == np.uint8 for image in images)
         assert len({image.tobytes() for image in images}) == 4  # fresh random images, not one repeated
     with pytest.raises(ValueError, match="images_per_class must be at least 1, got 0"):
         write_image_folder(str(tmp_path / "none"), 0)
 
 
-def _train(tmp_path, *args):
+def _train(tmp_path, *args, env=None, launcher=()):
     out = tmp_path / "run"
-    run = subprocess.run([sys.executable, os.path.join(EXAMPLES, "train_mobilenet_v1.py"), "--batch-size", "4",
-                          "--image-size", "32", "--width", "0.25", "--compare-eager", "--out", str(out), *args],
-                         capture_output=True, text=True, timeout=600)
+    run = subprocess.run([sys.executable, *launcher, TRAIN, "--batch-size", "4", "--image-size", "32", "--width",
+                          "0.25", "--compare-eager", "--out", str(out), *args],
+                         capture_output=True, text=True, timeout=600, env=env)
     return run, out
+
+
+def _pixels_near(image: np.ndarray, color) -> int:
+    return int((np.abs(image[..., :3].astype(int) - np.array(color)).sum(-1) < 60).sum())
 
 
 def _check_log(out, steps: int, classes: int) -> dict:
@@ -77,7 +57,10 @@ def _check_log(out, steps: int, classes: int) -> dict:
         assert len(log["loss"][name]) == steps and all(np.isfinite(log["loss"][name]))
         assert 0.0 <= log["held_out_accuracy"][name] <= 1.0
     assert len(log["max_loss_difference_per_step"]) == steps
-    assert (out / "loss_fused_vs_eager.png").stat().st_size > 0
+    plot = np.asarray(Image.open(out / "loss.png").convert("RGB"))
+    assert plot.shape[0] >= 400 and plot.shape[1] >= 800
+    # both curves drawn (the eager one dashed over the fused one, so it cannot hide it) and both in the legend
+    assert _pixels_near(plot, BLUE) > 200 and _pixels_near(plot, ORANGE) > 50
     return log
 
 
@@ -85,7 +68,24 @@ def test_example_trains_fused_and_eager_on_synthetic_data(tmp_path):
     run, out = _train(tmp_path, "--steps", "3", "--classes", "4")
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
     assert "fuse(): " in run.stdout and "largest |loss difference| fused vs eager over 3 steps" in run.stdout
+    assert "training: 100%" in run.stderr  # tqdm's progress bar
     _check_log(out, steps=3, classes=4)
+
+
+def test_example_help_shows_the_defaults():
+    run = subprocess.run([sys.executable, TRAIN, "--help"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    text = " ".join(run.stdout.split())
+    assert "(default: 0.05)" in text and "(default: mobilenet_v1_run)" in text and "(default: 0)" in text
+
+
+def test_example_runs_under_torchrun_on_the_cpu(tmp_path):
+    """Two processes, DistributedDataParallel over gloo (NCCL needs a GPU per process): the GPUs are hidden."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    launcher = ("-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "0")
+    run, out = _train(tmp_path, "--steps", "2", "--classes", "4", env=env, launcher=launcher)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    _check_log(out, steps=2, classes=4)
 
 
 def test_example_trains_on_an_image_folder(tmp_path):
