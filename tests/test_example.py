@@ -37,11 +37,11 @@ def test_synthetic_image_folder_has_one_sorted_folder_per_class(tmp_path):
         write_image_folder(str(tmp_path / "none"), 0)
 
 
-def _train(tmp_path, *args, env=None, launcher=()):
+def _train(tmp_path, *args, env=None, launcher=(), timeout=600):
     out = tmp_path / "run"
     run = subprocess.run([sys.executable, *launcher, TRAIN, "--batch-size", "4", "--image-size", "32", "--width",
                           "0.25", "--compare-eager", "--out", str(out), *args],
-                         capture_output=True, text=True, timeout=600, env=env)
+                         capture_output=True, text=True, timeout=timeout, env=env)
     return run, out
 
 
@@ -81,9 +81,10 @@ def test_example_help_shows_the_defaults():
 
 def test_example_runs_under_torchrun_on_the_cpu(tmp_path):
     """Two processes, DistributedDataParallel over gloo (NCCL needs a GPU per process): the GPUs are hidden."""
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
-    launcher = ("-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "0")
-    run, out = _train(tmp_path, "--steps", "2", "--classes", "4", env=env, launcher=launcher)
+    # gloo over the loopback interface: a machine's hostname may resolve to an address it cannot reach itself on
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    launcher = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
+    run, out = _train(tmp_path, "--steps", "2", "--classes", "4", env=env, launcher=launcher, timeout=300)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
     _check_log(out, steps=2, classes=4)
 
