@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import sys
+from pathlib import Path
 
 import torch
 
@@ -49,6 +50,9 @@ def info() -> int:
                                          f"{p.total_memory / 2**30:.0f} GiB"))
     else:
         rows.append(("GPU", "none visible to torch"))
+    note = Path(_extension.__file__).with_name("_build_note.txt")
+    if note.is_file() and note.read_text().strip():
+        rows += [("install note", line) for line in note.read_text().strip().splitlines()]
     module = _extension.load()
     if module is None:
         rows.append(("extension", f"unavailable: {_extension.load_error()}"))
