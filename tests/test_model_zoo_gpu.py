@@ -3,7 +3,12 @@
 For each model, in float32 (TF32 off) and under bfloat16 autocast, channels_last: one training step (loss, every
 gradient, every BatchNorm buffer after it) and one eval batch. Eager float32/bfloat16 is itself off float64 by up to
 about 1% in a deep net's gradient at init, so the rule is relative to eager's own error: fused error <= 2 x eager
-error + a small floor. Dropout-like modules are put in eval mode so that the three models see the same function.
+error + a small floor. Eager's error is the larger of two eager runs, channels_last and NCHW: at init a net
+amplifies rounding chaotically, and one eager run can be 100x closer to float64 than the other (regnet_x_400mf,
+float32: 1.1e-4 and 1.1e-2 in the global gradient, H100), so a single run is a lucky draw, not eager's accuracy.
+The loss is a positively weighted sum of output**2 (its relative error is about twice the output's); a random projection of the output was
+near zero for some models, which made its relative error meaningless. Dropout-like modules are put in eval mode so
+that the models see the same function.
 
 TCF_GPU_ZOO picks the models: unset, one per family (below); "all", every model of tests/zoo.py; or a comma list of
 ids such as "torchvision:resnet50,timm:resnet18". TCF_GPU_ZOO_RESULTS=FILE appends one JSON line per model and dtype:
@@ -65,7 +70,7 @@ def _step(model, x, weights, dtype):
     _no_dropout(model)
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
         outs = outputs(model(x))
-    loss = sum((o.double() * w).sum() for o, w in zip(outs, weights))
+    loss = sum((o.double() ** 2 * w).sum() for o, w in zip(outs, weights))
     loss.backward()
     return outs, loss.detach()
 
@@ -100,12 +105,13 @@ def test_fused_model_is_as_accurate_as_eager_against_float64(model_id, dtype, ex
     model = build().cuda().to(memory_format=CL)
     reference = copy.deepcopy(model).double()
     eager = copy.deepcopy(model)
+    eager_nchw = copy.deepcopy(model).to(memory_format=torch.contiguous_format)
     fused, report = tcf.fuse(model)
     torch.manual_seed(1)
     x = torch.randn(4, 3, size, size, device="cuda").to(memory_format=CL)
     with torch.no_grad():
-        weights = [torch.randn_like(o, dtype=torch.float64) for o in _eval(copy.deepcopy(reference), x.double(),
-                                                                          torch.float64)]
+        weights = [torch.rand_like(o, dtype=torch.float64) + 0.5 for o in _eval(copy.deepcopy(reference), x.double(),
+                                                                                 torch.float64)]
     results = {"model": model_id, "dtype": str(dtype).replace("torch.", "")}
     failures = []
 
@@ -116,21 +122,25 @@ def test_fused_model_is_as_accurate_as_eager_against_float64(model_id, dtype, ex
 
     out_ref, loss_ref = _step(reference, x.double(), weights, torch.float64)
     out_eager, loss_eager = _step(eager, x, weights, dtype)
+    _, loss_nchw = _step(eager_nchw, x.contiguous(), weights, dtype)
     out_fused, loss_fused = _step(fused, x, weights, dtype)
-    check("loss", _rel(loss_fused, loss_ref), _rel(loss_eager, loss_ref))
+    check("loss", _rel(loss_fused, loss_ref), max(_rel(loss_eager, loss_ref), _rel(loss_nchw, loss_ref)))
     names = [n for n, p in reference.named_parameters() if p.grad is not None]
     grads = {label: dict((n, p.grad) for n, p in m.named_parameters() if p.grad is not None)
-             for label, m in (("ref", reference), ("eager", eager), ("fused", model))}
+             for label, m in (("ref", reference), ("eager", eager), ("nchw", eager_nchw), ("fused", model))}
     assert set(grads["fused"]) == set(grads["eager"]) == set(names), "the fused model's gradients are incomplete"
-    check("gradient (global)", _global_rel([grads["fused"][n] for n in names], [grads["ref"][n] for n in names]),
-          _global_rel([grads["eager"][n] for n in names], [grads["ref"][n] for n in names]))
-    buffers = {label: dict(m.named_buffers()) for label, m in (("ref", reference), ("eager", eager), ("fused", model))}
+    global_error = {label: _global_rel([grads[label][n] for n in names], [grads["ref"][n] for n in names])
+                    for label in ("fused", "eager", "nchw")}
+    check("gradient (global)", global_error["fused"], max(global_error["eager"], global_error["nchw"]))
+    buffers = {label: dict(m.named_buffers())
+               for label, m in (("ref", reference), ("eager", eager), ("nchw", eager_nchw), ("fused", model))}
     worst = None
     for name, ref in buffers["ref"].items():
         if not ref.is_floating_point():
             assert torch.equal(buffers["fused"][name].cpu(), ref.cpu()), name  # num_batches_tracked
             continue
-        fused_err, eager_err = _rel(buffers["fused"][name], ref), _rel(buffers["eager"][name], ref)
+        fused_err = _rel(buffers["fused"][name], ref)
+        eager_err = max(_rel(buffers["eager"][name], ref), _rel(buffers["nchw"][name], ref))
         if not fused_err <= 2 * eager_err + FLOOR[dtype]:
             failures.append(f"buffer {name}: fused {fused_err:.3e} > 2 x eager {eager_err:.3e} + {FLOOR[dtype]:.0e}")
         if worst is None or fused_err - 2 * eager_err > worst[1] - 2 * worst[2]:
@@ -140,8 +150,9 @@ def test_fused_model_is_as_accurate_as_eager_against_float64(model_id, dtype, ex
 
     eval_ref, eval_eager, eval_fused = _eval(reference, x.double(), torch.float64), _eval(eager, x, dtype), \
         _eval(fused, x, dtype)
-    for i, (f, e, r) in enumerate(zip(eval_fused, eval_eager, eval_ref)):
-        check(f"eval output {i}", _rel(f, r), _rel(e, r))
+    eval_nchw = _eval(eager_nchw, x.contiguous(), dtype)
+    for i, (f, e, n, r) in enumerate(zip(eval_fused, eval_eager, eval_nchw, eval_ref)):
+        check(f"eval output {i}", _rel(f, r), max(_rel(e, r), _rel(n, r)))
     coverage_eval = _coverage(fused, report)
     results.update(coverage_training=coverage_training, coverage_eval=coverage_eval,
                    seconds=round(time.time() - start, 1))
