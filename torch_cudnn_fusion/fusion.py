@@ -144,8 +144,8 @@ def _policy_reason(config: tuple) -> str:
             return (f"groups={groups}: cuDNN's fused grouped/depthwise convolution ran 6-9x slower than PyTorch's own "
                     "kernel (measured on H200), so eager is used (EnginePolicy('autotune') times it instead)")
         in_channels, out_channels = w_size[1] * groups, w_size[0]
-        # A stem's few input channels (an image's 3) are exempt: cuDNN pads them, and a 3->32 stem ran 1.6x faster
-        # fused than eager (docs/fallback_rules.md).
+        # A stem's few input channels (an image's 3) are exempt: cuDNN pads them, and the stems measured ran faster
+        # fused than eager (benchmarks/results/stem_h100_2026-11-22.txt, docs/fallback_rules.md).
         odd_in = in_channels % 8 and in_channels > STEM_CHANNELS
         if dtype in (torch.float16, torch.bfloat16) and (odd_in or out_channels % 8):
             return (f"in_channels={in_channels}, out_channels={out_channels}: not both multiples of 8; for {dtype} "
