@@ -77,3 +77,20 @@ def test_module_policy_is_part_of_the_decision_and_survives_pickling():
     conv = tcf.Conv2dReLU(8, 8, 3, padding=1, policy=tcf.EnginePolicy(workspace_limit=0))
     conv(torch.randn(1, 8, 6, 6))
     assert fusion.recorded_config(conv.layer_id)[18] == ("heuristic", (), False, 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_a_stems_few_input_channels_are_exempt_from_the_channel_rule_in_half_precision(dtype):
+    """An image's 3 (up to 4) channels are padded by cuDNN and the stems measured ran faster fused; 5 input channels,
+    or an odd output count, still take the rule. Checked on the rule itself (on a CPU it then says "x is on cpu")."""
+    from torch_cudnn_fusion.policy import resolve
+
+    def reason(cin, cout):
+        x, w = torch.empty(2, cin, 8, 8, dtype=dtype), torch.empty(cout, cin, 3, 3, dtype=dtype)
+        config = fusion.layer_config(x, w, None, None, (1, 1), (1, 1), (1, 1), (1, 1), 1, True, "zeros",
+                                     resolve(None).key)
+        return fusion._policy_reason(config)
+
+    assert reason(3, 64) == reason(4, 64) == "x is on cpu: the fused path runs on CUDA tensors"
+    assert reason(5, 64).startswith("in_channels=5, out_channels=64: not both multiples of 8")
+    assert reason(3, 36).startswith("in_channels=3, out_channels=36: not both multiples of 8")
