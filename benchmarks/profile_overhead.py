@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 import torch_cudnn_fusion as tcf
-from torch_cudnn_fusion import fusion
-from torch_cudnn_fusion.functional import conv2d_bias_act
+from torch_cudnn_fusion.ops import decide as fusion
+from torch_cudnn_fusion.ops.functional import conv2d_bias_act
 from timing import graph_replay_ms
 
 

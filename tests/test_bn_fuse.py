@@ -189,7 +189,7 @@ def test_fuse_never_changes_the_model_even_when_it_fails(monkeypatch):
 
     tcf.fuse(plain)
     same_as_untouched()
-    from torch_cudnn_fusion import rewrite
+    from torch_cudnn_fusion.fx import rewrite
 
     def broken(*args, **kwargs):
         raise RuntimeError("simulated failure in the middle of the rewrite")

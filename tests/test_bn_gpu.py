@@ -421,7 +421,7 @@ def test_recorded_conv_bn_call_runs_repeated_calls_and_steps_aside_when_the_call
     """A layer's repeated training calls run through the call recorded in C++; a call that differs in a tensor's
     metadata (x's requires_grad, its layout) or in the conv's settings (stride) goes back to Python's decision.
     Every call's output, gradients and running statistics match eager's."""
-    from torch_cudnn_fusion import functional
+    from torch_cudnn_fusion.ops import functional
 
     torch.manual_seed(0)
     conv = nn.Conv2d(16, 32, 3, padding=1, bias=False).cuda().to(memory_format=torch.channels_last)
@@ -478,7 +478,8 @@ def test_conv_bn_relu_training_runs_the_legacy_api_where_the_graph_is_refused(ex
     """A layer whose BatchNorm graph cuDNN refuses runs the legacy cuDNN BatchNorm API (fused ReLU forward and
     backward), says so with the graph's refusal as the reason, and matches eager and float64 in the output, every
     gradient and the running statistics over three training steps (the second and third as the one op)."""
-    from torch_cudnn_fusion import _extension, fusion
+    from torch_cudnn_fusion import _extension
+    from torch_cudnn_fusion.ops import decide as fusion
 
     monkeypatch.setattr(_extension, "load", lambda: _GraphRefused(extension))
     fusion.decide_batch_norm.cache_clear()  # decisions are cached per configuration: none made with the real check

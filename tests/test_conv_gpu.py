@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import torch_cudnn_fusion as tcf
-from torch_cudnn_fusion import fusion
-from torch_cudnn_fusion.functional import FUNCTIONAL_LAYER_ID
+from torch_cudnn_fusion.ops import decide as fusion
+from torch_cudnn_fusion.ops.functional import FUNCTIONAL_LAYER_ID
 
 from conftest import assert_as_accurate_as_eager, gpu, reference_conv_bias_act
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import torch_cudnn_fusion as tcf
-from torch_cudnn_fusion.functional import conv_padding
+from torch_cudnn_fusion.ops.functional import conv_padding
 
 CONV_ARGS = [
     dict(in_channels=8, out_channels=16, kernel_size=3, padding=1),

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import torch_cudnn_fusion as tcf
-from torch_cudnn_fusion import fusion
+from torch_cudnn_fusion.ops import decide as fusion
 
 from conftest import gpu, rel_err
 
@@ -203,7 +203,7 @@ def test_plan_file_from_another_cudnn_version_is_rejected(extension, tmp_path):
     document["environment"]["cudnn"] -= 100
     for plan in document["plans"]:
         plan["key"]["cudnn_version"] += 100
-    from torch_cudnn_fusion.plan_file import _digest
+    from torch_cudnn_fusion.diagnostics.plan_file import _digest
 
     document["sha256"] = _digest(document["plans"])
     path.write_text(json.dumps(document))

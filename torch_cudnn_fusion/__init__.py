@@ -4,15 +4,15 @@ nn.Modules, with an honest record of what ran fused and why not."""
 from __future__ import annotations
 
 from . import _extension
-from .diagnostics import Explanation, ExplainRow, FusionReport, FusionReportRow, explain, fusion_report
-from .engine_listing import EngineCandidate, EngineTable, engines
-from .functional import batch_norm_act, conv2d_bias_act
-from .fusion import FusionError, FusionStatus, is_strict, set_strict, strict
-from .plan_file import PlanFileWarning, load_plan_cache, save_plan_cache
+from .diagnostics.report import Explanation, ExplainRow, FusionReport, FusionReportRow, explain, fusion_report
+from .diagnostics.engines import EngineCandidate, EngineTable, engines
+from .ops.functional import batch_norm_act, conv2d_bias_act
+from .ops.decide import FusionError, FusionStatus, is_strict, set_strict, strict
+from .diagnostics.plan_file import PlanFileWarning, load_plan_cache, save_plan_cache
 from .policy import EnginePolicy, engine_policy, get_engine_policy, set_engine_policy
 from .nn import (BatchNorm2dReLU, Conv2dAddReLU, Conv2dBN, Conv2dBNAddReLU, Conv2dBNReLU, Conv2dReLU,
                  FusedConv2d)
-from .rewrite import FuseReport, FuseRow, fuse
+from .fx.rewrite import FuseReport, FuseRow, fuse
 
 from ._version import __version__
 
@@ -36,7 +36,7 @@ def plan_cache_stats() -> dict:
 
 def clear_plan_cache() -> None:
     """Drop every cached plan and the cached fusion decisions."""
-    from .fusion import clear_decisions
+    from .ops.decide import clear_decisions
 
     clear_decisions()
     _extension.require().clear_plan_cache()

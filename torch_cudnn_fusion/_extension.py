@@ -109,11 +109,11 @@ def load() -> ModuleType | None:
             except Exception as exc:  # a failed build must not crash the model: layers run eager and say why
                 _error = f"the cuDNN extension could not be built: {exc}"
                 return None
-        from . import ops
+        from .ops import library
 
-        ops.register_python_parts()
+        library.register_python_parts()
         _module = module
-    from .plan_file import start_automatic_plan_cache
+    from .diagnostics.plan_file import start_automatic_plan_cache
 
     start_automatic_plan_cache()  # TORCH_CUDNN_FUSION_PLAN_CACHE: load the plan file now, save it at exit
     return _module

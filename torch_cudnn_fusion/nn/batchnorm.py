@@ -8,8 +8,8 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .. import fusion
-from ..functional import batch_norm_act
+from ..ops import decide as fusion
+from ..ops.functional import batch_norm_act
 from ..policy import EnginePolicy
 from .conv import _layer_ids
 

@@ -9,8 +9,8 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .. import fusion
-from ..functional import conv2d_bias_act
+from ..ops import decide as fusion
+from ..ops.functional import conv2d_bias_act
 from ..policy import EnginePolicy
 
 _layer_ids = itertools.count()

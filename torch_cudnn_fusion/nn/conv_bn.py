@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch._prims_common import suggest_memory_format
 
-from .. import fusion
-from ..functional import _eager_batch_norm_act, conv2d_batch_norm_act, conv2d_bias_act
+from ..ops import decide as fusion
+from ..ops.functional import _eager_batch_norm_act, conv2d_batch_norm_act, conv2d_bias_act
 from .batchnorm import batch_norm_arguments, check_activation
 from ..policy import EnginePolicy
 from .conv import FusedConv2d, _layer_ids

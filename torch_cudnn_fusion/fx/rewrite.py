@@ -30,9 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from . import fusion
-from .diagnostics import restoring_buffers
-from .nn import (ActivationFused, BatchNorm2dFused, BatchNorm2dReLU, Conv2dAddReLU, Conv2dBN, Conv2dBNAddReLU,
+from ..ops import decide as fusion
+from ..diagnostics.report import restoring_buffers
+from ..nn import (ActivationFused, BatchNorm2dFused, BatchNorm2dReLU, Conv2dAddReLU, Conv2dBN, Conv2dBNAddReLU,
                  Conv2dBNReLU, Conv2dReLU, FusedConv2d)
 
 # ---- the patterns: (BatchNorm, residual add, activation) -> the fused module ----

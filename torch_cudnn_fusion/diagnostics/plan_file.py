@@ -23,7 +23,7 @@ from typing import Union
 
 import torch
 
-from . import _extension
+from .. import _extension
 
 FORMAT = "torch_cudnn_fusion plan file"
 FORMAT_VERSION = 1
@@ -36,7 +36,7 @@ class PlanFileWarning(UserWarning):
 
 def environment(device: Union[int, None] = None) -> dict:
     """What a plan file is keyed on: plans load only where every field matches."""
-    from . import __version__
+    from .. import __version__
 
     module = _extension.require()
     device = torch.cuda.current_device() if device is None else device

@@ -7,8 +7,9 @@ from typing import Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
-from . import _extension, fusion
-from .policy import EnginePolicy, policy_id, resolve
+from .. import _extension
+from . import decide as fusion
+from ..policy import EnginePolicy, policy_id, resolve
 
 _IntPair = Union[int, Sequence[int]]
 FUNCTIONAL_LAYER_ID = -1  # decisions of calls made without a module are recorded under this id
@@ -175,7 +176,7 @@ def conv2d_bias_act(
              f"input {list(x.shape)}")
     conv_args = (list(stride_), list(padding_pre), list(padding_post), list(dilation_), groups, relu, 0)
     if residual is not None:
-        from .ops import conv_output_size
+        from .library import conv_output_size
 
         expected = conv_output_size(x.shape, weight.shape, stride_, padding_pre, padding_post, dilation_)
         odd = _odd_residual(residual, expected, x)

@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .fusion import FusionStatus
+from ..ops.decide import FusionStatus
 
 
 class restoring_buffers:  # noqa: N801 — a context manager, named like torch.no_grad
@@ -51,8 +51,8 @@ class FusionReport(list):
 
 def fusion_report(model: nn.Module) -> FusionReport:
     """One row per fused layer in `model` (in module order), with how its last forward ran."""
-    from .nn.batchnorm import BatchNorm2dReLU
-    from .nn.conv import FusedConv2d
+    from ..nn.batchnorm import BatchNorm2dReLU
+    from ..nn.conv import FusedConv2d
 
     return FusionReport(
         FusionReportRow(path or "(root)", type(m).__name__, m.fusion_status)
@@ -108,7 +108,7 @@ def _median_forward_ms(module: nn.Module, inputs: tuple, repeats: int) -> Option
 
 
 def _explain_fused(path: str, module: nn.Module, config: tuple) -> ExplainRow:
-    from .fusion import TRACED, autotune_note, plan_in_use
+    from ..ops.decide import TRACED, autotune_note, plan_in_use
 
     x_size, has_bias, has_residual, relu = config[4], config[11], config[12], config[13]
     operations = ("conv_fprop",) + (("add bias",) if has_bias else ()) + (("add residual",) if has_residual else ())
@@ -156,10 +156,10 @@ def explain(model: nn.Module, *example_inputs, time: bool = True, repeats: int =
 
 
 def _explain(model: nn.Module, example_inputs: tuple, time: bool, repeats: int) -> Explanation:
-    from .fusion import recorded_config, recorded_decision
-    from .nn.batchnorm import BatchNorm2dReLU
-    from .nn.conv import FusedConv2d
-    from .nn.conv_bn import Conv2dBN
+    from ..ops.decide import recorded_config, recorded_decision
+    from ..nn.batchnorm import BatchNorm2dReLU
+    from ..nn.conv import FusedConv2d
+    from ..nn.conv_bn import Conv2dBN
 
     layers = [(path or "(root)", m) for path, m in model.named_modules()
               if isinstance(m, (FusedConv2d, BatchNorm2dReLU))]

@@ -12,11 +12,11 @@ from typing import Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
-from . import _extension
-from .functional import _pair, conv_padding
-from .fusion import _SUPPORTED_DTYPES
-from .ops import conv_output_size
-from .policy import EnginePolicy, policy_id, resolve
+from .. import _extension
+from ..ops.functional import _pair, conv_padding
+from ..ops.decide import _SUPPORTED_DTYPES
+from ..ops.library import conv_output_size
+from ..policy import EnginePolicy, policy_id, resolve
 
 GRAPHS = ("forward", "relu_bias_backward", "dgrad", "wgrad")
 EAGER = "eager (PyTorch ops)"

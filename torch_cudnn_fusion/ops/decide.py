@@ -15,9 +15,9 @@ from typing import Iterator, Optional
 import torch
 from torch._prims_common import suggest_memory_format
 
-from . import _extension
-from ._compile import constant_under_compile
-from .policy import policy_id
+from .. import _extension
+from .._compile import constant_under_compile
+from ..policy import policy_id
 
 _SUPPORTED_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 STEM_CHANNELS = 4  # a conv with at most this many input channels (an image's) is a stem: see _policy_reason
@@ -100,7 +100,7 @@ def _alignment(t: Optional[torch.Tensor], memory_format: torch.memory_format) ->
 def layer_config(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, relu,
                  padding_mode: str, policy: tuple) -> tuple:
     """Everything the decision depends on, as a hashable tuple of Python constants."""
-    from .ops import conv_memory_format
+    from .library import conv_memory_format
 
     memory_format = conv_memory_format(x, weight)
     needs_grad = torch.is_grad_enabled() and any(
