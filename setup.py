@@ -78,7 +78,7 @@ def _extension_modules():
     cpp_extension.CUDA_HOME = str(cuda_home)  # torch's guess may be a folder with no toolkit in it
     os.environ["CUDA_HOME"] = str(cuda_home)  # for this build process's nvcc calls only
     try:
-        include_dirs = [str(paths.frontend_include_dir()), str(paths.cudnn_include_dir())]
+        include_dirs = [str(ROOT / "csrc"), str(paths.frontend_include_dir()), str(paths.cudnn_include_dir())]
         link_args = paths.link_args()
         # setuptools links C++ extensions with $CXX, else Python's own CXX
         linker = os.environ.get("CXX") or sysconfig.get_config_var("CXX") or "c++"
@@ -87,7 +87,7 @@ def _extension_modules():
         _fail(str(error))
     if libstdcxx_note:
         print(f"torch_cudnn_fusion: {libstdcxx_note}", file=sys.stderr, flush=True)
-    sources = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").glob("*.c[pu]*"))
+    sources = [str(p.relative_to(ROOT)) for p in paths.sources(ROOT / "csrc")]
     extension = cpp_extension.CUDAExtension(
         "torch_cudnn_fusion._C",
         sources=sources,

@@ -169,6 +169,12 @@ def csrc_dir() -> Path:
     """The C++ sources: csrc/ of a source checkout, or the copy setup.py puts in the installed package."""
     here = Path(__file__).resolve().parent
     for path in (here.parent / "csrc", here / "_csrc"):
-        if (path / "bindings.cpp").is_file():
+        if (path / "ops" / "bindings.cpp").is_file():
             return path
-    raise BuildSetupError(f"the C++ sources (csrc/bindings.cpp) are missing next to {here}; reinstall the package")
+    raise BuildSetupError(f"the C++ sources (csrc/ops/bindings.cpp) are missing next to {here}; reinstall the package")
+
+
+def sources(csrc: Path) -> list[Path]:
+    """Every C++ and CUDA source under csrc/ (core/, graphs/, kernels/, ops/); they include each other's headers by
+    their path under csrc/, which the build therefore puts on the include path."""
+    return sorted(p for p in csrc.rglob("*") if p.suffix in (".cpp", ".cu"))

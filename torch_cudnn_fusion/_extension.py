@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 from types import ModuleType
+from typing import Callable
 
 import torch
 
@@ -15,6 +16,15 @@ from . import _build_paths
 _lock = threading.Lock()
 _module: ModuleType | None = None
 _error: str | None = None
+_on_load: list[Callable[[], None]] = []
+
+
+def call_when_loaded(fn: Callable[[], None]) -> None:
+    """Runs `fn` once the extension has loaded (at once if it has): how the parts that need the extension at start-up
+    (the automatic plan file) hook in without this module importing them."""
+    _on_load.append(fn)
+    if _module is not None:
+        fn()
 
 
 def _report_progress(build_dir: str, sources: int, done: threading.Event, every_s: float = 15.0) -> None:
@@ -43,8 +53,9 @@ def _jit_build() -> ModuleType:
     cpp_extension.CUDA_HOME = str(cuda_home)  # torch's guess may be a folder with no toolkit in it
     name = "torch_cudnn_fusion_C"
     build_dir = cpp_extension._get_build_directory(name, verbose=False)
-    sources = sorted(str(p) for p in _build_paths.csrc_dir().glob("*.c[pu]*"))
-    includes = [str(_build_paths.frontend_include_dir()), str(_build_paths.cudnn_include_dir())]
+    csrc = _build_paths.csrc_dir()
+    sources = [str(p) for p in _build_paths.sources(csrc)]
+    includes = [str(csrc), str(_build_paths.frontend_include_dir()), str(_build_paths.cudnn_include_dir())]
     libstdcxx, note = _build_paths.libstdcxx_link_args(os.environ.get("CXX", "c++"), build_dir)
     if note:
         print(f"torch_cudnn_fusion: {note}", file=sys.stderr, flush=True)
@@ -113,9 +124,8 @@ def load() -> ModuleType | None:
 
         library.register_python_parts()
         _module = module
-    from .diagnostics.plan_file import start_automatic_plan_cache
-
-    start_automatic_plan_cache()  # TORCH_CUDNN_FUSION_PLAN_CACHE: load the plan file now, save it at exit
+    for fn in _on_load:
+        fn()
     return _module
 
 

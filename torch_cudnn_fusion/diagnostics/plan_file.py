@@ -148,3 +148,6 @@ def start_automatic_plan_cache() -> None:
             warnings.warn(f"torch_cudnn_fusion: could not save the plan file {path}: {error}", PlanFileWarning)
 
     atexit.register(save_at_exit)
+
+
+_extension.call_when_loaded(start_automatic_plan_cache)

@@ -1,12 +1,12 @@
 // Saving and loading built plans (torch_cudnn_fusion.save_plan_cache / load_plan_cache): what each cached plan is
 // for (its key), which candidate runs and why (autotune results), and cuDNN's serialized plan where it has one.
-// The file format itself (environment header, checksum, JSON) is Python's (torch_cudnn_fusion/plan_file.py).
+// The file format itself (environment header, checksum, JSON) is Python's (torch_cudnn_fusion/diagnostics/plan_file.py).
 #pragma once
 
 #include <string>
 #include <vector>
 
-#include "conv_graphs.h"
+#include "graphs/conv_graphs.h"
 
 namespace tcf {
 

@@ -1,4 +1,6 @@
-#include "bn_ops.h"
+#include "ops/bn_ops.h"
+
+#include "ops/tensor_checks.h"
 
 #include <mutex>
 #include <sstream>
@@ -7,8 +9,8 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/csrc/autograd/variable.h>
 
-#include "conv_ops.h"
-#include "running_stats_kernel.h"
+#include "ops/run_graph.h"
+#include "kernels/running_stats_kernel.h"
 
 // The legacy BatchNorm API is deprecated in cuDNN 9 but still the one with fused ReLU forward and backward for
 // NHWC half precision (PyTorch's own cudnn_batch_norm uses it too).
@@ -18,11 +20,7 @@ namespace tcf {
 
 namespace {
 
-at::MemoryFormat memory_format(bool channels_last) {
-  return channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
-}
 
-int8_t alignment_of(const at::Tensor& t) { return t.defined() && t.numel() > 0 ? pointer_alignment(t.data_ptr()) : 0; }
 
 Activation activation_from(int64_t value) {
   TORCH_CHECK(value >= 0 && value <= 2, "cudnn_fusion: activation must be 0 (none), 1 (ReLU) or 2 (ReLU6), got ",
@@ -44,20 +42,7 @@ void check_per_channel(const at::Tensor& t, const char* name, const at::Tensor& 
               " must be a contiguous tensor of shape [", x.size(1), "] (x's channels), got ", t.sizes());
 }
 
-void check_x(const at::Tensor& x, const char* name) {
-  TORCH_CHECK(x.is_cuda(), "cudnn_fusion: ", name, " must be a CUDA tensor, got one on ", x.device());
-  TORCH_CHECK(x.dim() == 4, "cudnn_fusion: ", name, " must be a 4-D tensor [N, C, H, W], got ", x.dim(),
-              "-D with shape ", x.sizes());
-  auto dtype = x.scalar_type();
-  TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat, "cudnn_fusion: ", name,
-              " must be float16, bfloat16 or float32, got ", dtype);
-}
 
-void check_like(const at::Tensor& t, const char* name, const at::Tensor& x) {
-  TORCH_CHECK(t.device() == x.device() && t.scalar_type() == x.scalar_type() && t.sizes() == x.sizes(),
-              "cudnn_fusion: ", name, " must match x (", x.sizes(), ", ", x.scalar_type(), ", ", x.device(),
-              "), got ", t.sizes(), ", ", t.scalar_type(), ", ", t.device());
-}
 
 BatchNormProblem problem_of(const at::Tensor& x, bool channels_last, bool running_stats, bool has_residual,
                             Activation activation, int64_t policy) {
@@ -255,7 +240,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const std::optional<at::Tensor>& running_mean,
     const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& residual, double momentum,
     double eps, int64_t activation_value, int64_t implementation_value, int64_t policy) {
-  check_x(x, "x");
+  check_4d_cuda(x, "x");
   auto activation = activation_from(activation_value);
   auto implementation = implementation_from(implementation_value);
   check_per_channel(weight, "weight", x);
@@ -267,7 +252,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     check_per_channel(*running_mean, "running_mean", x);
     check_per_channel(*running_var, "running_var", x);
   }
-  if (residual.has_value()) check_like(*residual, "residual", x);
+  if (residual.has_value()) check_same_as(*residual, "residual", x);
   TORCH_CHECK(x.numel() / x.size(1) > 1, "cudnn_fusion: expected more than 1 value per channel when training, got x "
               "of shape ", x.sizes());
 
@@ -339,13 +324,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
     const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& y, const at::Tensor& weight,
     const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd, const at::Tensor& reserve,
     double eps, int64_t activation_value, bool has_residual, int64_t implementation_value, int64_t policy) {
-  check_x(x, "x");
-  check_like(grad_y, "grad_y", x);
+  check_4d_cuda(x, "x");
+  check_same_as(grad_y, "grad_y", x);
   auto activation = activation_from(activation_value);
   bool has_y = y.has_value() && y->defined();
   TORCH_CHECK(has_y || activation == Activation::kNone, "cudnn_fusion: y (the forward output) is needed for the "
               "activation's backward, got none");
-  if (has_y) check_like(*y, "y", x);
+  if (has_y) check_same_as(*y, "y", x);
   check_per_channel(weight, "weight", x);
   check_per_channel(bias, "bias", x);
   check_per_channel(save_mean, "save_mean", x);

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "conv_graphs.h"
+#include "graphs/conv_graphs.h"
 
 namespace tcf {
 

@@ -1,6 +1,6 @@
-#include "bn_graphs.h"
+#include "graphs/bn_graphs.h"
 
-#include "graph_builder.h"
+#include "graphs/graph_builder.h"
 
 namespace tcf {
 

@@ -6,7 +6,7 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
-#include "bn_ops.h"
+#include "ops/bn_ops.h"
 
 namespace tcf {
 namespace {

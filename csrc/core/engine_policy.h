@@ -5,7 +5,7 @@
 #include <string>
 #include <unordered_map>
 
-#include "plan_cache.h"
+#include "core/plan_cache.h"
 
 namespace tcf {
 

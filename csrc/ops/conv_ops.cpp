@@ -1,4 +1,9 @@
-#include "conv_ops.h"
+#include "ops/conv_ops.h"
+
+#include "core/requirements.h"
+#include "core/engine_policy.h"
+#include "ops/run_graph.h"
+#include "ops/tensor_checks.h"
 
 #include <atomic>
 #include <limits>
@@ -6,17 +11,11 @@
 #include <ATen/cudnn/Handle.h>
 #include <c10/core/DeviceGuard.h>
 
-#include "relu_bias_backward_kernel.h"
+#include "kernels/relu_bias_backward_kernel.h"
 
 namespace tcf {
 
 namespace {
-
-std::atomic<bool> poison_outputs{false};
-
-void poison(const at::Tensor& t) {
-  if (poison_outputs.load(std::memory_order_relaxed)) t.fill_(std::numeric_limits<double>::quiet_NaN());
-}
 
 std::array<int64_t, 2> pair_arg(at::IntArrayRef values, const char* name) {
   TORCH_CHECK(values.size() == 2, "cudnn_fusion: ", name, " must have 2 values (height, width), got ",
@@ -26,25 +25,8 @@ std::array<int64_t, 2> pair_arg(at::IntArrayRef values, const char* name) {
 
 std::array<int64_t, 4> size4(at::IntArrayRef size) { return {size[0], size[1], size[2], size[3]}; }
 
-void check_supported_dtype(const at::Tensor& t, const char* name) {
-  auto dtype = t.scalar_type();
-  TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat, "cudnn_fusion: ", name,
-              " must be float16, bfloat16 or float32, got ", dtype);
-}
 
-void check_like(const at::Tensor& t, const char* name, const at::Tensor& x) {
-  TORCH_CHECK(t.device() == x.device(), "cudnn_fusion: ", name, " must be on the same device as x (", x.device(),
-              "), got ", t.device());
-  TORCH_CHECK(t.scalar_type() == x.scalar_type(), "cudnn_fusion: ", name, " dtype must match x dtype (",
-              x.scalar_type(), "), got ", t.scalar_type());
-}
 
-void check_4d_cuda(const at::Tensor& t, const char* name, const char* layout) {
-  TORCH_CHECK(t.is_cuda(), "cudnn_fusion: ", name, " must be a CUDA tensor, got one on ", t.device());
-  TORCH_CHECK(t.dim() == 4, "cudnn_fusion: ", name, " must be a 4-D tensor ", layout, ", got ", t.dim(),
-              "-D with shape ", t.sizes());
-  check_supported_dtype(t, name);
-}
 
 // PyTorch's rule for cuDNN convolutions (cudnn_conv_suggest_memory_format): channels_last when either operand is.
 bool use_channels_last(const at::Tensor& a, const at::Tensor& b) {
@@ -52,11 +34,7 @@ bool use_channels_last(const at::Tensor& a, const at::Tensor& b) {
          b.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
 }
 
-at::MemoryFormat memory_format(bool channels_last) {
-  return channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
-}
 
-int8_t alignment_of(const at::Tensor& t) { return t.defined() ? pointer_alignment(t.data_ptr()) : 0; }
 
 ConvProblem make_problem(const at::Tensor& grad_or_x, at::IntArrayRef x_size, at::IntArrayRef w_size,
                          at::IntArrayRef stride, at::IntArrayRef padding_pre, at::IntArrayRef padding_post,
@@ -141,8 +119,8 @@ at::Tensor relu_bias_backward_with_kernel(const at::Tensor& dy, const at::Tensor
   int64_t parts = relu_bias_backward_partial_rows(rows, k, static_cast<int>(y.element_size()), multiprocessors);
   auto partial = at::empty({parts, k}, y.options().dtype(at::kFloat));
   auto dbias = at::empty({k}, y.options());
-  poison(dz);
-  poison(dbias);
+  poison_output(dz);
+  poison_output(dbias);
   cudaStream_t stream = nullptr;  // the current stream, which PyTorch's cuDNN handle is bound to
   TORCH_CHECK(cudnnGetStream(at::native::getCudnnHandle(), &stream) == CUDNN_STATUS_SUCCESS,
               "cudnn_fusion: could not read the current CUDA stream");
@@ -309,29 +287,20 @@ at::Tensor conv_wgrad(const at::Tensor& grad_z, const at::Tensor& x, at::IntArra
   return dw;
 }
 
-bool run_cached_graph(const GraphKey& key, std::unordered_map<int64_t, void*> pointers,
-                      std::initializer_list<at::Tensor> outputs, const at::Device& device,
-                      const std::function<void()>& aten, bool aten_under_benchmark) {
-  auto plan = get_plan(key);
-  if (!plan->ok()) {
-    PlanCache::instance().count_runtime_fallback(plan->refusal);
-    return false;
-  }
-  maybe_tune(*plan, pointers, device, aten, aten_under_benchmark);
-  if (plan->aten_faster.load(std::memory_order_acquire)) return false;
-  for (const auto& output : outputs) poison(output);
-  return execute_plan(*plan, key.kind, pointers, device);
-}
-
-void set_poison_outputs(bool enabled) { poison_outputs.store(enabled); }
-
-void poison_output(const at::Tensor& t) { poison(t); }
 
 std::unordered_map<std::string, std::string> check_conv_layer(const ConvProblem& problem, bool backward,
                                                               const std::array<int8_t, 4>& alignment) {
+  std::unordered_map<std::string, std::string> refusals;
+  bool autotune = policy_for(problem.policy, GraphKind::kConvBiasAct).mode == PolicyMode::kAutotune;
+  auto unmet = conv_layer_verdict(problem.dtype, problem.x_size[1], problem.w_size[0], problem.groups, autotune);
+  if (!unmet.empty()) {  // no plan is built for a layer that will not run fused
+    std::string joined;
+    for (const auto& requirement : unmet) joined += (joined.empty() ? "" : "; ") + requirement;
+    refusals["forward"] = joined;
+    return refusals;
+  }
   c10::DeviceGuard guard(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(problem.device)));
   const int8_t fresh = 16;  // outputs and gradients are fresh allocations from the caching allocator
-  std::unordered_map<std::string, std::string> refusals;
   auto refusal = [&](GraphKind kind, const std::array<int8_t, 5>& operands) {
     return get_plan(make_graph_key(kind, problem, operands))->refusal;
   };

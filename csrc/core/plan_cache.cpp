@@ -1,4 +1,4 @@
-#include "plan_cache.h"
+#include "core/plan_cache.h"
 
 #include <chrono>
 
@@ -66,28 +66,62 @@ PlanCache& PlanCache::instance() {
 
 std::shared_ptr<const CachedPlan> PlanCache::get_or_build(const GraphKey& key,
                                                           const std::function<std::shared_ptr<CachedPlan>()>& build) {
-  // Builds run under the lock: they take a few milliseconds, happen once per configuration, and holding
-  // the lock keeps two threads from building the same plan at once.
+  std::shared_ptr<InFlight> in_flight;
+  bool builds_here = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = index_.find(key);
+    if (found != index_.end()) {
+      ++stats_.hits;
+      lru_.splice(lru_.begin(), lru_, found->second);
+      return found->second->second;
+    }
+    auto building = in_flight_.find(key);
+    if (building != in_flight_.end()) {
+      in_flight = building->second;
+      ++stats_.hits;  // built once, by the thread already at it
+    } else {
+      in_flight = std::make_shared<InFlight>();
+      in_flight_.emplace(key, in_flight);
+      builds_here = true;
+      ++stats_.misses;
+    }
+  }
+  if (!builds_here) return in_flight->result.get();  // rethrows what the build threw
+
+  auto start = std::chrono::steady_clock::now();
+  std::shared_ptr<const CachedPlan> plan;
+  try {
+    plan = build();
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      in_flight_.erase(key);
+    }
+    in_flight->promise.set_exception(std::current_exception());
+    throw;
+  }
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.build_seconds += seconds;
+    ++(plan->ok() ? stats_.builds : stats_.refusals);
+    in_flight_.erase(key);
+    auto found = index_.find(key);  // a plan file loaded meanwhile: keep the newer entry
+    if (found == index_.end()) {
+      lru_.emplace_front(key, plan);
+      index_[key] = lru_.begin();
+      evict_to_capacity_locked();
+    }
+  }
+  in_flight->promise.set_value(plan);
+  return plan;
+}
+
+std::shared_ptr<const CachedPlan> PlanCache::find(const GraphKey& key) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto found = index_.find(key);
-  if (found != index_.end()) {
-    ++stats_.hits;
-    lru_.splice(lru_.begin(), lru_, found->second);
-    return found->second->second;
-  }
-  ++stats_.misses;
-  auto start = std::chrono::steady_clock::now();
-  std::shared_ptr<const CachedPlan> plan = build();
-  stats_.build_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (plan->ok()) {
-    ++stats_.builds;
-  } else {
-    ++stats_.refusals;
-  }
-  lru_.emplace_front(key, plan);
-  index_[key] = lru_.begin();
-  evict_to_capacity_locked();
-  return plan;
+  return found == index_.end() ? nullptr : found->second->second;
 }
 
 void PlanCache::evict_to_capacity_locked() {

@@ -14,7 +14,7 @@
 
 #include <ATen/ATen.h>
 
-#include "conv_graphs.h"
+#include "graphs/conv_graphs.h"
 
 namespace tcf {
 
@@ -41,22 +41,10 @@ at::Tensor conv_wgrad(const at::Tensor& grad_z, const at::Tensor& x, at::IntArra
                       at::IntArrayRef stride, at::IntArrayRef padding_pre, at::IntArrayRef padding_post,
                       at::IntArrayRef dilation, int64_t groups, int64_t policy);
 
-// Runs `key`'s plan on `pointers` after poisoning `outputs` (test aid below); on its first run, tunes it as its
-// policy asks (maybe_tune), timing `aten` (the same result computed with ATen) where the policy or
-// `aten_under_benchmark` says so. Returns false when the caller must compute the result with ATen: cuDNN refused the
-// plan or failed to execute it (a run-time fallback, counted), or autotune found ATen faster (not counted).
-bool run_cached_graph(const GraphKey& key, std::unordered_map<int64_t, void*> pointers,
-                      std::initializer_list<at::Tensor> outputs, const at::Device& device,
-                      const std::function<void()>& aten, bool aten_under_benchmark = false);
 
-// Test aid: when on, every output is filled with NaN before its graph runs, so an element cuDNN did not write
-// shows up in the comparison with eager.
-void set_poison_outputs(bool enabled);
-// Fills `t` with NaN when the test aid above is on (before a graph or kernel writes it).
-void poison_output(const at::Tensor& t);
-
-// For Python's fusion decision: builds (or finds) the plans a layer would use, from metadata alone, and
-// returns each graph's refusal ("" when cuDNN built it). Keys: "forward", and with `backward` also
+// For Python's fusion decision: the layer's verdict (core/requirements.h) and, where it meets every requirement,
+// the plans it would use built (or found) from metadata alone; returns each graph's refusal ("" when cuDNN built
+// it). Keys: "forward" (the unmet requirements, joined, where the verdict is not empty), and with `backward` also
 // "relu_bias_backward" (when relu), "dgrad", "wgrad".
 std::unordered_map<std::string, std::string> check_conv_layer(const ConvProblem& problem, bool backward,
                                                               const std::array<int8_t, 4>& alignment);

@@ -1,8 +1,10 @@
 // Engine listing: every candidate plan cuDNN's heuristics offer for one graph of a conv layer, with its engine
 // name (engine id and knob choices), behaviour notes, workspace and, on request, its median time on random data.
-#include "engine_listing.h"
+#include "graphs/engine_listing.h"
 
-#include "graph_builder.h"
+#include "graphs/graph_builder.h"
+
+#include "core/requirements.h"
 
 #include <ATen/ATen.h>
 

@@ -1,10 +1,10 @@
-#include "conv_bn_call.h"
+#include "ops/conv_bn_call.h"
 
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
-#include "bn_ops.h"
+#include "ops/bn_ops.h"
 
 namespace tcf {
 

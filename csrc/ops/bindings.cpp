@@ -1,17 +1,18 @@
 // Op schemas (TORCH_LIBRARY), their CUDA implementations, and the Python module for the plan cache and the
-// support check. Fake (meta) kernels and autograd are registered from Python (torch_cudnn_fusion/ops.py).
+// support check. Fake (meta) kernels and autograd are registered from Python (torch_cudnn_fusion/ops/library.py).
 #include <torch/extension.h>
 
 #include <c10/core/DeviceGuard.h>
 #include <cudnn.h>
 #include <cudnn_frontend_version.h>
 
-#include "bn_ops.h"
-#include "conv_bn_call.h"
-#include "conv_ops.h"
-#include "engine_listing.h"
-#include "engine_policy.h"
-#include "plan_file.h"
+#include "ops/bn_ops.h"
+#include "ops/conv_bn_call.h"
+#include "ops/conv_ops.h"
+#include "ops/run_graph.h"
+#include "graphs/engine_listing.h"
+#include "core/engine_policy.h"
+#include "graphs/plan_file.h"
 
 namespace tcf {
 namespace {
@@ -91,6 +92,7 @@ pybind11::dict plan_in_use_py(const std::string& graph, const std::string& dtype
       {static_cast<int8_t>(a[0]), static_cast<int8_t>(a[1]), static_cast<int8_t>(a[2]), static_cast<int8_t>(a[3]),
        static_cast<int8_t>(a[4])}));
   pybind11::dict out;
+  out["cached"] = info.cached;
   out["name"] = info.name;
   out["workspace_bytes"] = info.workspace_bytes;
   out["tuned"] = info.tuned;
@@ -332,7 +334,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "torch_cudnn_fusion's compiled core: cuDNN graphs, plan cache and ops";
   py::class_<tcf::ConvBatchNormCall>(m, "ConvBatchNormCall",
                                      "A training Conv2d + BatchNorm layer's call recorded for the one op "
-                                     "(see csrc/conv_bn_call.h)")
+                                     "(see csrc/ops/conv_bn_call.h)")
       .def(py::init<const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
                     const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
                     const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
@@ -344,10 +346,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("activation"), py::arg("implementation"), py::arg("policy"))
       .def("run", &tcf::ConvBatchNormCall::run,
            "y of cudnn_fusion::conv_batch_norm_act for this call, or None when it differs from the recorded one");
+  // The checks may build plans (whole seconds when cold): Python's other threads run meanwhile.
   m.def("check_conv_layer", &tcf::check_conv_layer_py,
-        "Build (or find) the plans a conv layer would use; returns each graph's refusal, '' when built");
+        "The layer's verdict, then the plans it would use built (or found); returns each graph's refusal, '' when built",
+        py::call_guard<py::gil_scoped_release>());
   m.def("check_batch_norm_layer", &tcf::check_batch_norm_layer_py,
-        "Why each BatchNorm implementation (cuDNN graph forward/backward, legacy API) cannot run a layer, '' if it can");
+        "Why each BatchNorm implementation (cuDNN graph forward/backward, legacy API) cannot run a layer, '' if it can",
+        py::call_guard<py::gil_scoped_release>());
   m.def("list_engines", &tcf::list_engines_py,
         "Every candidate plan cuDNN's heuristics offer for one graph of a conv layer, optionally timed");
   m.def("plan_in_use", &tcf::plan_in_use_py, "The plan the cache runs for one graph of a conv layer");
@@ -366,6 +371,28 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "Bound the number of cached plans (least recently used are evicted)");
   m.def("set_poison_outputs", &tcf::set_poison_outputs,
         "Test aid: fill every op output with NaN before its graph runs");
+  m.def("set_build_delay_for_tests", &tcf::set_build_delay_for_tests,
+        "Test aid: every plan build first sleeps this many milliseconds (0: off)");
+  // The enums the ops and functions above take as integers; torch_cudnn_fusion/_cpp_enums.py restates them for
+  // Python without the extension, and a test holds it to these.
+  py::enum_<tcf::Activation>(m, "Activation")
+      .value("IDENTITY", tcf::Activation::kNone)
+      .value("RELU", tcf::Activation::kRelu)
+      .value("RELU6", tcf::Activation::kRelu6);
+  py::enum_<tcf::BatchNormImplementation>(m, "BatchNormImplementation")
+      .value("CUDNN_GRAPH", tcf::BatchNormImplementation::kGraph)
+      .value("CUDNN_LEGACY", tcf::BatchNormImplementation::kLegacy);
+  py::enum_<tcf::PolicyMode>(m, "PolicyMode")
+      .value("HEURISTIC", tcf::PolicyMode::kHeuristic)
+      .value("AUTOTUNE", tcf::PolicyMode::kAutotune)
+      .value("PINNED", tcf::PolicyMode::kPinned);
+  py::enum_<tcf::GraphKind>(m, "Graph")
+      .value("FORWARD", tcf::GraphKind::kConvBiasAct)
+      .value("RELU_BIAS_BACKWARD", tcf::GraphKind::kReluBiasBackward)
+      .value("DGRAD", tcf::GraphKind::kConvDgrad)
+      .value("WGRAD", tcf::GraphKind::kConvWgrad)
+      .value("BATCHNORM_FORWARD", tcf::GraphKind::kBatchNormForward)
+      .value("BATCHNORM_BACKWARD", tcf::GraphKind::kBatchNormBackward);
   m.def("cudnn_version", []() { return static_cast<int64_t>(cudnnGetVersion()); }, "cuDNN version at run time");
   m.def(
       "frontend_version",

@@ -2,7 +2,7 @@
 // running mean and variance to buffers of their own (it reads the current ones); copying them into the module's
 // buffers and counting the step in num_batches_tracked took three launches (two copies and an add_), about 15 us
 // of host time per layer on H200, where a small layer's whole forward takes about 60 us of GPU time.
-#include "running_stats_kernel.h"
+#include "kernels/running_stats_kernel.h"
 
 namespace tcf {
 namespace {

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -143,9 +144,13 @@ class PlanCache {
   static PlanCache& instance();
 
   // Returns the cached plan for `key`, building it with `build` on a miss. Refusals are cached too, so a
-  // configuration cuDNN refused is not rebuilt on every call.
+  // configuration cuDNN refused is not rebuilt on every call. A build (whole seconds when cold) runs outside the
+  // cache's lock: threads asking for other keys go on meanwhile; threads asking for the same key wait for that one
+  // build (each key has its own in-flight record, a once-guard).
   std::shared_ptr<const CachedPlan> get_or_build(const GraphKey& key,
                                                  const std::function<std::shared_ptr<CachedPlan>()>& build);
+  // The cached plan for `key`, or null; builds nothing and counts nothing (for reports).
+  std::shared_ptr<const CachedPlan> find(const GraphKey& key);
 
   // Puts a plan loaded from a file in the cache (replacing any entry for `key`).
   void insert(const GraphKey& key, std::shared_ptr<const CachedPlan> plan);
@@ -160,10 +165,16 @@ class PlanCache {
 
  private:
   using Entry = std::pair<GraphKey, std::shared_ptr<const CachedPlan>>;
+  // A build in progress: whoever started it fulfils the promise; others asking for the key wait on the future.
+  struct InFlight {
+    std::promise<std::shared_ptr<const CachedPlan>> promise;
+    std::shared_future<std::shared_ptr<const CachedPlan>> result = promise.get_future().share();
+  };
 
   void evict_to_capacity_locked();
 
   std::mutex mutex_;
+  std::unordered_map<GraphKey, std::shared_ptr<InFlight>, GraphKeyHash> in_flight_;
   std::list<Entry> lru_;  // most recently used first
   std::unordered_map<GraphKey, std::list<Entry>::iterator, GraphKeyHash> index_;
   PlanCacheStats stats_;

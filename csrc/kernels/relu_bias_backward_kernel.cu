@@ -4,7 +4,7 @@
 // cuDNN's graph for this (pointwise RELU_BWD + reduction) ran at about half the memory bandwidth on H200 (152 us
 // against 72 us for threshold_backward alone at 128x128x56x56 bf16), so this kernel replaces it for NHWC.
 // Deterministic: each block writes per-channel partial sums; a second kernel adds them in a fixed order.
-#include "relu_bias_backward_kernel.h"
+#include "kernels/relu_bias_backward_kernel.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

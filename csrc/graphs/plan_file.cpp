@@ -1,6 +1,6 @@
-#include "plan_file.h"
+#include "graphs/plan_file.h"
 
-#include "graph_builder.h"
+#include "graphs/graph_builder.h"
 
 #include <ATen/cudnn/Handle.h>
 #include <c10/core/DeviceGuard.h>

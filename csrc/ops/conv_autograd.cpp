@@ -5,7 +5,7 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
-#include "conv_ops.h"
+#include "ops/conv_ops.h"
 
 namespace tcf {
 namespace {

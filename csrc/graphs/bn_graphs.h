@@ -2,7 +2,7 @@
 // optional residual add and ReLU / ReLU6 fused after it; and the BatchNorm backward.
 #pragma once
 
-#include "conv_graphs.h"
+#include "graphs/conv_graphs.h"
 
 namespace tcf {
 

@@ -1,4 +1,4 @@
-#include "engine_policy.h"
+#include "core/engine_policy.h"
 
 #include <mutex>
 #include <vector>

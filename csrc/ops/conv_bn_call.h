@@ -1,5 +1,5 @@
 // A training Conv2d + BatchNorm layer's repeated call, run from C++ for its host time. Python decides how a layer
-// runs (torch_cudnn_fusion/functional.py, conv2d_batch_norm_act); where it decided on the one op
+// runs (torch_cudnn_fusion/ops/batch_norm.py, conv2d_batch_norm_act); where it decided on the one op
 // cudnn_fusion::conv_batch_norm_act, it records the call here: the metadata of every tensor the decision depends on,
 // the global state it read (grad mode, autocast, deterministic algorithms) and the op's constant arguments. A later
 // call's run() compares its tensors and that state with the record and, when everything matches, calls the op

@@ -1,4 +1,4 @@
-// The graph builders' shared helpers (conv_graphs.cpp, bn_graphs.cpp, engine_listing.cpp, plan_file.cpp): the only
+// The graph builders' shared helpers (conv_graphs, bn_graphs, build, tune, execute, engine_listing, plan_file): the only
 // header that includes cudnn-frontend, whose headers alone take about 37 s to compile (-O2, 2-core machine) in each
 // file that includes them.
 #pragma once
@@ -13,19 +13,15 @@
 #include <cudnn.h>
 #include <cudnn_frontend.h>
 
-#include "bn_graphs.h"
-#include "conv_graphs.h"
+#include "core/device.h"
+#include "graphs/bn_graphs.h"
+#include "graphs/conv_graphs.h"
 
 namespace tcf {
 
 // Helpers shared by the graph builders (conv_graphs.cpp, bn_graphs.cpp).
 using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
 
-struct ComputeCapability {
-  int8_t major = 0;
-  int8_t minor = 0;
-};
-ComputeCapability compute_capability(int device);  // cached per device
 fe::DataType_t fe_dtype(at::ScalarType dtype);
 std::vector<int64_t> as_vector(const std::array<int64_t, 4>& a);
 std::vector<int64_t> as_vector(const std::array<int64_t, 2>& a);
@@ -45,9 +41,8 @@ struct BuildFailure {
   bool failed() const { return !stage.empty(); }
 };
 
-// "cuDNN refused the <graph> graph (<configuration>) at <stage>: <message>. Requirements not met: [...]": names the
-// requirements of the fused engines the configuration does not meet, not only cuDNN's status.
-std::string describe_refusal(const GraphKey& key, const std::string& stage, const std::string& message);
+// Whether candidate `index` of a graph whose candidates were listed builds and fits the key's workspace limit.
+bool candidate_usable(fe::graph::Graph& graph, const GraphKey& key, int64_t index);
 
 // `key`'s graph with the heuristic's candidate plans listed but none built (for engine listing), or null with
 // `failure` set.
@@ -71,7 +66,12 @@ float time_plan_ms(fe::graph::Graph& graph, int64_t index, const std::unordered_
 // NCHW buffers when they were left unset).
 std::vector<int64_t> dense_strides(const std::array<int64_t, 4>& size, bool channels_last);
 
-// The batchnorm graphs' nodes (bn_graphs.cpp), added to an empty graph from new_graph.
+// Each graph's nodes, added to an empty graph from new_graph (conv_graphs.cpp, bn_graphs.cpp); build.cpp picks one
+// by the key's kind.
+void describe_conv_bias_act(fe::graph::Graph& graph, const GraphKey& key);
+void describe_relu_bias_backward(fe::graph::Graph& graph, const GraphKey& key);
+void describe_dgrad(fe::graph::Graph& graph, const GraphKey& key);
+void describe_wgrad(fe::graph::Graph& graph, const GraphKey& key);
 void describe_batch_norm_forward(fe::graph::Graph& graph, const GraphKey& key);
 void describe_batch_norm_backward(fe::graph::Graph& graph, const GraphKey& key);
 

@@ -11,7 +11,7 @@
 
 #include <ATen/ATen.h>
 
-#include "bn_graphs.h"
+#include "graphs/bn_graphs.h"
 
 namespace tcf {
 

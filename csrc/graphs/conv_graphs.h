@@ -12,7 +12,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
-#include "plan_cache.h"
+#include "core/device.h"
+#include "core/plan_cache.h"
 
 namespace tcf {
 
@@ -69,12 +70,6 @@ enum TensorUid : int64_t {
   kUidDshift = 22,
 };
 
-// Multiprocessors of a CUDA device (cached).
-int multiprocessor_count(int device);
-
-// Byte alignment of a data pointer, capped at 16 (what cuDNN's vectorized engines ask for).
-int8_t pointer_alignment(const void* ptr);
-
 // The plan cache key for `kind` over `problem`. `alignment` lists the operands' pointer alignments in the
 // order the kind reads them (forward: x, w, bias, residual, y; relu backward: dy, y, dz; dgrad: dz, w, dx;
 // wgrad: dz, x, dw).
@@ -82,6 +77,10 @@ GraphKey make_graph_key(GraphKind kind, const ConvProblem& problem, const std::a
 
 // Returns the built plan for `key` (from the cache, or built now and cached), or the refusal.
 std::shared_ptr<const CachedPlan> get_plan(const GraphKey& key);
+
+// Test aid: every build first sleeps `milliseconds` (0: off), so a test can hold a build open while other threads
+// use the cache.
+void set_build_delay_for_tests(int64_t milliseconds);
 
 // Runs a built plan (the candidate its policy chose) on the current stream with PyTorch's cuDNN handle and a
 // workspace from PyTorch's caching allocator. Returns false, after recording why as a runtime fallback, if cuDNN
@@ -97,9 +96,10 @@ bool execute_plan(const CachedPlan& plan, GraphKind kind, std::unordered_map<int
 void maybe_tune(const CachedPlan& plan, const std::unordered_map<int64_t, void*>& pointers, const at::Device& device,
                 const std::function<void()>& aten, bool aten_under_benchmark = false);
 
-// The plan the cache runs for `key` (building it if needed): cuDNN's name for it (engine id and knobs), its
-// workspace, whether autotuning chose it; or the refusal.
+// The plan the cache runs for `key`: cuDNN's name for it (engine id and knobs), its workspace, whether autotuning
+// chose it; or the refusal; or, when the cache does not hold it (evicted, cleared), cached = false.
 struct PlanInUse {
+  bool cached = true;
   std::string name;
   int64_t workspace_bytes = 0;
   bool tuned = false;

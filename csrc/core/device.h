@@ -1,0 +1,28 @@
+// What every part asks of a CUDA device and of a convolution's arithmetic: compute capability and multiprocessor
+// count (read once per device), a pointer's alignment, the output size. No cuDNN or frontend headers: cheap to include.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+namespace tcf {
+
+struct ComputeCapability {
+  int8_t major = 0;
+  int8_t minor = 0;
+};
+
+ComputeCapability compute_capability(int device);  // cached per device
+int multiprocessor_count(int device);              // cached per device
+
+// Byte alignment of a data pointer, capped at 16 (what cuDNN's vectorized engines ask for).
+int8_t pointer_alignment(const void* ptr);
+
+// N, K, P, Q of a convolution of x [N, C, H, W] with w [K, C / groups, R, S]; the one place the formula lives
+// (callers check first that the padded input is at least the dilated kernel: check_conv_problem).
+std::array<int64_t, 4> conv_output_size(const std::array<int64_t, 4>& x_size, const std::array<int64_t, 4>& w_size,
+                                        const std::array<int64_t, 2>& stride, const std::array<int64_t, 2>& pad_pre,
+                                        const std::array<int64_t, 2>& pad_post,
+                                        const std::array<int64_t, 2>& dilation);
+
+}  // namespace tcf

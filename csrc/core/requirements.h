@@ -1,0 +1,38 @@
+// Every requirement this library knows of for running a layer fused, stated once: the verdict asked before any
+// plan is built (empty, or the unmet requirements), and the words that explain a refusal of cuDNN's.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <c10/core/ScalarType.h>
+
+#include "core/plan_cache.h"
+
+namespace tcf {
+
+// The unmet requirements of a conv layer (empty: it may be fused; cuDNN then decides). Two kinds:
+// - cuDNN's: float32 engines need channel counts that are multiples of 4;
+// - measured (lifted under the autotune policy, which times the layer's plans against ATen instead): grouped and
+//   depthwise convolutions, and half-precision layers whose channel counts are not multiples of 8, ran slower
+//   fused than in PyTorch's own kernels (docs/fallback_rules.md has the measurements). A stem's few input
+//   channels (up to kStemChannels, an image's 3) are exempt: cuDNN pads them, and the stems measured ran faster
+//   fused.
+std::vector<std::string> conv_layer_verdict(at::ScalarType dtype, int64_t in_channels, int64_t out_channels,
+                                            int64_t groups, bool autotune);
+constexpr int64_t kStemChannels = 4;
+
+// The channel multiple cuDNN's fused engines want for `dtype` (4 for float32, 8 for float16 and bfloat16).
+int64_t channel_multiple(at::ScalarType dtype);
+
+// "x [...], w [...], dtype, layout, groups, sm_XY, cuDNN N": the configuration a key describes, for messages.
+std::string describe_problem(const GraphKey& key);
+
+// The requirements of cuDNN's fused (runtime fusion) engines that a refused key does not meet (layout, channel and
+// pointer alignment, compute capability, TF32, policy limits), so that a refusal names what to change.
+std::vector<std::string> unmet_requirements(const GraphKey& key);
+
+// "cuDNN refused the <graph> graph (<configuration>) at <stage>: <message>. Requirements not met: [...]".
+std::string describe_refusal(const GraphKey& key, const std::string& stage, const std::string& message);
+
+}  // namespace tcf

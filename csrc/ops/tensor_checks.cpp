@@ -1,0 +1,39 @@
+#include "ops/tensor_checks.h"
+
+#include "core/device.h"
+
+namespace tcf {
+
+void check_supported_dtype(const at::Tensor& t, const char* name) {
+  auto dtype = t.scalar_type();
+  TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat, "cudnn_fusion: ", name,
+              " must be float16, bfloat16 or float32, got ", dtype);
+}
+
+void check_4d_cuda(const at::Tensor& t, const char* name, const char* layout) {
+  TORCH_CHECK(t.is_cuda(), "cudnn_fusion: ", name, " must be a CUDA tensor, got one on ", t.device());
+  TORCH_CHECK(t.dim() == 4, "cudnn_fusion: ", name, " must be a 4-D tensor ", layout, ", got ", t.dim(),
+              "-D with shape ", t.sizes());
+  check_supported_dtype(t, name);
+}
+
+void check_like(const at::Tensor& t, const char* name, const at::Tensor& x) {
+  TORCH_CHECK(t.device() == x.device(), "cudnn_fusion: ", name, " must be on the same device as x (", x.device(),
+              "), got ", t.device());
+  TORCH_CHECK(t.scalar_type() == x.scalar_type(), "cudnn_fusion: ", name, " dtype must match x dtype (",
+              x.scalar_type(), "), got ", t.scalar_type());
+}
+
+void check_same_as(const at::Tensor& t, const char* name, const at::Tensor& x) {
+  TORCH_CHECK(t.device() == x.device() && t.scalar_type() == x.scalar_type() && t.sizes() == x.sizes(),
+              "cudnn_fusion: ", name, " must match x (", x.sizes(), ", ", x.scalar_type(), ", ", x.device(),
+              "), got ", t.sizes(), ", ", t.scalar_type(), ", ", t.device());
+}
+
+at::MemoryFormat memory_format(bool channels_last) {
+  return channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+}
+
+int8_t alignment_of(const at::Tensor& t) { return t.defined() && t.numel() > 0 ? pointer_alignment(t.data_ptr()) : 0; }
+
+}  // namespace tcf

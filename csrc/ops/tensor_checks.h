@@ -1,0 +1,22 @@
+// The checks every op makes of the tensors it is given, with the words its errors use (the argument's name, what
+// was expected, what was given), and the small layout helpers they share.
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace tcf {
+
+// float16, bfloat16 or float32.
+void check_supported_dtype(const at::Tensor& t, const char* name);
+// A CUDA tensor of 4 dimensions (`layout` names them in the message) in a supported dtype.
+void check_4d_cuda(const at::Tensor& t, const char* name, const char* layout = "[N, C, H, W]");
+// On x's device, in x's dtype.
+void check_like(const at::Tensor& t, const char* name, const at::Tensor& x);
+// On x's device, in x's dtype, of x's shape.
+void check_same_as(const at::Tensor& t, const char* name, const at::Tensor& x);
+
+at::MemoryFormat memory_format(bool channels_last);
+// The byte alignment (capped at 16) of t's data for a cache key; 0 for an absent or empty tensor.
+int8_t alignment_of(const at::Tensor& t);
+
+}  // namespace tcf
