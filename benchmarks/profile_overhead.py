@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import torch_cudnn_fusion as tcf
 from torch_cudnn_fusion.ops import decide as fusion
-from torch_cudnn_fusion.ops.functional import conv2d_bias_act
+from torch_cudnn_fusion.ops import conv2d_bias_act
 from timing import graph_replay_ms
 
 
@@ -62,10 +62,11 @@ def main():
         return ops.conv_bias_act(x, w, b, None, [1, 1], [pad, pad], [pad, pad], [1, 1], 1, True)
 
     def config_only():
-        return fusion.layer_config(x, w, b, None, (1, 1), (pad, pad), (pad, pad), (1, 1), 1, True, "zeros")
+        return fusion.conv_config(x, w, b, None, (1, 1), (pad, pad), (pad, pad), (1, 1), 1, True, "zeros",
+                                  tcf.get_engine_policy().key)
 
     def decision_only():
-        return fusion.decide_and_record(layer.layer_id, config_only())
+        return fusion.decide_conv(config_only())
 
     def functional():
         return conv2d_bias_act(x, w, b, None, 1, pad, 1, 1, "relu")
@@ -74,8 +75,8 @@ def main():
     with torch.no_grad():
         for name, fn in (("eager conv+bias+relu", eager), ("conv alone", conv_only), ("fused module", lambda: layer(x)),
                          ("functional", functional), ("op called directly", op_direct),
-                         ("layer_config only", config_only), ("decision only", decision_only)):
-            gpu = gpu_us(fn) if name not in ("layer_config only", "decision only") else float("nan")
+                         ("conv_config only", config_only), ("decision only", decision_only)):
+            gpu = gpu_us(fn) if name not in ("conv_config only", "decision only") else float("nan")
             rows.append((f"forward: {name}", host_us(fn), gpu))
 
     def train(fn):

@@ -259,7 +259,7 @@ def compare_stats(name, b, b_e, b_r, var_r):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("variant", list(CONV_BN_VARIANTS))
 def test_conv_bn_training_steps_run_as_one_op_and_match_eager(extension, no_tf32, dtype, variant):
-    """From its second call on, a training Conv2dBN* layer runs conv and BatchNorm as one op with one autograd node.
+    """From its first call on, a training Conv2dBN* layer runs conv and BatchNorm as one op with one autograd node.
     Three calls on fresh inputs: the output, every gradient and the running statistics of each against eager and a
     float64 reference (bf16 and fp16 under autocast, float32 without TF32)."""
     cls, activation, conv_bias, groups, momentum, affine, track, has_residual = CONV_BN_VARIANTS[variant]
@@ -306,7 +306,7 @@ def test_conv_bn_training_steps_run_as_one_op_and_match_eager(extension, no_tf32
             results.append((y.detach(), [t.grad for t in leaves if t is not None] + params))
             if label == "fused":
                 node = y.grad_fn.name()
-                assert ("ConvBatchNormActFunction" in node) == (step > 0), f"step {step}: {node}"
+                assert "ConvBatchNormActFunction" in node, f"step {step}: {node}"
         (y, grads), (y_e, grads_e), (y_r, grads_r) = results
         assert_as_accurate_as_eager(f"step {step} y", y, y_e, y_r, dtype)
         assert len(grads) == len(grads_e) == len(grads_r) == 1 + has_residual + 1 + conv_bias + 2 * affine
@@ -323,7 +323,7 @@ def test_conv_bn_training_steps_run_as_one_op_and_match_eager(extension, no_tf32
                 compare_stats(name, getattr(bn, name), getattr(bn_e, name), getattr(bn_r, name), bn_r.running_var)
             assert bn.num_batches_tracked.item() == bn_e.num_batches_tracked.item() == step + 1
             assert bn.running_mean._version > versions[0] and bn.running_var._version > versions[1]
-            assert bn.num_batches_tracked._version > versions[2]  # counted by the op's launch from step 1 on
+            assert bn.num_batches_tracked._version > versions[2]  # counted by the op's launch from the first step
     assert fused.fusion_status.fused, fused.fusion_status
     if track:  # eval folds the running statistics into the conv: after a further training step the fold is new
         x = torch.randn(8, cin, 14, 14, device="cuda").to(memory_format=torch.channels_last)
@@ -421,7 +421,6 @@ def test_recorded_conv_bn_call_runs_repeated_calls_and_steps_aside_when_the_call
     """A layer's repeated training calls run through the call recorded in C++; a call that differs in a tensor's
     metadata (x's requires_grad, its layout) or in the conv's settings (stride) goes back to Python's decision.
     Every call's output, gradients and running statistics match eager's."""
-    from torch_cudnn_fusion.ops import functional
 
     torch.manual_seed(0)
     conv = nn.Conv2d(16, 32, 3, padding=1, bias=False).cuda().to(memory_format=torch.channels_last)
@@ -437,10 +436,9 @@ def test_recorded_conv_bn_call_runs_repeated_calls_and_steps_aside_when_the_call
         x = torch.randn(4, 16, 10, 10, device="cuda")
         x = x.to(memory_format=torch.channels_last) if channels_last else x
         x1, x2 = x.clone().requires_grad_(needs_grad), x.clone().requires_grad_(needs_grad)
-        entry = functional._last_conv_bn_call.get(fused.bn_layer_id)
-        if entry is not None and entry[3] is not None:
-            counting = _CountingCall(entry[3])
-            functional._last_conv_bn_call[fused.bn_layer_id] = entry[:3] + (counting,) + entry[4:]
+        recorded = fused._call.recorded
+        if recorded is not None and not isinstance(recorded, _CountingCall):
+            counting = fused._call.recorded = _CountingCall(recorded)
         ran_before = counting.ran if counting is not None else 0
         y, y_e = fused(x1), F.relu(bn_e(conv_e(x2)))
         if expect_ran is not None:
@@ -477,12 +475,11 @@ class _GraphRefused:
 def test_conv_bn_relu_training_runs_the_legacy_api_where_the_graph_is_refused(extension, no_tf32, monkeypatch, dtype):
     """A layer whose BatchNorm graph cuDNN refuses runs the legacy cuDNN BatchNorm API (fused ReLU forward and
     backward), says so with the graph's refusal as the reason, and matches eager and float64 in the output, every
-    gradient and the running statistics over three training steps (the second and third as the one op)."""
+    gradient and the running statistics over three training steps (each as the one op)."""
     from torch_cudnn_fusion import _extension
     from torch_cudnn_fusion.ops import decide as fusion
 
     monkeypatch.setattr(_extension, "load", lambda: _GraphRefused(extension))
-    fusion.decide_batch_norm.cache_clear()  # decisions are cached per configuration: none made with the real check
     try:
         torch.manual_seed(0)
         conv = nn.Conv2d(32, 64, 3, padding=1, bias=False).cuda().to(memory_format=torch.channels_last)
@@ -503,8 +500,8 @@ def test_conv_bn_relu_training_runs_the_legacy_api_where_the_graph_is_refused(ex
                 leaf = x.clone().to(precision or x.dtype).requires_grad_()
                 with torch.autocast("cuda", dtype, enabled=autocast and precision is None):
                     y = forward(leaf)
-                if forward is fused:  # from the second call on, conv and the legacy BatchNorm run as one op
-                    assert ("ConvBatchNormActFunction" in y.grad_fn.name()) == (step > 0), y.grad_fn.name()
+                if forward is fused:  # from the first call on, conv and the legacy BatchNorm run as one op
+                    assert "ConvBatchNormActFunction" in y.grad_fn.name(), y.grad_fn.name()
                 y.backward(grad.to(y.dtype))
                 results.append((y.detach(), [leaf.grad] + [p.grad for m in modules for p in m.parameters()]))
                 for m in modules:
@@ -523,8 +520,6 @@ def test_conv_bn_relu_training_runs_the_legacy_api_where_the_graph_is_refused(ex
             assert bn.num_batches_tracked.item() == step + 1
     finally:
         monkeypatch.undo()
-        fusion.decide_batch_norm.cache_clear()
-        fusion.clear_decisions()
 
 
 @pytest.mark.parametrize("make", ["Conv2dBN", "Conv2dBNReLU", "Conv2dBNAddReLU", "BatchNorm2dReLU"])

@@ -6,7 +6,7 @@ import torch
 
 import torch_cudnn_fusion as tcf
 from torch_cudnn_fusion.ops import decide as fusion
-from torch_cudnn_fusion.ops.functional import FUNCTIONAL_LAYER_ID
+from torch_cudnn_fusion.ops import LayerCall
 
 from conftest import assert_as_accurate_as_eager, gpu, reference_conv_bias_act
 
@@ -75,8 +75,9 @@ def test_forward_and_gradients_match_eager_and_float64(extension, no_tf32, confi
     leaves = [t.requires_grad_() for t in (x, weight, bias, residual) if t is not None]
 
     fallbacks_before = extension.plan_cache_stats()["runtime_fallbacks"]
-    y = tcf.conv2d_bias_act(x, weight, bias, residual, stride, padding, dilation, 1, activation)
-    status = fusion.status_from_decision(fusion.recorded_decision(FUNCTIONAL_LAYER_ID))
+    call = LayerCall()  # keeps the decision of this functional call
+    y = tcf.conv2d_bias_act(x, weight, bias, residual, stride, padding, dilation, 1, activation, call=call)
+    status = call.status
     grad_y = torch.randn_like(y)
     grads = torch.autograd.grad(y, leaves, grad_y)
     _check_path(status, dtype, channels_last, cin, cout)

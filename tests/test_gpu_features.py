@@ -5,6 +5,7 @@ import ctypes
 import os
 import socket
 import threading
+import time
 import tracemalloc
 
 import pytest
@@ -45,6 +46,29 @@ def test_opcheck_every_op(extension):
     torch.library.opcheck(ops.relu_bias_backward.default, (_input(2, 32, 9, 9), y))
     torch.library.opcheck(ops.conv_dgrad.default, (_input(2, 32, 9, 9), w.detach(), [2, 16, 9, 9], *_conv_args()))
     torch.library.opcheck(ops.conv_wgrad.default, (_input(2, 32, 9, 9), x.detach(), [32, 16, 3, 3], *_conv_args()))
+    # the BatchNorm ops: the cuDNN graph implementation (0); its reserve is empty (the legacy API's is sized by cuDNN)
+    c = 32
+    scale = torch.rand(c, device="cuda") + 0.5
+    shift = torch.randn(c, device="cuda")
+    stats = lambda: (torch.randn(c, device="cuda"), torch.rand(c, device="cuda") + 0.5)  # noqa: E731
+    z = _input(2, c, 9, 9, requires_grad=True)
+    for activation, residual in ((1, None), (2, None), (0, None), (1, _input(2, c, 9, 9))):
+        torch.library.opcheck(ops.batch_norm_act.default,
+                              (z, scale.requires_grad_(), shift.requires_grad_(), *stats(), residual, 0.1, 1e-5,
+                               activation, 0))
+    y, save_mean, save_invstd, _, _, reserve = ops.batch_norm_act(z.detach(), scale.detach(), shift.detach(), None,
+                                                                  None, None, 0.1, 1e-5, 1, 0)
+    torch.library.opcheck(ops.batch_norm_act_backward.default,
+                          (_input(2, c, 9, 9), z.detach(), y, scale.detach(), shift.detach(), save_mean, save_invstd,
+                           reserve, 1e-5, 1, False, 0))
+    # the one training op, which updates the running statistics and the step count in place
+    count = torch.zeros((), dtype=torch.long, device="cuda")
+    for conv_dtype in (None, torch.bfloat16):
+        x32 = x.detach().float().requires_grad_() if conv_dtype else x
+        w32 = w.detach().float().requires_grad_() if conv_dtype else w
+        torch.library.opcheck(ops.conv_batch_norm_act.default,
+                              (x32, w32, None, [1, 1], [1, 1], [1, 1], 1, scale, shift, *stats(), count, None, 0.1,
+                               1e-5, 1, 0, conv_dtype))
 
 
 def test_compile_fullgraph_model_of_fused_modules(extension):
@@ -167,6 +191,61 @@ def test_distributed_data_parallel(extension):
         assert all(m.fusion_status.fused for m in ddp_model.module)
     finally:
         dist.destroy_process_group()
+
+
+def test_the_python_enums_are_the_extensions(extension):
+    from torch_cudnn_fusion import _cpp_enums
+
+    for name in ("Activation", "BatchNormImplementation", "PolicyMode", "Graph"):
+        ours, theirs = getattr(_cpp_enums, name), getattr(extension, name)
+        assert {m.name: int(m) for m in ours} == {k: int(v) for k, v in theirs.__members__.items()}, name
+
+
+def test_a_cold_build_blocks_no_thread_that_hits_another_key(extension):
+    """Builds run outside the plan cache's lock: while one thread builds a plan (held open for 2 s by the test aid),
+    another thread's calls on a cached key go on; a third thread asking for the key being built waits for that one
+    build rather than building it again."""
+    cached = _layer(tcf.Conv2dReLU, 16, 16, 3, padding=1)
+    x_cached = _input(2, 16, 10, 10)
+    with torch.no_grad():
+        cached(x_cached)  # its plans are built and cached
+    cold = _layer(tcf.Conv2dReLU, 16, 16, 3, padding=1)
+    x_cold = _input(2, 16, 23, 29)  # a size no other test uses: its plans are built in this test
+    builds_before = tcf.plan_cache_stats()["builds"]
+    errors, finished = [], {}
+
+    def build_cold(name):
+        try:
+            with torch.no_grad():
+                cold(x_cold)
+            torch.cuda.synchronize()
+            finished[name] = time.perf_counter()
+        except Exception as exc:  # re-raised below
+            errors.append(exc)
+
+    extension.set_build_delay_for_tests(2000)
+    try:
+        start = time.perf_counter()
+        builders = [threading.Thread(target=build_cold, args=(name,)) for name in ("first", "second")]
+        for thread in builders:
+            thread.start()
+        time.sleep(0.3)  # the first build is under way
+        hits_start = time.perf_counter()
+        with torch.no_grad():
+            for _ in range(10):
+                cached(x_cached)
+        torch.cuda.synchronize()
+        hits_seconds = time.perf_counter() - hits_start
+        for thread in builders:
+            thread.join()
+    finally:
+        extension.set_build_delay_for_tests(0)
+    assert not errors, errors
+    assert hits_seconds < 1.0, f"calls on a cached key waited {hits_seconds:.2f} s for another key's build"
+    assert min(finished.values()) - start >= 2.0  # the builds did take the delay
+    assert cold.fusion_status.fused, cold.fusion_status
+    # one build per graph of the cold layer (forward, and here no backward): the second thread built nothing
+    assert tcf.plan_cache_stats()["builds"] - builds_before == 1
 
 
 def test_threads_share_the_plan_cache_safely(extension):

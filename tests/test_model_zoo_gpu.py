@@ -341,7 +341,7 @@ def test_each_fused_layer_is_as_accurate_as_eager_against_float64(model_id, dtyp
             for name, r in ref.items():
                 if r.is_floating_point():
                     eager_errors.setdefault(name, []).append(_rel(eager[name], r))
-            # Conv2dBN* run conv and BatchNorm as one op from a layer's second call
+            # Conv2dBN* run a repeated training call through the call recorded in C++: both calls are checked
             for call in (1, 2) if isinstance(layer, tcf.nn.Conv2dBN) else (1,):
                 fused_layer = _copy(layer)
                 if call == 2:

@@ -112,7 +112,7 @@ def test_deterministic_policy_excludes_nondeterministic_engines(extension, graph
     y = layer(_input(*shape, dtype=torch.float32, requires_grad=True))
     y.backward(torch.ones_like(y))
     assert layer.fusion_status.fused, layer.fusion_status
-    info = fusion.plan_in_use(fusion.recorded_config(layer.layer_id), graph)
+    info = fusion.plan_in_use(layer._call.config, graph)
     assert not info["refusal"] and info["name"] not in nondeterministic, info
 
 
@@ -262,11 +262,38 @@ def test_policies_split_the_plan_cache_and_decisions(extension):
     heuristic = _layer(tcf.Conv2dReLU, 64, 64, 3, padding=1)
     pinned = _layer(tcf.Conv2dReLU, 64, 64, 3, padding=1, policy=tcf.EnginePolicy("pinned", engines={"forward": 0}))
     heuristic(x), pinned(x)
-    assert fusion.recorded_config(heuristic.layer_id) != fusion.recorded_config(pinned.layer_id)
+    assert heuristic._call.config != pinned._call.config
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with tcf.engine_policy(tcf.EnginePolicy(deterministic=True)):
             assert tcf.get_engine_policy().deterministic
             heuristic(x)
-            assert fusion.recorded_config(heuristic.layer_id)[18][2] is True
+            assert heuristic._call.config.policy[2] is True
     assert tcf.get_engine_policy() == tcf.EnginePolicy()
+
+
+AUTOTUNE = tcf.EnginePolicy("autotune")
+
+
+@pytest.mark.parametrize("dtype, cin, cout, groups, policy, expected", [
+    (torch.float32, 8, 8, 8, None, "groups=8: grouped and depthwise convolutions run PyTorch's own kernel"),
+    (torch.bfloat16, 12, 16, 1, None, "in_channels=12, out_channels=16: not both multiples of 8"),
+    (torch.float32, 8, 6, 1, None, "in_channels=8, out_channels=6: cuDNN's fused float32 engines need multiples of 4"),
+    (torch.bfloat16, 3, 64, 1, None, ""),  # a stem's few input channels are exempt (cuDNN pads them)
+    (torch.float16, 4, 64, 1, None, ""),
+    (torch.bfloat16, 5, 64, 1, None, "in_channels=5, out_channels=64: not both multiples of 8"),
+    (torch.float16, 3, 36, 1, None, "in_channels=3, out_channels=36: not both multiples of 8"),
+    (torch.bfloat16, 64, 64, 64, AUTOTUNE, ""),  # autotune lifts the measured rules: it times the layer instead
+    (torch.bfloat16, 12, 16, 1, AUTOTUNE, ""),
+    (torch.float32, 8, 6, 1, AUTOTUNE, "in_channels=8, out_channels=6: cuDNN's fused float32 engines need"),
+])
+def test_the_verdict_states_each_rule_once(extension, dtype, cin, cout, groups, policy, expected):
+    """The rules live in C++ (csrc/core/requirements.cpp); a layer's status carries the unmet ones word for word,
+    and a layer that meets them is not refused for them."""
+    layer = _layer(tcf.Conv2dReLU, cin, cout, 3, padding=1, groups=groups, dtype=dtype, policy=policy)
+    layer(_input(2, cin, 8, 8, dtype=dtype))
+    status = layer.fusion_status
+    if expected:
+        assert not status.fused and status.reason.startswith(expected), status
+    else:
+        assert not status.reason.startswith(("groups=", "in_channels=")), status

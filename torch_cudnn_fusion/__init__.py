@@ -6,7 +6,7 @@ from __future__ import annotations
 from . import _extension
 from .diagnostics.report import Explanation, ExplainRow, FusionReport, FusionReportRow, explain, fusion_report
 from .diagnostics.engines import EngineCandidate, EngineTable, engines
-from .ops.functional import batch_norm_act, conv2d_bias_act
+from .ops import batch_norm_act, conv2d_bias_act
 from .ops.decide import FusionError, FusionStatus, is_strict, set_strict, strict
 from .diagnostics.plan_file import PlanFileWarning, load_plan_cache, save_plan_cache
 from .policy import EnginePolicy, engine_policy, get_engine_policy, set_engine_policy
@@ -35,10 +35,8 @@ def plan_cache_stats() -> dict:
 
 
 def clear_plan_cache() -> None:
-    """Drop every cached plan and the cached fusion decisions."""
-    from .ops.decide import clear_decisions
-
-    clear_decisions()
+    """Drop every cached plan (and zero the counters). Layers keep their decisions; a plan they need again is
+    rebuilt on their next call."""
     _extension.require().clear_plan_cache()
 
 

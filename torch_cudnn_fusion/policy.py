@@ -24,9 +24,10 @@ import torch
 
 from . import _extension
 from ._compile import constant_under_compile
+from ._cpp_enums import Graph, PolicyMode
 
-MODES = ("heuristic", "autotune", "pinned")
-GRAPHS = ("forward", "relu_bias_backward", "dgrad", "wgrad", "batchnorm_forward", "batchnorm_backward")
+MODES = tuple(mode.name.lower() for mode in PolicyMode)
+GRAPHS = tuple(graph.name.lower() for graph in Graph)
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,7 @@ def policy_id(key: tuple) -> int:
     if found is None:
         mode, engines, deterministic, workspace_limit = key
         pinned = {graph: (f"#{engine}" if isinstance(engine, int) else engine) for graph, engine in engines}
-        found = _extension.require().register_policy(MODES.index(mode), deterministic,
+        found = _extension.require().register_policy(int(PolicyMode[mode.upper()]), deterministic,
                                                      -1 if workspace_limit is None else workspace_limit, pinned)
         _ids[key] = found
     return found

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import _extension
-from ..ops.functional import _pair, conv_padding
-from ..ops.decide import _SUPPORTED_DTYPES
+from ..ops.conv import conv_padding, int_pair
+from ..ops.decide import SUPPORTED_DTYPES
 from ..ops.library import conv_output_size
 from ..policy import EnginePolicy, policy_id, resolve
 
@@ -128,7 +128,7 @@ def engines(
     indices are what EnginePolicy("pinned", engines={graph: ...}) takes."""
     if graph not in GRAPHS:
         raise ValueError(f"graph must be one of {GRAPHS}, got {graph!r}")
-    if dtype not in _SUPPORTED_DTYPES:
+    if dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"dtype must be float16, bfloat16 or float32, got {dtype}")
     if len(x_shape) != 4 or len(weight_shape) != 4:
         raise ValueError(f"x_shape and weight_shape must have 4 values each, got {list(x_shape)} and "
@@ -138,12 +138,12 @@ def engines(
                          f"expects {weight_shape[1] * groups}")
     if activation not in ("relu", "identity", None):
         raise ValueError(f"activation must be 'relu', 'identity' or None, got {activation!r}")
-    stride_, dilation_ = _pair(stride, "stride", 1), _pair(dilation, "dilation", 1)
+    stride_, dilation_ = int_pair(stride, "stride", 1), int_pair(dilation, "dilation", 1)
     pre, post = conv_padding(padding, weight_shape[2:], dilation_, stride_)
     module = _extension.require()
     cuda = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
     relu = activation == "relu"
-    listing = module.list_engines(graph, _SUPPORTED_DTYPES[dtype], channels_last, cuda.index, list(x_shape),
+    listing = module.list_engines(graph, SUPPORTED_DTYPES[dtype], channels_last, cuda.index, list(x_shape),
                                   list(weight_shape), list(stride_), list(pre), list(post), list(dilation_), groups,
                                   bias, residual, relu, time, repeats, policy_id(resolve(policy).key))
     table = EngineTable(

@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..ops.decide import FusionStatus
+from ..ops.decide import TRACED, BatchNormConfig, ConvConfig, Decision, FusionStatus, autotune_note, plan_in_use
 
 
 class restoring_buffers:  # noqa: N801 — a context manager, named like torch.no_grad
@@ -107,18 +107,19 @@ def _median_forward_ms(module: nn.Module, inputs: tuple, repeats: int) -> Option
     return statistics.median(samples)
 
 
-def _explain_fused(path: str, module: nn.Module, config: tuple) -> ExplainRow:
-    from ..ops.decide import TRACED, autotune_note, plan_in_use
-
-    x_size, has_bias, has_residual, relu = config[4], config[11], config[12], config[13]
-    operations = ("conv_fprop",) + (("add bias",) if has_bias else ()) + (("add residual",) if has_residual else ())
-    operations += ("relu",) if relu else ()
+def _explain_fused(path: str, module: nn.Module, config: ConvConfig) -> ExplainRow:
+    x_size = config.x_size
+    operations = ("conv_fprop",) + (("add bias",) if config.has_bias else ())
+    operations += (("add residual",) if config.has_residual else ()) + (("relu",) if config.relu else ())
     name = type(module).__name__
     if TRACED in x_size:
         return ExplainRow(path, name, True, operations, reason="under torch.compile: the plan is chosen at run time")
     if x_size[0] == 0:
         return ExplainRow(path, name, True, operations, reason="empty batch: nothing ran")
     info = plan_in_use(config)
+    if not info["cached"]:
+        return ExplainRow(path, name, True, operations, reason="its plan is no longer in the plan cache (evicted or "
+                                                                 "cleared): the layer's next call builds it again")
     if info["refusal"]:
         return ExplainRow(path, name, False, reason=info["refusal"])
     note = autotune_note(info)
@@ -128,13 +129,16 @@ def _explain_fused(path: str, module: nn.Module, config: tuple) -> ExplainRow:
     return ExplainRow(path, name, True, operations, engine, info["workspace_bytes"], info["tuned"], reason=note)
 
 
-def _explain_batch_norm(path: str, module: nn.Module, decision: tuple, config: tuple, inputs, repeats: int):
+def _explain_batch_norm(path: str, module: nn.Module, decision: Decision, config: Optional[BatchNormConfig], inputs,
+                        repeats: int):
     """A BatchNorm layer with batch statistics: BatchNorm2dReLU, or a Conv2dBN* in training (whose conv runs as
-    PyTorch's own cuDNN call before the fused BatchNorm)."""
+    PyTorch's own cuDNN call inside the op, before the fused BatchNorm)."""
+    from ..nn.conv_bn import Conv2dBN
+
     fused, reason, _, implementation = decision
-    has_residual = bool(config) and config[6]
+    has_residual = config is not None and config.has_residual
     activation = getattr(module, "activation", None)
-    operations = ("conv (PyTorch's cuDNN call)",) if hasattr(module, "bn_layer_id") else ()
+    operations = ("conv (PyTorch's cuDNN call)",) if isinstance(module, Conv2dBN) else ()
     operations += ("batchnorm (batch statistics, running-statistics update)",)
     operations += (("add residual",) if has_residual else ()) + ((activation,) if activation else ())
     engine = {"cudnn_graph": "cuDNN batchnorm graph", "cudnn_legacy": "legacy cuDNN BatchNorm API"}.get(
@@ -156,7 +160,6 @@ def explain(model: nn.Module, *example_inputs, time: bool = True, repeats: int =
 
 
 def _explain(model: nn.Module, example_inputs: tuple, time: bool, repeats: int) -> Explanation:
-    from ..ops.decide import recorded_config, recorded_decision
     from ..nn.batchnorm import BatchNorm2dReLU
     from ..nn.conv import FusedConv2d
     from ..nn.conv_bn import Conv2dBN
@@ -173,18 +176,16 @@ def _explain(model: nn.Module, example_inputs: tuple, time: bool, repeats: int) 
             hook.remove()
     report = Explanation()
     for path, m in layers:
-        batch_norm = isinstance(m, BatchNorm2dReLU) or (isinstance(m, Conv2dBN)
-                                                         and m._last_mode == "batch statistics")
-        layer_id = m.bn_layer_id if isinstance(m, Conv2dBN) and batch_norm else m.layer_id
-        decision, config = recorded_decision(layer_id), recorded_config(layer_id)
+        batch_norm = isinstance(m, BatchNorm2dReLU) or (isinstance(m, Conv2dBN) and m._call.mode == "batch statistics")
+        decision, config = m._call.decision, m._call.config
         if id(m) in inputs and decision is not None and batch_norm:
             report.append(_explain_batch_norm(path, m, decision, config, inputs[id(m)] if time else None, repeats))
             continue
         if id(m) not in inputs or decision is None:
             report.append(ExplainRow(path, type(m).__name__, False, reason="not run by the example input"))
             continue
-        fused, reason, _ = decision
-        row = (_explain_fused(path, m, config) if fused
+        fused, reason, _, _ = decision
+        row = (_explain_fused(path, m, config) if fused and config is not None
                else ExplainRow(path, type(m).__name__, False, reason=reason))
         if fused and reason:
             row = ExplainRow(**{**row.__dict__, "reason": f"{reason}; {row.reason}" if row.reason else reason})

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from ..ops import decide as fusion
+from ..ops.decide import NOT_RUN
 from ..diagnostics.report import restoring_buffers
 from ..nn import (ActivationFused, BatchNorm2dFused, BatchNorm2dReLU, Conv2dAddReLU, Conv2dBN, Conv2dBNAddReLU,
                  Conv2dBNReLU, Conv2dReLU, FusedConv2d)
@@ -201,15 +201,6 @@ def _fused_module(conv: nn.Conv2d, bn: Optional[nn.BatchNorm2d], residual: bool,
     if bn is not None:
         return cls.from_modules(conv, bn, activation=act, bn_registered_elsewhere=True), ""
     return cls.from_conv(conv), ""
-
-
-def _note_for(conv: nn.Conv2d, bn) -> str:
-    if conv.groups > 1 and bn is None:
-        return "grouped/depthwise conv: runs eager (cuDNN's fused grouped conv measured 6-9x slower)"
-    if conv.groups > 1:
-        return ("grouped/depthwise conv: PyTorch's own kernel runs it (cuDNN's fused grouped conv measured 6-9x "
-                "slower); BatchNorm and activation fused")
-    return ""
 
 
 def _absorb_bn(bn: nn.BatchNorm2d, fused_into: str, applies_act: bool = False) -> None:
@@ -467,10 +458,9 @@ class _GraphRewrite:
         if fused is None:
             return self.refuse(path, pattern, reason)
         self.replace(node, chain, fused, residual, inner_after, bn_node)
-        note = _note_for(conv, bn)
+        note = ""
         if trailing:
-            note = (f"{trailing} after it applied as before (the fused graphs express ReLU and ReLU6 only)"
-                    + (f"; {note}" if note else ""))
+            note = f"{trailing} after it applied as before (the fused graphs express ReLU and ReLU6 only)"
         self.rows.append(FuseRow(path, pattern, True, type(fused).__name__, "", note))
 
     def replace(self, node, chain, fused, residual, inner_after, bn_node) -> None:
@@ -598,7 +588,7 @@ def _sequential_conv(seq, prefix, children, i, uses, rows) -> int:
             _absorb_bn(child, path, applies_act=inner_after is not None)
         else:
             seq._modules[child_name] = ActivationFused(child, path)
-    note = _note_for(conv, bn)
+    note = ""
     if trailing:
         note = f"{trailing} after it applied as before (the fused graphs express ReLU and ReLU6 only)"
     rows.append(FuseRow(path, pattern, True, type(fused).__name__, "", note))
@@ -637,7 +627,7 @@ def _with_implementations(model: nn.Module, rows: list[FuseRow]) -> list[FuseRow
     for row in rows:
         if row.replaced:
             status = model.get_submodule(row.path).fusion_status
-            text = "decided on its first forward" if status == fusion.NOT_RUN else str(status)
+            text = "decided on its first forward" if status == NOT_RUN else str(status)
             row = FuseRow(row.path, row.pattern, row.replaced, row.module, text, row.reason)
         out.append(row)
     return out

@@ -8,10 +8,10 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..ops import decide as fusion
-from ..ops.functional import batch_norm_act
+from ..ops.batch_norm import batch_norm_act
+from ..ops.decide import FusionStatus
+from ..ops.layer_call import LayerCall
 from ..policy import EnginePolicy
-from .conv import _layer_ids
 
 _ACTIVATIONS = ("relu", "relu6", None)
 
@@ -56,7 +56,7 @@ class BatchNorm2dReLU(nn.BatchNorm2d):
         self.activation = check_activation(activation)
         self.strict = strict
         self.policy = policy
-        self._layer_id = next(_layer_ids)
+        self._call = LayerCall()
 
     @classmethod
     def from_bn(cls, bn: nn.BatchNorm2d, *, activation: Optional[str] = "relu",
@@ -74,16 +74,8 @@ class BatchNorm2dReLU(nn.BatchNorm2d):
         return module
 
     @property
-    def layer_id(self) -> int:
-        return self._layer_id
-
-    def __setstate__(self, state) -> None:
-        super().__setstate__(state)
-        self._layer_id = next(_layer_ids)
-
-    @property
-    def fusion_status(self) -> fusion.FusionStatus:
-        return fusion.status_from_decision(fusion.recorded_decision(self.layer_id))
+    def fusion_status(self) -> FusionStatus:
+        return self._call.status
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", activation={self.activation}"
@@ -92,7 +84,7 @@ class BatchNorm2dReLU(nn.BatchNorm2d):
         self._check_input_dim(x)
         running_mean, running_var, batch_stats, momentum, _ = batch_norm_arguments(self)
         return batch_norm_act(x, running_mean, running_var, self.weight, self.bias, batch_stats, momentum, self.eps,
-                              self.activation, strict=self.strict, policy=self.policy, layer_id=self.layer_id)
+                              self.activation, strict=self.strict, policy=self.policy, call=self._call)
 
 
 class BatchNorm2dFused(nn.BatchNorm2d):

@@ -3,17 +3,15 @@ extra_repr and reset_parameters, so checkpoints move between them and plain Conv
 
 from __future__ import annotations
 
-import itertools
 from typing import Optional
 
 import torch
 from torch import nn
 
-from ..ops import decide as fusion
-from ..ops.functional import conv2d_bias_act
+from ..ops.conv import conv2d_bias_act
+from ..ops.decide import FusionStatus
+from ..ops.layer_call import LayerCall
 from ..policy import EnginePolicy
-
-_layer_ids = itertools.count()
 
 
 class FusedConv2d(nn.Conv2d):
@@ -22,7 +20,8 @@ class FusedConv2d(nn.Conv2d):
     Subclasses set `activation` ("relu" or None) and call `_fused_forward`. `strict` (None follows the global
     setting, see torch_cudnn_fusion.set_strict) makes a layer that cannot run fused raise instead of running eager.
     `policy` (an EnginePolicy; None follows the global one, see torch_cudnn_fusion.set_engine_policy) chooses its
-    cuDNN plans.
+    cuDNN plans. The layer keeps its decision in `_call` (a LayerCall), made on the first forward and again
+    whenever its inputs' shapes, dtypes, layout or the global settings change.
     """
 
     activation: Optional[str] = "relu"
@@ -32,7 +31,7 @@ class FusedConv2d(nn.Conv2d):
         super().__init__(*args, **kwargs)
         self.strict = strict
         self.policy = policy
-        self._layer_id = next(_layer_ids)
+        self._call = LayerCall()
 
     @classmethod
     def from_conv(cls, conv: nn.Conv2d, *, strict: Optional[bool] = None,
@@ -49,29 +48,14 @@ class FusedConv2d(nn.Conv2d):
         return module
 
     @property
-    def layer_id(self) -> int:
-        """A process-unique id under which this layer's fusion decision is recorded."""
-        return self._layer_id
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state.pop("_layer_id", None)  # a copy is a new layer with decisions of its own
-        return state
-
-    def __setstate__(self, state) -> None:
-        super().__setstate__(state)
-        self._layer_id = next(_layer_ids)
-
-    @property
-    def fusion_status(self) -> fusion.FusionStatus:
+    def fusion_status(self) -> FusionStatus:
         """How the last forward ran: fused, or eager and why (see torch_cudnn_fusion.fusion_report)."""
-        return fusion.status_from_decision(fusion.recorded_decision(self.layer_id),
-                                           fusion.recorded_config(self.layer_id))
+        return self._call.status
 
     def _fused_forward(self, x: torch.Tensor, residual: Optional[torch.Tensor]) -> torch.Tensor:
         return conv2d_bias_act(x, self.weight, self.bias, residual, self.stride, self.padding, self.dilation,
                                self.groups, self.activation, padding_mode=self.padding_mode, strict=self.strict,
-                               policy=self.policy, layer_id=self.layer_id)
+                               policy=self.policy, call=self._call)
 
 
 class Conv2dReLU(FusedConv2d):

@@ -1,9 +1,9 @@
 """Conv2d + BatchNorm2d (+ residual add) (+ ReLU / ReLU6) as drop-in modules.
 
-Training (batch statistics): the conv runs as its own cuDNN call — BatchNorm needs the whole conv output for its
-statistics before it can normalize any of it — and BatchNorm + add + activation run fused (see BatchNorm2dReLU).
-From a layer's second call on (same shapes and settings), conv and BatchNorm run as one op with one autograd node
-(functional.conv2d_batch_norm_act): the same kernels, less host time.
+Training (batch statistics): conv and BatchNorm (+ add + activation) run as one op with one autograd node from the
+first call on (ops.batch_norm.conv2d_batch_norm_act): inside it the conv is PyTorch's own cuDNN call — BatchNorm
+needs the whole conv output for its statistics before it can normalize any of it — and BatchNorm + add + activation
+run fused (the cuDNN graph, or the legacy cuDNN BatchNorm API where the graph is refused).
 Eval (running statistics): BatchNorm folds into the conv's weight and bias and the layer runs as one fused
 conv + bias (+ residual) + ReLU graph; the fold is recomputed whenever a parameter or statistic changes.
 """
@@ -17,11 +17,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch._prims_common import suggest_memory_format
 
-from ..ops import decide as fusion
-from ..ops.functional import _eager_batch_norm_act, conv2d_batch_norm_act, conv2d_bias_act
-from .batchnorm import batch_norm_arguments, check_activation
+from ..ops import decide
+from ..ops.batch_norm import _eager_batch_norm_act, conv2d_batch_norm_act
+from ..ops.conv import conv2d_bias_act
+from ..ops.decide import Decision, FusionStatus
 from ..policy import EnginePolicy
-from .conv import FusedConv2d, _layer_ids
+from .batchnorm import batch_norm_arguments, check_activation
+from .conv import FusedConv2d
 
 
 class Conv2dBN(FusedConv2d):
@@ -44,9 +46,6 @@ class Conv2dBN(FusedConv2d):
         self.bn = nn.BatchNorm2d(out_channels, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
         if activation != "default":
             self.activation = check_activation(activation)
-        self._bn_layer_id = next(_layer_ids)
-        self._fold_cache: Optional[tuple] = None
-        self._last_mode = ""
 
     @classmethod
     def from_modules(cls, conv: nn.Conv2d, bn: nn.BatchNorm2d, *, activation: Optional[str] = "default",
@@ -71,34 +70,17 @@ class Conv2dBN(FusedConv2d):
             module.bn = bn
         return module
 
-    def __getstate__(self):
-        state = super().__getstate__()
-        state["_fold_cache"] = None
-        return state
-
     @property
-    def bn_layer_id(self) -> int:
-        return self._bn_layer_id
-
-    def __setstate__(self, state) -> None:
-        super().__setstate__(state)
-        self._bn_layer_id = next(_layer_ids)
-
-    @property
-    def fusion_status(self) -> fusion.FusionStatus:
-        """How the last forward ran: in training the BatchNorm + activation (the conv runs as its own cuDNN call),
-        in eval the conv with the BatchNorm folded in."""
-        if self._last_mode == "batch statistics":
-            status = fusion.status_from_decision(fusion.recorded_decision(self._bn_layer_id))
-            note = "training: conv as its own cuDNN call, then BatchNorm"
-        elif self._last_mode == "folded":
-            status = fusion.status_from_decision(fusion.recorded_decision(self.layer_id),
-                                                 fusion.recorded_config(self.layer_id))
-            note = "eval: BatchNorm folded into the conv"
-        else:
-            return fusion.NOT_RUN
+    def fusion_status(self) -> FusionStatus:
+        """How the last forward ran: in training the conv + BatchNorm + activation (the conv is PyTorch's cuDNN
+        call inside the op), in eval the conv with the BatchNorm folded in."""
+        status = self._call.status
+        note = {"batch statistics": "training: conv (PyTorch's cuDNN call) and BatchNorm as one op",
+                "folded": "eval: BatchNorm folded into the conv"}.get(self._call.mode)
+        if note is None:
+            return status
         reason = f"{note}; {status.reason}" if status.reason else note
-        return fusion.FusionStatus(status.fused, reason, status.backward, status.implementation_name)
+        return FusionStatus(status.fused, reason, status.backward, status.implementation_name)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", activation={self.activation}"
@@ -110,19 +92,21 @@ class Conv2dBN(FusedConv2d):
         # in training with a fixed momentum, conv2d_batch_norm_act counts the step (`uncounted`): in the one op's
         # launch that writes the running statistics
         running_mean, running_var, batch_stats, momentum, uncounted = batch_norm_arguments(bn, count=False)
+        call = self._call
         if batch_stats:
-            if self._last_mode != "batch statistics":
-                self._last_mode = "batch statistics"
+            if call.mode != "batch statistics":
+                call.mode = "batch statistics"
             return conv2d_batch_norm_act(x, self, running_mean, running_var, bn.weight, bn.bias, momentum, bn.eps,
                                          self.activation, residual, strict=self.strict, policy=self.policy,
-                                         layer_id=self._bn_layer_id, num_batches_tracked=uncounted)
-        self._last_mode = "folded"
+                                         call=call, num_batches_tracked=uncounted)
+        if call.mode != "folded":
+            call.mode = "folded"
         if not x.is_cuda:
             # nothing runs fused off CUDA: eager's own composition (conv, BatchNorm on running statistics,
             # activation), whose numbers are eager's exactly, rather than the fold
-            decision = (False, f"x is on {x.device.type}: the fused path runs on CUDA tensors", ())
-            fusion.record_decision(self.layer_id, decision)
-            fusion.raise_if_strict(decision, self.strict, f"the conv + BatchNorm layer {self.in_channels}->"
+            decision = Decision.eager(f"x is on {x.device.type}: the fused path runs on CUDA tensors")
+            call.remember(decision)
+            decide.raise_if_strict(decision, self.strict, f"the conv + BatchNorm layer {self.in_channels}->"
                                                           f"{self.out_channels} channels")
             z = self._conv_forward(x, self.weight, self.bias)
             return _eager_batch_norm_act(z, running_mean, running_var, bn.weight, bn.bias, False, momentum, bn.eps,
@@ -131,7 +115,7 @@ class Conv2dBN(FusedConv2d):
         relu = self.activation == "relu"
         y = conv2d_bias_act(x, weight, bias, residual, self.stride, self.padding, self.dilation, self.groups,
                             "relu" if relu else None, padding_mode=self.padding_mode, strict=self.strict,
-                            policy=self.policy, layer_id=self.layer_id)
+                            policy=self.policy, call=call)
         return F.relu6(y) if self.activation == "relu6" else y
 
     def _folded_weight_and_bias(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,8 +130,9 @@ class Conv2dBN(FusedConv2d):
         key = None
         if cacheable:
             key = tuple(None if t is None else (t.data_ptr(), t._version, t.dtype, t.device) for t in tensors) + (bn.eps,)
-            if self._fold_cache is not None and self._fold_cache[0] == key:
-                return self._fold_cache[1], self._fold_cache[2]
+            fold = self._call.fold
+            if fold is not None and fold[0] == key:
+                return fold[1], fold[2]
         scale = torch.rsqrt(bn.running_var.float() + bn.eps)
         if bn.weight is not None:
             scale = scale * bn.weight.float()
@@ -159,7 +144,7 @@ class Conv2dBN(FusedConv2d):
             bias = bias + bn.bias.float()
         bias = bias.to(self.weight.dtype)
         if cacheable:
-            self._fold_cache = (key, weight, bias)
+            self._call.fold = (key, weight, bias)
         return weight, bias
 
 

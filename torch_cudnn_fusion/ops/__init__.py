@@ -1,6 +1,8 @@
-"""The fused ops as functions (conv2d_bias_act, batch_norm_act, conv2d_batch_norm_act), how each call is decided,
-and the Python half of the cudnn_fusion op library (fake kernels)."""
+"""The fused ops as functions (conv2d_bias_act, batch_norm_act, conv2d_batch_norm_act), how each call is decided
+(decide.py), the state a layer keeps (layer_call.py), and the Python half of the op library (library.py)."""
 
-from .functional import batch_norm_act, conv2d_batch_norm_act, conv2d_bias_act
+from .batch_norm import batch_norm_act, conv2d_batch_norm_act
+from .conv import conv2d_bias_act
+from .layer_call import LayerCall
 
-__all__ = ["batch_norm_act", "conv2d_batch_norm_act", "conv2d_bias_act"]
+__all__ = ["LayerCall", "batch_norm_act", "conv2d_batch_norm_act", "conv2d_bias_act"]

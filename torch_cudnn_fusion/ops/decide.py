@@ -1,32 +1,91 @@
-"""What to fuse: the decision for one conv layer configuration, its recorded reason, and strict mode.
+"""What to fuse: the configuration a decision depends on, the decision with its reason, and strict mode.
 
-A layer runs as cuDNN graphs only when every rule below holds and cuDNN builds the plan; otherwise it runs the
-eager composition and its `FusionStatus` says why. With strict mode the same reason is raised as `FusionError`.
+A layer runs as cuDNN graphs only when the extension's verdict on its configuration is empty (csrc/core/
+requirements.cpp states every requirement, the measured ones included) and cuDNN builds the plans; otherwise it runs
+the eager composition and its `FusionStatus` says why. Python adds only what is Python's: the device, the dtype,
+`padding_mode`, strict mode. With strict mode the reason is raised as `FusionError`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Iterator, NamedTuple, Optional
 
 import torch
 from torch._prims_common import suggest_memory_format
 
 from .. import _extension
 from .._compile import constant_under_compile
+from .._cpp_enums import Activation
 from ..policy import policy_id
+from .library import conv_memory_format
 
-_SUPPORTED_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
-STEM_CHANNELS = 4  # a conv with at most this many input channels (an image's) is a stem: see _policy_reason
+SUPPORTED_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 TRACED = -1  # stands for the sizes of an input torch.compile traces: its plans are chosen when the code runs
 _strict = os.environ.get("TORCH_CUDNN_FUSION_STRICT", "0") not in ("", "0", "false", "False")
 
 
 class FusionError(RuntimeError):
     """Raised in strict mode when a layer cannot run fused; the message names the requirement that failed."""
+
+
+class Decision(NamedTuple):
+    """How a layer runs its calls. fused: as the cuDNN op; reason: why not (or a note); backward: (graph, refusal)
+    per fused backward step, "" where it runs fused; implementation: "cudnn_graph", "cudnn_legacy" (the legacy cuDNN
+    BatchNorm API) or "eager"."""
+
+    fused: bool
+    reason: str = ""
+    backward: tuple[tuple[str, str], ...] = ()
+    implementation: str = ""
+
+    @classmethod
+    def eager(cls, reason: str) -> "Decision":
+        return cls(False, reason, (), "eager")
+
+
+class ConvConfig(NamedTuple):
+    """Everything a conv layer's decision (and its plans' keys) depends on: Python constants, hashable."""
+
+    device_type: str
+    device_index: int
+    dtype: torch.dtype
+    channels_last: bool
+    x_size: tuple[int, ...]  # (TRACED,) * 4 under torch.compile: the plan is chosen when the code runs
+    w_size: tuple[int, ...]
+    stride: tuple[int, int]
+    padding_pre: tuple[int, int]
+    padding_post: tuple[int, int]
+    dilation: tuple[int, int]
+    groups: int
+    has_bias: bool
+    has_residual: bool
+    relu: bool
+    needs_grad: bool
+    padding_mode: str
+    allow_tf32: bool
+    alignment: tuple[int, int, int, int]  # bytes, capped at 16, of x, weight, bias, residual (0: absent)
+    policy: tuple  # EnginePolicy.key
+    deterministic: bool  # torch.use_deterministic_algorithms: makes every policy deterministic (another plan key)
+
+
+class BatchNormConfig(NamedTuple):
+    """Everything a training BatchNorm layer's decision depends on."""
+
+    device_type: str
+    device_index: int
+    dtype: torch.dtype
+    channels_last: bool
+    x_size: tuple[int, ...]
+    running_stats: bool
+    has_residual: bool
+    activation: Activation
+    eps: float
+    needs_grad: bool
+    policy: tuple
+    deterministic: bool
 
 
 @dataclass(frozen=True)
@@ -84,6 +143,17 @@ def strict(enabled: bool = True) -> Iterator[None]:
         set_strict(previous)
 
 
+def raise_if_strict(decision: Decision, strict_override: Optional[bool], where: str) -> None:
+    strict_now = _strict if strict_override is None else strict_override
+    if not strict_now:
+        return
+    if not decision.fused:
+        raise FusionError(f"{where} cannot run fused: {decision.reason}")
+    refused = [f"{name}: {why}" for name, why in decision.backward if why]
+    if refused:
+        raise FusionError(f"{where} cannot run its backward fused: " + "; ".join(refused))
+
+
 def _alignment(t: Optional[torch.Tensor], memory_format: torch.memory_format) -> int:
     """Pointer alignment (bytes, capped at 16) of the tensor the op will hand cuDNN."""
     if t is None:
@@ -97,136 +167,145 @@ def _alignment(t: Optional[torch.Tensor], memory_format: torch.memory_format) ->
     return alignment
 
 
-def layer_config(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, relu,
-                 padding_mode: str, policy: tuple) -> tuple:
-    """Everything the decision depends on, as a hashable tuple of Python constants."""
-    from .library import conv_memory_format
+def _sizes(x_size) -> tuple:
+    # Under torch.compile sizes may be symbolic, and traced code cannot tell: the plan is chosen at run time.
+    return (TRACED,) * len(x_size) if torch.compiler.is_compiling() else tuple(x_size)
 
+
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else -1
+
+
+def conv_config(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, relu,
+                padding_mode: str, policy: tuple) -> ConvConfig:
     memory_format = conv_memory_format(x, weight)
-    needs_grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (x, weight, bias, residual)
-    )
-    return (
-        x.device.type,
-        x.device.index if x.device.index is not None else -1,
-        x.dtype,
-        memory_format == torch.channels_last,
-        # Under torch.compile sizes may be symbolic, and traced code cannot tell: the plan is chosen at run time.
-        (TRACED,) * 4 if torch.compiler.is_compiling() else tuple(x.shape),
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias, residual))
+    return ConvConfig(
+        x.device.type, _device_index(x.device), x.dtype, memory_format == torch.channels_last, _sizes(x.shape),
         tuple(weight.shape),  # parameters keep static shapes under torch.compile
-        tuple(stride),
-        tuple(padding_pre),
-        tuple(padding_post),
-        tuple(dilation),
-        groups,
-        bias is not None,
-        residual is not None,
-        relu,
-        needs_grad,
-        padding_mode,
-        torch.backends.cudnn.allow_tf32,
-        tuple(_alignment(t, memory_format) for t in (x, weight, bias, residual)),
-        policy,  # EnginePolicy.key
-        torch.are_deterministic_algorithms_enabled(),  # makes every policy deterministic (a different plan key)
+        tuple(stride), tuple(padding_pre), tuple(padding_post), tuple(dilation), groups, bias is not None,
+        residual is not None, relu, needs_grad, padding_mode, torch.backends.cudnn.allow_tf32,
+        tuple(_alignment(t, memory_format) for t in (x, weight, bias, residual)), policy,
+        torch.are_deterministic_algorithms_enabled(),
     )
 
 
-def _policy_reason(config: tuple) -> str:
-    """The rules decided in Python, before cuDNN is asked. '' when the layer may be fused."""
-    (device_type, _, dtype, _, x_size, w_size, _, _, _, _, groups, _, _, _, _, padding_mode, _, _, policy,
-     _) = config
-    if padding_mode != "zeros":
-        return f"padding_mode='{padding_mode}': cuDNN graphs pad with zeros only"
-    if dtype not in _SUPPORTED_DTYPES:
-        return f"dtype {dtype}: cuDNN's fused engines take float16, bfloat16 or float32"
-    if policy[0] != "autotune":  # these rules come from timings: autotune times the layer's own plans and eager
-        if groups > 1:
-            return (f"groups={groups}: cuDNN's fused grouped/depthwise convolution ran 6-9x slower than PyTorch's own "
-                    "kernel (measured on H200), so eager is used (EnginePolicy('autotune') times it instead)")
-        in_channels, out_channels = w_size[1] * groups, w_size[0]
-        # A stem's few input channels (an image's 3) are exempt: cuDNN pads them, and the stems measured ran faster
-        # fused than eager (benchmarks/results/stem_h100_2026-11-22.txt, docs/fallback_rules.md).
-        odd_in = in_channels % 8 and in_channels > STEM_CHANNELS
-        if dtype in (torch.float16, torch.bfloat16) and (odd_in or out_channels % 8):
-            return (f"in_channels={in_channels}, out_channels={out_channels}: not both multiples of 8; for {dtype} "
-                    "such layers ran 1.5x slower fused than eager, so eager is used (EnginePolicy('autotune') times "
-                    "it instead)")
-        if dtype == torch.float32 and (in_channels % 4 or out_channels % 4):
-            return (f"in_channels={in_channels}, out_channels={out_channels}: cuDNN's fused float32 engines need "
-                    "multiples of 4")
-    if device_type != "cuda":
-        return f"x is on {device_type}: the fused path runs on CUDA tensors"
-    return ""
+def batch_norm_config(device: torch.device, dtype: torch.dtype, channels_last: bool, x_size, running_stats: bool,
+                      has_residual: bool, activation: Activation, eps: float, needs_grad: bool,
+                      policy: tuple) -> BatchNormConfig:
+    """The configuration of a BatchNorm over an input of these properties (the conv's output, before it exists,
+    for a Conv2dBN* layer)."""
+    return BatchNormConfig(device.type, _device_index(device), dtype, channels_last, _sizes(x_size), running_stats,
+                           has_residual, activation, float(eps), needs_grad, policy,
+                           torch.are_deterministic_algorithms_enabled())
+
+
+def batch_norm_config_of(x: torch.Tensor, running_stats: bool, residual, activation: Activation, eps: float, weight,
+                         policy: tuple) -> BatchNormConfig:
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, residual, weight))
+    channels_last = x.dim() == 4 and suggest_memory_format(x) == torch.channels_last
+    return batch_norm_config(x.device, x.dtype, channels_last, x.shape, running_stats, residual is not None,
+                             activation, eps, needs_grad, policy)
 
 
 TRACED_NOTE = ("under torch.compile: plans are built when the compiled code first runs each size; a size cuDNN "
                "refuses then runs in ATen, counted in plan_cache_stats()['runtime_fallbacks']")
 
 
-@functools.lru_cache(maxsize=4096)
-def _decide(config: tuple) -> tuple:
-    """(fused, reason, backward refusals) for a configuration; cached, as is the C++ plan cache behind it."""
-    reason = _policy_reason(config)
+def _python_reason(device_type: str, dtype: torch.dtype, padding_mode: str = "zeros") -> str:
+    """What Python decides before the extension is asked: '' when the layer may be fused."""
+    if padding_mode != "zeros":
+        return f"padding_mode='{padding_mode}': cuDNN graphs pad with zeros only"
+    if dtype not in SUPPORTED_DTYPES:
+        return f"dtype {dtype}: cuDNN's fused engines take float16, bfloat16 or float32"
+    if device_type != "cuda":
+        return f"x is on {device_type}: the fused path runs on CUDA tensors"
+    return ""
+
+
+def decide_conv(config: ConvConfig) -> Decision:
+    """The decision for a conv layer configuration (traced code keeps the decision it traced)."""
+    return _decide_conv(tuple(config))
+
+
+def decide_batch_norm(config: BatchNormConfig) -> Decision:
+    """BatchNorm in training: the cuDNN graph when cuDNN builds its forward (and backward, when gradients are
+    needed), else the legacy cuDNN BatchNorm API, else eager."""
+    return _decide_batch_norm(tuple(config))
+
+
+# torch.compile hands a function marked constant its arguments as Python constants, but rebuilds a NamedTuple
+# argument without its fields (torch 2.14): the two below take plain tuples.
+@constant_under_compile
+def _decide_conv(values: tuple) -> Decision:
+    config = ConvConfig(*values)
+    reason = _python_reason(config.device_type, config.dtype, config.padding_mode)
     if reason:
-        return False, reason, ()
+        return Decision.eager(reason)
     module = _extension.load()
     if module is None:
-        return False, _extension.load_error() or "the cuDNN extension is unavailable", ()
-    (_, device, dtype, channels_last, x_size, w_size, stride, pad_pre, pad_post, dilation, groups, has_bias,
-     has_residual, relu, needs_grad, _, _, alignment, policy, _) = config
-    if TRACED in x_size:
-        return True, TRACED_NOTE, ()
-    if x_size[0] == 0:
-        return True, "", ()  # an empty batch: the ops return empty outputs (zero weight gradients) without cuDNN
+        return Decision.eager(_extension.load_error() or "the cuDNN extension is unavailable")
+    if TRACED in config.x_size:
+        return Decision(True, TRACED_NOTE, (), "cudnn_graph")
+    if config.x_size[0] == 0:
+        return Decision(True, "", (), "cudnn_graph")  # an empty batch: empty outputs, zero weight gradients
+    c = config
     refusals = module.check_conv_layer(
-        _SUPPORTED_DTYPES[dtype], channels_last, device, list(x_size), list(w_size), list(stride), list(pad_pre),
-        list(pad_post), list(dilation), groups, has_bias, has_residual, relu, needs_grad, list(alignment),
-        policy_id(policy),
+        SUPPORTED_DTYPES[c.dtype], c.channels_last, c.device_index, list(c.x_size), list(c.w_size), list(c.stride),
+        list(c.padding_pre), list(c.padding_post), list(c.dilation), c.groups, c.has_bias, c.has_residual, c.relu,
+        c.needs_grad, list(c.alignment), policy_id(c.policy),
     )
     if refusals["forward"]:
-        return False, refusals["forward"], ()
+        return Decision.eager(refusals["forward"])
     backward = tuple((name, refusals[name]) for name in ("relu_bias_backward", "dgrad", "wgrad") if name in refusals)
-    return True, "", backward
-
-
-# The last decision of each layer, with the configuration it was made for, by layer id. Recorded inside the
-# function torch.compile folds to a constant, so a compiled layer reports the decision its compiled graph keeps
-# (compiled code runs no Python).
-_decisions_by_layer: dict[int, tuple[tuple, tuple]] = {}
+    return Decision(True, "", backward, "cudnn_graph")
 
 
 @constant_under_compile
-def decide_and_record(layer_id: int, config: tuple) -> tuple:
-    decision = _decide(config)
-    _decisions_by_layer[layer_id] = (decision, config)
-    return decision
+def _decide_batch_norm(values: tuple) -> Decision:
+    config = BatchNormConfig(*values)
+    reason = _python_reason(config.device_type, config.dtype)
+    if reason:
+        return Decision.eager(reason.replace("fused engines", "BatchNorm"))
+    if len(config.x_size) != 4:
+        return Decision.eager(f"x is {len(config.x_size)}-D: the fused BatchNorm takes 4-D [N, C, H, W] input")
+    if not config.channels_last:
+        return Decision.eager("x is not channels_last: cuDNN's fused BatchNorm kernels are NHWC (use "
+                              "x.to(memory_format=torch.channels_last))")
+    module = _extension.load()
+    if module is None:
+        return Decision.eager(_extension.load_error() or "the cuDNN extension is unavailable")
+    if TRACED in config.x_size:
+        return Decision(True, TRACED_NOTE, (), "cudnn_graph")
+    n, _, h, w = config.x_size
+    if n * h * w <= 1:
+        return Decision.eager("one value per channel: batch statistics are undefined (eager raises the error)")
+    refusals = module.check_batch_norm_layer(
+        SUPPORTED_DTYPES[config.dtype], config.channels_last, config.device_index, list(config.x_size),
+        config.running_stats, config.has_residual, int(config.activation), config.eps, policy_id(config.policy),
+    )
+    graph_refusal = refusals["graph_forward"] or (refusals["graph_backward"] if config.needs_grad else "")
+    if not graph_refusal:
+        return Decision(True, "", (), "cudnn_graph")
+    if not refusals["legacy"]:
+        return Decision(True, f"the cuDNN graph was refused: {graph_refusal}", (), "cudnn_legacy")
+    return Decision.eager(f"{graph_refusal}; and {refusals['legacy']}")
 
 
-def recorded_decision(layer_id: int) -> Optional[tuple]:
-    recorded = _decisions_by_layer.get(layer_id)
-    return None if recorded is None else recorded[0]
-
-
-def recorded_config(layer_id: int) -> Optional[tuple]:
-    """The configuration (see layer_config) of the layer's last decision."""
-    recorded = _decisions_by_layer.get(layer_id)
-    return None if recorded is None else recorded[1]
-
-
-def plan_in_use(config: tuple, graph: str = "forward") -> Optional[dict]:
-    """What the C++ plan cache runs for one graph of a conv layer configuration (see layer_config): cuDNN's name of
-    the plan, its workspace, whether it was tuned, the autotune times and whether ATen won; None where there is no
-    plan to ask about (not CUDA, traced sizes, empty batch)."""
-    (device_type, device, dtype, channels_last, x_size, w_size, stride, pre, post, dilation, groups, has_bias,
-     has_residual, relu, _, _, _, alignment, policy, _) = config
-    if device_type != "cuda" or TRACED in x_size or x_size[0] == 0 or dtype not in _SUPPORTED_DTYPES:
+def plan_in_use(config: ConvConfig, graph: str = "forward") -> Optional[dict]:
+    """What the C++ plan cache runs for one graph of a conv layer configuration: cuDNN's name of the plan, its
+    workspace, whether it was tuned, the autotune times and whether ATen won; None where there is no plan to ask
+    about (not CUDA, traced sizes, empty batch)."""
+    c = config
+    if c.device_type != "cuda" or TRACED in c.x_size or c.x_size[0] == 0 or c.dtype not in SUPPORTED_DTYPES:
         return None
     module = _extension.load()
     if module is None:
         return None
-    return module.plan_in_use(graph, _SUPPORTED_DTYPES[dtype], channels_last, device, list(x_size), list(w_size),
-                              list(stride), list(pre), list(post), list(dilation), groups, has_bias, has_residual,
-                              relu, _graph_alignment(graph, alignment), policy_id(policy))
+    return module.plan_in_use(graph, SUPPORTED_DTYPES[c.dtype], c.channels_last, c.device_index, list(c.x_size),
+                              list(c.w_size), list(c.stride), list(c.padding_pre), list(c.padding_post),
+                              list(c.dilation), c.groups, c.has_bias, c.has_residual, c.relu,
+                              _graph_alignment(graph, c.alignment), policy_id(c.policy))
 
 
 def _graph_alignment(graph: str, alignment: tuple) -> list:
@@ -248,114 +327,15 @@ def autotune_note(info: Optional[dict]) -> str:
     return f"autotune: the cuDNN plan {info['name']} ({best_text}) beat the ATen composition ({info['aten_ms']:.4f} ms)"
 
 
-def status_from_decision(decision: Optional[tuple], config: Optional[tuple] = None) -> FusionStatus:
-    """The status of a decision; for a fused conv layer under autotune, with what autotune measured (config given)."""
+def status_of(decision: Optional[Decision], config=None) -> FusionStatus:
+    """The status of a decision; for a fused conv layer under autotune, with what autotune measured."""
     if decision is None:
         return NOT_RUN
-    if len(decision) == 4:  # a BatchNorm decision: (fused, reason, backward, implementation)
-        return FusionStatus(*decision)
-    fused, reason, backward = decision
-    if fused and config and len(config) == 20 and config[18][0] == "autotune":
+    fused, reason, backward, implementation = decision
+    if fused and isinstance(config, ConvConfig) and config.policy[0] == "autotune":
         note = autotune_note(plan_in_use(config))
         if note.startswith("autotune: the ATen"):
             return FusionStatus(False, note, backward, "eager")
         if note:
             reason = f"{reason}; {note}" if reason else note
-    return FusionStatus(fused, reason, backward)
-
-
-# ---- BatchNorm (+ residual) (+ ReLU / ReLU6) in training ----
-
-ACTIVATIONS = {None: 0, "identity": 0, "relu": 1, "relu6": 2}
-GRAPH, LEGACY = 0, 1  # the C++ op's implementation argument
-
-
-def batch_norm_config(x, running_stats: bool, residual, activation: str, eps: float, weight,
-                      policy: tuple) -> tuple:
-    """Everything a BatchNorm layer's decision depends on, as a hashable tuple."""
-    needs_grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (x, residual, weight)
-    )
-    return (
-        x.device.type,
-        x.device.index if x.device.index is not None else -1,
-        x.dtype,
-        x.dim() == 4 and suggest_memory_format(x) == torch.channels_last,
-        (TRACED,) * 4 if torch.compiler.is_compiling() else tuple(x.shape),
-        running_stats,
-        residual is not None,
-        ACTIVATIONS[activation],
-        float(eps),
-        needs_grad,
-        policy,
-        torch.are_deterministic_algorithms_enabled(),
-    )
-
-
-@functools.lru_cache(maxsize=4096)
-def decide_batch_norm(config: tuple) -> tuple:
-    """(fused, reason, backward, implementation) for BatchNorm in training: the cuDNN graph when cuDNN builds its
-    forward (and backward, when gradients are needed), else the legacy cuDNN BatchNorm API, else eager."""
-    (device_type, device, dtype, channels_last, x_size, running_stats, has_residual, activation, eps, needs_grad,
-     policy, _) = config
-    if device_type != "cuda":
-        return False, f"x is on {device_type}: the fused path runs on CUDA tensors", (), "eager"
-    if dtype not in _SUPPORTED_DTYPES:
-        return False, f"dtype {dtype}: cuDNN's BatchNorm takes float16, bfloat16 or float32", (), "eager"
-    if len(x_size) != 4:
-        return False, f"x is {len(x_size)}-D: the fused BatchNorm takes 4-D [N, C, H, W] input", (), "eager"
-    if not channels_last:
-        return (False, "x is not channels_last: cuDNN's fused BatchNorm kernels are NHWC (use "
-                "x.to(memory_format=torch.channels_last))", (), "eager")
-    module = _extension.load()
-    if module is None:
-        return False, _extension.load_error() or "the cuDNN extension is unavailable", (), "eager"
-    if TRACED in x_size:
-        return True, TRACED_NOTE, (), "cudnn_graph"
-    if x_size[0] * x_size[2] * x_size[3] <= 1:
-        return False, "one value per channel: batch statistics are undefined (eager raises the error)", (), "eager"
-    refusals = module.check_batch_norm_layer(
-        _SUPPORTED_DTYPES[dtype], channels_last, device, list(x_size), running_stats, has_residual, activation, eps,
-        policy_id(policy),
-    )
-    graph_refusal = refusals["graph_forward"] or (refusals["graph_backward"] if needs_grad else "")
-    if not graph_refusal:
-        return True, "", (), "cudnn_graph"
-    if not refusals["legacy"]:
-        return True, f"the cuDNN graph was refused: {graph_refusal}", (), "cudnn_legacy"
-    return False, f"{graph_refusal}; and {refusals['legacy']}", (), "eager"
-
-
-@constant_under_compile
-def decide_batch_norm_and_record(layer_id: int, config: tuple) -> tuple:
-    decision = decide_batch_norm(config)
-    _decisions_by_layer[layer_id] = (decision, config)
-    return decision
-
-
-def record_decision(layer_id: int, decision: tuple, config: tuple = ()) -> None:
-    """Record a decision made outside decide_* (e.g. eval-mode BatchNorm, which runs eager)."""
-    _decisions_by_layer[layer_id] = (decision, config)
-
-
-def raise_if_strict(decision: tuple, strict_override: Optional[bool], where: str) -> None:
-    strict_now = _strict if strict_override is None else strict_override
-    if not strict_now:
-        return
-    fused, reason, backward = decision[:3]
-    if not fused:
-        raise FusionError(f"{where} cannot run fused: {reason}")
-    refused = [f"{name}: {why}" for name, why in backward if why]
-    if refused:
-        raise FusionError(f"{where} cannot run its backward fused: " + "; ".join(refused))
-
-
-def clear_decisions() -> None:
-    """Forget cached decisions (the C++ plan cache is cleared separately)."""
-    from .functional import _last_bn_call, _last_call, _last_conv_bn_call
-
-    _decide.cache_clear()
-    decide_batch_norm.cache_clear()
-    _last_call.clear()
-    _last_bn_call.clear()
-    _last_conv_bn_call.clear()
+    return FusionStatus(fused, reason, backward, implementation)

@@ -1,7 +1,6 @@
 """The Python half of the cudnn_fusion ops: fake kernels, so torch.compile traces through them.
 
-Schemas and CUDA kernels live in csrc/bindings.cpp, csrc/conv_ops.cpp and csrc/bn_ops.cpp; the ops' autograd in
-csrc/conv_autograd.cpp and csrc/bn_autograd.cpp.
+Schemas and CUDA kernels live in csrc/ops/; the ops' autograd in csrc/ops/*_autograd.cpp.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ def conv_output_size(
 
 
 def conv_memory_format(a: torch.Tensor, b: torch.Tensor) -> torch.memory_format:
-    """PyTorch's rule for cuDNN convolutions: channels_last when either operand is (as csrc/conv_ops.cpp)."""
+    """PyTorch's rule for cuDNN convolutions: channels_last when either operand is (as csrc/ops/conv_ops.cpp)."""
     if torch.channels_last in (suggest_memory_format(a), suggest_memory_format(b)):
         return torch.channels_last
     return torch.contiguous_format

@@ -1,0 +1,54 @@
+"""The C++ enums the ops and the extension's functions take as integers, by name.
+
+C++ defines them (csrc/ops/bindings.cpp exports each as torch_cudnn_fusion._C.<name>); Python needs them where the
+extension is not loaded too (argument checks, CPU-only installs), so this module restates them, and
+tests/test_gpu_features.py checks every member against the extension's.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Activation(enum.IntEnum):
+    """The activation argument of the BatchNorm ops (csrc/ops/bn_ops.h)."""
+
+    IDENTITY = 0
+    RELU = 1
+    RELU6 = 2
+
+    @classmethod
+    def from_name(cls, name: str | None) -> "Activation":
+        """None / "identity", "relu" or "relu6" (the modules' and functions' spelling)."""
+        return _ACTIVATION_NAMES[name]
+
+
+_ACTIVATION_NAMES = {None: Activation.IDENTITY, "identity": Activation.IDENTITY, "relu": Activation.RELU,
+                     "relu6": Activation.RELU6}
+ACTIVATION_NAMES = tuple(_ACTIVATION_NAMES)
+
+
+class BatchNormImplementation(enum.IntEnum):
+    """Which cuDNN implementation a BatchNorm op runs (csrc/ops/bn_ops.h)."""
+
+    CUDNN_GRAPH = 0
+    CUDNN_LEGACY = 1
+
+
+class PolicyMode(enum.IntEnum):
+    """How an engine policy chooses plans (csrc/core/plan_cache.h)."""
+
+    HEURISTIC = 0
+    AUTOTUNE = 1
+    PINNED = 2
+
+
+class Graph(enum.IntEnum):
+    """The graphs a layer's plans are built for (csrc/core/plan_cache.h, GraphKind)."""
+
+    FORWARD = 0
+    RELU_BIAS_BACKWARD = 1
+    DGRAD = 2
+    WGRAD = 3
+    BATCHNORM_FORWARD = 4
+    BATCHNORM_BACKWARD = 5

@@ -1,0 +1,305 @@
+"""BatchNorm with batch statistics (+ residual) (+ ReLU / ReLU6) fused, alone (batch_norm_act) or after the conv
+that feeds it (conv2d_batch_norm_act); eager where it cannot be."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from .. import _extension
+from .._cpp_enums import ACTIVATION_NAMES, Activation, BatchNormImplementation
+from ..policy import EnginePolicy, policy_id, resolve
+from . import decide
+from .conv import odd_residual, tensor_signature
+from .decide import Decision
+from .layer_call import LayerCall
+from .library import conv_memory_format, conv_output_size
+
+
+def _eager_batch_norm_act(x, running_mean, running_var, weight, bias, training, momentum, eps, activation, residual):
+    """The composition the fused BatchNorm stands for, as nn.BatchNorm2d + add + ReLU / ReLU6 compute it."""
+    y = F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
+    if residual is not None:
+        y = y + residual
+    if activation == "relu":
+        return F.relu(y)
+    if activation == "relu6":
+        return F.relu6(y)
+    return y
+
+
+def _eager_reason(x_size, dtype, device, residual: Optional[torch.Tensor], batch_stats: bool) -> str:
+    """Why a BatchNorm (+ residual) call runs as eager's composition whatever the extension says ('' when it need
+    not): inference, an empty batch, or a residual eager would broadcast or promote."""
+    if not batch_stats:
+        return "inference with running statistics: eager BatchNorm (Conv2dBN* fold it into the conv)"
+    if len(x_size) > 0 and 0 in tuple(x_size):
+        return "an empty batch: eager (it leaves the running statistics as they are)"
+    if residual is not None:
+        return odd_residual(residual, x_size, dtype, device)
+    return ""
+
+
+def _check_activation(activation) -> Activation:
+    if activation not in ACTIVATION_NAMES:
+        raise ValueError(f"activation must be 'relu', 'relu6', 'identity' or None, got {activation!r}")
+    return Activation.from_name(activation)
+
+
+def _float32_affine(weight, bias) -> bool:
+    """Whether the op can take the BatchNorm scale and shift as they are (float32, contiguous)."""
+    return (weight is not None and bias is not None and weight.dtype == torch.float32 and bias.dtype == torch.float32
+            and weight.is_contiguous() and bias.is_contiguous())
+
+
+def _affine_or_identity(weight, bias, channels: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 scale and shift for the op: the module's (cast when they are not float32), or 1 and 0 (affine=False)."""
+    if _float32_affine(weight, bias):
+        return weight, bias
+    weight = torch.ones(channels, device=device) if weight is None else weight
+    bias = torch.zeros(channels, device=device) if bias is None else bias
+    return weight.float().contiguous(), bias.float().contiguous()
+
+
+def _implementation(decision: Decision) -> int:
+    return int(BatchNormImplementation.CUDNN_LEGACY if decision.implementation == "cudnn_legacy"
+               else BatchNormImplementation.CUDNN_GRAPH)
+
+
+def _where(channels, x_size) -> str:
+    return f"the BatchNorm layer over {channels} channels, input {list(x_size)}"
+
+
+_bn_op = None  # torch.ops.cudnn_fusion.batch_norm_act.default, looked up once
+
+
+def batch_norm_act(
+    x: torch.Tensor,
+    running_mean: Optional[torch.Tensor],
+    running_var: Optional[torch.Tensor],
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+    activation: Optional[str] = "relu",
+    residual: Optional[torch.Tensor] = None,
+    *,
+    strict: Optional[bool] = None,
+    policy: Optional[EnginePolicy] = None,
+    call: Optional[LayerCall] = None,
+) -> torch.Tensor:
+    """activation(F.batch_norm(x, ...) + residual), arguments as F.batch_norm's; activation "relu", "relu6" or None.
+
+    With batch statistics (training, or no running statistics) it runs as one cuDNN graph (or the legacy cuDNN
+    BatchNorm API, where cuDNN refuses the graph), running statistics updated as F.batch_norm updates them; with
+    running statistics (inference) it runs eager — fold it into the conv before it instead (Conv2dBNReLU does).
+    policy: the EnginePolicy for its cuDNN graphs (None: the global one). call: the calling layer's LayerCall.
+    """
+    policy = resolve(policy)
+    signature = None
+    if call is not None and not torch.compiler.is_compiling() and isinstance(x, torch.Tensor):
+        signature = (tensor_signature(x), tensor_signature(weight), tensor_signature(bias),
+                     tensor_signature(running_mean), tensor_signature(running_var), tensor_signature(residual),
+                     training, eps, activation, strict, decide.is_strict(), torch.is_grad_enabled(), policy,
+                     torch.are_deterministic_algorithms_enabled())
+        if call.signature == signature:
+            return _run_batch_norm(call.run, x, running_mean, running_var, weight, bias, momentum, eps, activation,
+                                   residual)
+
+    act = _check_activation(activation)
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a tensor, got {type(x).__name__}")
+    if (running_mean is None) != (running_var is None):
+        raise ValueError("running_mean and running_var must be given together (or both None)")
+    batch_stats = training or running_mean is None
+    eager_reason = _eager_reason(x.shape, x.dtype, x.device, residual, batch_stats)
+    if eager_reason:
+        if call is not None:
+            call.remember(Decision.eager(eager_reason))
+        if batch_stats:
+            decide.raise_if_strict(Decision.eager(eager_reason), strict, _where(x.shape[1], x.shape))
+        return _eager_batch_norm_act(x, running_mean, running_var, weight, bias, batch_stats, momentum, eps,
+                                     activation, residual)
+    if x.dim() >= 2 and weight is not None and x.shape[1] != weight.shape[0]:
+        raise ValueError(f"weight must have shape [{x.shape[1]}] (x's channels), got {list(weight.shape)}")
+    update = training and running_mean is not None
+    config = decide.batch_norm_config_of(x, update, residual, act, eps, weight, policy.key)
+    decision = decide.decide_batch_norm(config)
+    decide.raise_if_strict(decision, strict, _where(x.shape[1] if x.dim() > 1 else "?", x.shape))
+    run = (decision.fused, _implementation(decision), update, policy_id(policy.key) if decision.fused else 0)
+    if call is not None:
+        call.remember(decision, config, signature, run)
+    return _run_batch_norm(run, x, running_mean, running_var, weight, bias, momentum, eps, activation, residual)
+
+
+def _run_batch_norm(run: tuple, x, running_mean, running_var, weight, bias, momentum, eps, activation, residual):
+    """Batch-statistics BatchNorm (+ residual) (+ activation) as decided: (fused, implementation, update, policy id)."""
+    fused, implementation, update, policy = run
+    if not fused:
+        return _eager_batch_norm_act(x, running_mean, running_var, weight, bias, True, momentum, eps, activation,
+                                     residual)
+    global _bn_op
+    if _bn_op is None:
+        _bn_op = torch.ops.cudnn_fusion.batch_norm_act.default
+    scale, shift = _affine_or_identity(weight, bias, x.shape[1], x.device)
+    stats_in = (None, None)
+    if update:
+        stats_in = (running_mean, running_var)
+        if running_mean.dtype != torch.float32:
+            stats_in = (running_mean.float(), running_var.float())
+    y, _, _, new_mean, new_var, _ = _bn_op(x, scale, shift, stats_in[0], stats_in[1], residual, float(momentum),
+                                           float(eps), int(Activation.from_name(activation)), implementation, policy)
+    if update:
+        with torch.no_grad():
+            running_mean.copy_(new_mean)
+            running_var.copy_(new_var)
+    return y
+
+
+_conv_bn_op = None  # torch.ops.cudnn_fusion.conv_batch_norm_act.default, looked up once
+
+
+def conv2d_batch_norm_act(
+    x: torch.Tensor,
+    conv: "torch.nn.Conv2d",
+    running_mean: Optional[torch.Tensor],
+    running_var: Optional[torch.Tensor],
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    momentum: float,
+    eps: float,
+    activation: Optional[str],
+    residual: Optional[torch.Tensor] = None,
+    *,
+    strict: Optional[bool] = None,
+    policy: Optional[EnginePolicy] = None,
+    call: Optional[LayerCall] = None,
+    num_batches_tracked: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """activation(F.batch_norm(conv(x), ...) + residual) with batch statistics (training), `conv` an nn.Conv2d.
+
+    Decided once per configuration, from x and the layer (the conv's output is not needed to decide): where the
+    BatchNorm runs fused, every call, the first included, runs conv and BatchNorm as the one op
+    cudnn_fusion::conv_batch_norm_act with one autograd node (csrc/ops/bn_autograd.cpp; the conv is ATen's, so its
+    numbers are F.conv2d's); otherwise the eager composition. A conv with padding_mode other than 'zeros' or
+    padding='same'/'valid' runs its own conv, then batch_norm_act. The layer's `call` keeps the decision; its C++
+    record (csrc/ops/conv_bn_call.h) runs a repeated call without returning to Python.
+
+    num_batches_tracked: when given, this call counts the step in it (+1), as nn.BatchNorm2d's forward does before
+    normalizing — the caller passes a fixed `momentum`, not one derived from the count. The op counts it in the
+    launch that writes the running statistics.
+    """
+    if conv.padding_mode != "zeros" or isinstance(conv.padding, str):
+        if num_batches_tracked is not None:
+            num_batches_tracked.add_(1)
+        return batch_norm_act(conv._conv_forward(x, conv.weight, conv.bias), running_mean, running_var, weight, bias,
+                              True, momentum, eps, activation, residual, strict=strict, policy=policy, call=call)
+    conv_weight, conv_bias = conv.weight, conv.bias  # a module's attribute lookups are slow: once per call
+    policy = resolve(policy)
+    signature = None
+    if call is not None and not torch.compiler.is_compiling():
+        settings = (strict, decide.is_strict(), policy, eps, activation, conv.stride, conv.padding, conv.dilation,
+                    conv.groups)
+        if call.recorded is not None and call.signature[0] == settings:
+            # C++ compares the tensors and the global state with the record and runs the op when they match
+            y = call.recorded.run(x, conv_weight, conv_bias, weight, bias, running_mean, running_var,
+                                  num_batches_tracked, residual, float(momentum))
+            if y is not None:
+                return y
+        device_type = x.device.type
+        autocast = torch.is_autocast_enabled(device_type)
+        signature = (settings, tensor_signature(x), tensor_signature(conv_weight), tensor_signature(conv_bias),
+                     tensor_signature(weight), tensor_signature(bias), tensor_signature(running_mean),
+                     tensor_signature(running_var), tensor_signature(residual), torch.is_grad_enabled(),
+                     torch.are_deterministic_algorithms_enabled(), autocast and torch.get_autocast_dtype(device_type))
+        if call.signature == signature:
+            return _run_conv_batch_norm(call.run, x, conv, conv_weight, conv_bias, running_mean, running_var,
+                                        num_batches_tracked, weight, bias, momentum, eps, activation, residual)
+
+    decision, config, run = _decide_conv_batch_norm(x, conv, conv_weight, conv_bias, running_mean, weight, eps,
+                                                    activation, residual, strict, policy)
+    recorded = None
+    if signature is not None and decision.fused and _recordable(run, weight, bias, running_mean, num_batches_tracked, x):
+        recorded = _extension.require().ConvBatchNormCall(
+            x, conv_weight, conv_bias, weight, bias, running_mean if run[2] else None,
+            running_var if run[2] else None, num_batches_tracked, residual, list(conv.stride), list(conv.padding),
+            list(conv.dilation), conv.groups, float(eps), int(Activation.from_name(activation)), run[1], run[3])
+    if call is not None:
+        call.remember(decision, config, signature, run, recorded)
+    return _run_conv_batch_norm(run, x, conv, conv_weight, conv_bias, running_mean, running_var, num_batches_tracked,
+                                weight, bias, momentum, eps, activation, residual)
+
+
+def _decide_conv_batch_norm(x, conv, conv_weight, conv_bias, running_mean, weight, eps, activation, residual,
+                            strict, policy) -> tuple:
+    """(decision, config, run) for a training conv + BatchNorm call, from x and the layer: the conv's output size,
+    dtype (autocast's, where on) and layout (channels_last when x or the weight is, as PyTorch's cuDNN conv) are
+    known before it runs. run = (fused, implementation, update running statistics, policy id, conv dtype)."""
+    act = _check_activation(activation)
+    if not isinstance(x, torch.Tensor) or x.dim() != 4:
+        raise ValueError(f"expected 4D input (got {x.dim() if isinstance(x, torch.Tensor) else type(x).__name__}D "
+                         "input)")
+    device_type = x.device.type
+    conv_dtype = None
+    if torch.is_autocast_enabled(device_type) and x.is_floating_point():
+        conv_dtype = torch.get_autocast_dtype(device_type)
+    z_dtype = conv_dtype or x.dtype
+    z_size = conv_output_size(x.shape, conv_weight.shape, conv.stride, conv.padding, conv.padding, conv.dilation)
+    update = running_mean is not None
+    where = _where(conv_weight.shape[0], z_size)
+    reason = _eager_reason(z_size, z_dtype, x.device, residual, True)
+    if reason:
+        decision, config = Decision.eager(reason), None
+    else:
+        needs_grad = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (x, conv_weight, conv_bias, weight, residual))
+        channels_last = conv_memory_format(x, conv_weight) == torch.channels_last
+        config = decide.batch_norm_config(x.device, z_dtype, channels_last, z_size, update, residual is not None, act,
+                                          eps, needs_grad, policy.key)
+        decision = decide.decide_batch_norm(config)
+    decide.raise_if_strict(decision, strict, where)
+    run = (decision.fused, _implementation(decision), update, policy_id(policy.key) if decision.fused else 0,
+           conv_dtype)
+    return decision, config, run
+
+
+def _recordable(run: tuple, weight, bias, running_mean, num_batches_tracked, x) -> bool:
+    """Whether C++ can check and run a repeat of this call: ConvBatchNormCall hands the op the tensors as they are,
+    so the BatchNorm's scale, shift and running statistics must be float32 already."""
+    _, _, update, _, _ = run
+    affine_as_is = (weight is None and bias is None) or _float32_affine(weight, bias)
+    stats_as_is = running_mean.dtype == torch.float32 if update else num_batches_tracked is None
+    return x.is_cuda and affine_as_is and stats_as_is
+
+
+def _run_conv_batch_norm(run: tuple, x, conv, conv_weight, conv_bias, running_mean, running_var, num_batches_tracked,
+                         weight, bias, momentum, eps, activation, residual):
+    """The call as decided: the one op where fused (it casts the conv's operands under autocast itself, writes the
+    running statistics and counts the step in one launch), else the eager composition."""
+    fused, implementation, update, policy, conv_dtype = run
+    if not fused:
+        if num_batches_tracked is not None:
+            num_batches_tracked.add_(1)
+        return _eager_batch_norm_act(conv._conv_forward(x, conv_weight, conv_bias), running_mean, running_var, weight,
+                                     bias, True, momentum, eps, activation, residual)
+    global _conv_bn_op
+    if _conv_bn_op is None:
+        _conv_bn_op = torch.ops.cudnn_fusion.conv_batch_norm_act.default
+    stats = (running_mean, running_var) if update else (None, None)
+    if not update and num_batches_tracked is not None:
+        num_batches_tracked.add_(1)  # no running statistics for the op to write, so it counts nothing either
+        num_batches_tracked = None
+    if update and running_mean.dtype != torch.float32:  # the op updates float32 statistics: a copy, written back
+        stats = (running_mean.float(), running_var.float())
+    weight, bias = _affine_or_identity(weight, bias, conv.out_channels, x.device)
+    y = _conv_bn_op(x, conv_weight, conv_bias, conv.stride, conv.padding, conv.dilation, conv.groups, weight, bias,
+                    stats[0], stats[1], num_batches_tracked, residual, float(momentum), float(eps),
+                    int(Activation.from_name(activation)), implementation, conv_dtype, policy)[0]
+    if stats[0] is not running_mean:
+        with torch.no_grad():
+            running_mean.copy_(stats[0])
+            running_var.copy_(stats[1])
+    return y

@@ -1,0 +1,212 @@
+"""conv2d_bias_act: act(conv2d(x, weight) + bias + residual) as one cuDNN graph, or eager where it cannot be; the
+argument checks and the eager composition the BatchNorm functions share."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import torch
+import torch.nn.functional as F
+
+from ..policy import EnginePolicy, policy_id, resolve
+from . import decide
+from .decide import Decision
+from .layer_call import LayerCall
+from .library import conv_output_size
+
+_IntPair = Union[int, Sequence[int]]
+
+
+def int_pair(value: _IntPair, name: str, minimum: int) -> tuple[int, int]:
+    """(height, width) from an int or a pair, each at least `minimum` (checked here, before any C++ arithmetic: a
+    stride of 0 reached a division there and killed the process)."""
+    values = (value, value) if isinstance(value, int) else tuple(value)
+    if len(values) == 1:
+        values = (values[0], values[0])
+    if len(values) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise ValueError(f"{name} must be an int or a pair of ints (height, width), got {value!r}")
+    if min(values) < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    return values  # type: ignore[return-value]
+
+
+def conv_padding(padding: Union[str, _IntPair], kernel_size: Sequence[int], dilation: Sequence[int],
+                 stride: Sequence[int]) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(padding before, padding after) per spatial dim, as nn.Conv2d applies `padding`."""
+    if isinstance(padding, str):
+        if padding == "valid":
+            return (0, 0), (0, 0)
+        if padding != "same":
+            raise ValueError(f"padding must be 'same', 'valid', an int or a pair of ints, got {padding!r}")
+        if any(s != 1 for s in stride):
+            raise ValueError(f"padding='same' is not supported for strided convolutions (stride={tuple(stride)})")
+        total = [d * (k - 1) for d, k in zip(dilation, kernel_size)]
+        pre = tuple(t // 2 for t in total)
+        post = tuple(t - p for t, p in zip(total, pre))
+        return pre, post  # type: ignore[return-value]
+    pair = int_pair(padding, "padding", 0)
+    return pair, pair
+
+
+def _check_args(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], groups: int) -> None:
+    if not isinstance(x, torch.Tensor) or x.dim() != 4:
+        got = f"{x.dim()}-D tensor of shape {list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"x must be a 4-D tensor [N, C, H, W] (or 3-D [C, H, W]), got a {got}")
+    if weight.dim() != 4:
+        raise ValueError(f"weight must be a 4-D tensor [out_channels, in_channels / groups, kH, kW], got shape "
+                         f"{list(weight.shape)}")
+    if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
+        raise ValueError(f"groups must be an int >= 1, got {groups!r}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is None:
+            continue
+        if t.device != x.device:
+            raise ValueError(f"{name} must be on the same device as x ({x.device}), got {t.device}")
+        if t.dtype != x.dtype:
+            raise ValueError(f"{name} dtype must match x dtype ({x.dtype}), got {t.dtype}")
+    if x.shape[1] != weight.shape[1] * groups:
+        raise ValueError(f"x has {x.shape[1]} channels but weight of shape {list(weight.shape)} with groups={groups} "
+                         f"expects {weight.shape[1] * groups}")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"bias must have shape [{weight.shape[0]}] (out_channels), got {list(bias.shape)}")
+
+
+def _autocast(tensors: Sequence[Optional[torch.Tensor]], device_type: str) -> list[Optional[torch.Tensor]]:
+    """Under torch.autocast, the conv's operands in the autocast dtype, as F.conv2d casts them (the residual is not
+    one: eager adds it to the conv's output as it is)."""
+    if not torch.is_autocast_enabled(device_type):
+        return list(tensors)
+    dtype = torch.get_autocast_dtype(device_type)
+    return [t.to(dtype) if t is not None and t.is_floating_point() else t for t in tensors]
+
+
+def _eager(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, relu, padding_mode):
+    """The composition the fused graph stands for, as nn.Conv2d + add + ReLU compute it."""
+    if padding_mode != "zeros":
+        pads = (padding_pre[1], padding_post[1], padding_pre[0], padding_post[0])
+        x = F.pad(x, pads, mode=padding_mode)
+        y = F.conv2d(x, weight, bias, stride, 0, dilation, groups)
+    elif padding_pre == padding_post:
+        y = F.conv2d(x, weight, bias, stride, padding_pre, dilation, groups)
+    else:  # 'same' with an even kernel pads more after than before
+        x = F.pad(x, (padding_pre[1], padding_post[1], padding_pre[0], padding_post[0]))
+        y = F.conv2d(x, weight, bias, stride, 0, dilation, groups)
+    if residual is not None:
+        y = y + residual
+    return F.relu(y) if relu else y
+
+
+def odd_residual(residual: torch.Tensor, shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> str:
+    """Why the fused add cannot take `residual` for an output of this shape, dtype and device ('' when it can):
+    eager adds a residual that broadcasts, or has another dtype (promoting the sum), and so does the fallback."""
+    if list(residual.shape) != list(shape):
+        return (f"the residual's shape {list(residual.shape)} is not the output's {list(shape)}: eager broadcasts "
+                "it, so the layer runs eager")
+    if residual.dtype != dtype:
+        return (f"the residual is {residual.dtype} but the output is {dtype}: eager promotes the sum, so the "
+                "layer runs eager")
+    if residual.device != device:
+        return f"the residual is on {residual.device}, the output on {device}: eager decides what happens"
+    return ""
+
+
+def _signature(t: Optional[torch.Tensor]):
+    """What of a tensor the decision depends on (the 16-byte alignment included)."""
+    if t is None:
+        return None
+    return t.shape, t.stride(), t.dtype, t.device, t.requires_grad, t.data_ptr() % 16
+
+
+def tensor_signature(t: Optional[torch.Tensor]):
+    """What of a tensor a BatchNorm decision depends on (its layout through the strides; the op copies nothing it
+    hands cuDNN from the caller, so alignment does not matter)."""
+    if t is None:
+        return None
+    return t.shape, t.stride(), t.dtype, t.device, t.requires_grad
+
+
+def conv2d_bias_act(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    residual: Optional[torch.Tensor] = None,
+    stride: _IntPair = 1,
+    padding: Union[str, _IntPair] = 0,
+    dilation: _IntPair = 1,
+    groups: int = 1,
+    activation: Optional[str] = "relu",
+    *,
+    padding_mode: str = "zeros",
+    strict: Optional[bool] = None,
+    policy: Optional[EnginePolicy] = None,
+    call: Optional[LayerCall] = None,
+) -> torch.Tensor:
+    """activation(conv2d(x, weight, bias, ...) + residual), arguments as F.conv2d's.
+
+    activation: "relu", or None / "identity". Runs as one cuDNN graph when the configuration allows (see
+    torch_cudnn_fusion.ops.decide); otherwise as the eager composition. strict=True (or global strict mode) raises
+    FusionError instead of running eager. policy: the EnginePolicy that chooses the cuDNN plans (None: the global
+    one, see torch_cudnn_fusion.set_engine_policy). call: the LayerCall of the layer making the call (a module passes
+    its own), which keeps the decision and lets a repeated call skip it; None decides this call alone.
+    """
+    if isinstance(x, torch.Tensor) and x.dim() == 3:  # unbatched [C, H, W], as nn.Conv2d takes it
+        if residual is not None and residual.dim() == 3:
+            residual = residual.unsqueeze(0)
+        return conv2d_bias_act(x.unsqueeze(0), weight, bias, residual, stride, padding, dilation, groups, activation,
+                               padding_mode=padding_mode, strict=strict, policy=policy, call=call).squeeze(0)
+    device_type = x.device.type
+    policy = resolve(policy)
+    autocast = torch.is_autocast_enabled(device_type)
+    signature = None
+    if call is not None and not torch.compiler.is_compiling():
+        signature = (_signature(x), _signature(weight), _signature(bias), _signature(residual), stride, padding,
+                     dilation, groups, activation, padding_mode, strict, decide.is_strict(), torch.is_grad_enabled(),
+                     torch.backends.cudnn.allow_tf32, autocast and torch.get_autocast_dtype(device_type), policy,
+                     torch.are_deterministic_algorithms_enabled())
+        if call.signature == signature:
+            if autocast:
+                x, weight, bias = _autocast((x, weight, bias), device_type)
+            return _run(call.run, x, weight, bias, residual, padding_mode)
+
+    if activation not in ("relu", "identity", None):
+        raise ValueError(f"activation must be 'relu', 'identity' or None, got {activation!r}")
+    relu = activation == "relu"
+    if autocast:
+        x, weight, bias = _autocast((x, weight, bias), device_type)
+    _check_args(x, weight, bias, groups)
+    stride_ = int_pair(stride, "stride", 1)
+    dilation_ = int_pair(dilation, "dilation", 1)
+    padding_pre, padding_post = conv_padding(padding, weight.shape[2:], dilation_, stride_)
+    where = (f"the conv layer {x.shape[1]}->{weight.shape[0]} channels, kernel {weight.shape[2]}x{weight.shape[3]}, "
+             f"input {list(x.shape)}")
+    odd = ""
+    if residual is not None:  # eager broadcasts or promotes the sum: the layer does exactly that
+        expected = conv_output_size(x.shape, weight.shape, stride_, padding_pre, padding_post, dilation_)
+        odd = odd_residual(residual, expected, x.dtype, x.device)
+    config = None
+    if odd:
+        decision = Decision.eager(odd)
+    else:
+        config = decide.conv_config(x, weight, bias, residual, stride_, padding_pre, padding_post, dilation_, groups,
+                                    relu, padding_mode, policy.key)
+        decision = decide.decide_conv(config)
+    decide.raise_if_strict(decision, strict, where)
+    run = (decision.fused, list(stride_), list(padding_pre), list(padding_post), list(dilation_), groups, relu,
+           policy_id(policy.key) if decision.fused else 0)
+    if call is not None:
+        call.remember(decision, config, signature if not odd else None, run)
+    return _run(run, x, weight, bias, residual, padding_mode)
+
+
+_fused_op = None  # torch.ops.cudnn_fusion.conv_bias_act.default, looked up once
+
+
+def _run(run: tuple, x, weight, bias, residual, padding_mode):
+    """The call as decided: run = (fused, stride, padding_pre, padding_post, dilation, groups, relu, policy id)."""
+    global _fused_op
+    if run[0]:
+        if _fused_op is None:
+            _fused_op = torch.ops.cudnn_fusion.conv_bias_act.default
+        return _fused_op(x, weight, bias, residual, *run[1:])
+    _, stride, padding_pre, padding_post, dilation, groups, relu, _ = run
+    return _eager(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, relu, padding_mode)
