@@ -129,15 +129,16 @@ def batch_norm_act(
     config = decide.batch_norm_config_of(x, update, residual, act, eps, weight, policy.key)
     decision = decide.decide_batch_norm(config)
     decide.raise_if_strict(decision, strict, _where(x.shape[1] if x.dim() > 1 else "?", x.shape))
-    run = (decision.fused, _implementation(decision), update, policy_id(policy.key) if decision.fused else 0)
+    run = (decision.fused, _implementation(decision), update, policy_id(policy.key) if decision.fused else 0, int(act))
     if call is not None:
         call.remember(decision, config, signature, run)
     return _run_batch_norm(run, x, running_mean, running_var, weight, bias, momentum, eps, activation, residual)
 
 
 def _run_batch_norm(run: tuple, x, running_mean, running_var, weight, bias, momentum, eps, activation, residual):
-    """Batch-statistics BatchNorm (+ residual) (+ activation) as decided: (fused, implementation, update, policy id)."""
-    fused, implementation, update, policy = run
+    """Batch-statistics BatchNorm (+ residual) (+ activation) as decided: (fused, implementation, update, policy id,
+    activation code)."""
+    fused, implementation, update, policy, activation_code = run
     if not fused:
         return _eager_batch_norm_act(x, running_mean, running_var, weight, bias, True, momentum, eps, activation,
                                      residual)
@@ -151,7 +152,7 @@ def _run_batch_norm(run: tuple, x, running_mean, running_var, weight, bias, mome
         if running_mean.dtype != torch.float32:
             stats_in = (running_mean.float(), running_var.float())
     y, _, _, new_mean, new_var, _ = _bn_op(x, scale, shift, stats_in[0], stats_in[1], residual, float(momentum),
-                                           float(eps), int(Activation.from_name(activation)), implementation, policy)
+                                           float(eps), activation_code, implementation, policy)
     if update:
         with torch.no_grad():
             running_mean.copy_(new_mean)
@@ -226,7 +227,7 @@ def conv2d_batch_norm_act(
         recorded = _extension.require().ConvBatchNormCall(
             x, conv_weight, conv_bias, weight, bias, running_mean if run[2] else None,
             running_var if run[2] else None, num_batches_tracked, residual, list(conv.stride), list(conv.padding),
-            list(conv.dilation), conv.groups, float(eps), int(Activation.from_name(activation)), run[1], run[3])
+            list(conv.dilation), conv.groups, float(eps), run[5], run[1], run[3])
     if call is not None:
         call.remember(decision, config, signature, run, recorded)
     return _run_conv_batch_norm(run, x, conv, conv_weight, conv_bias, running_mean, running_var, num_batches_tracked,
@@ -237,7 +238,8 @@ def _decide_conv_batch_norm(x, conv, conv_weight, conv_bias, running_mean, weigh
                             strict, policy) -> tuple:
     """(decision, config, run) for a training conv + BatchNorm call, from x and the layer: the conv's output size,
     dtype (autocast's, where on) and layout (channels_last when x or the weight is, as PyTorch's cuDNN conv) are
-    known before it runs. run = (fused, implementation, update running statistics, policy id, conv dtype)."""
+    known before it runs. run = (fused, implementation, update running statistics, policy id, conv dtype, activation
+    code)."""
     act = _check_activation(activation)
     if not isinstance(x, torch.Tensor) or x.dim() != 4:
         raise ValueError(f"expected 4D input (got {x.dim() if isinstance(x, torch.Tensor) else type(x).__name__}D "
@@ -262,14 +264,14 @@ def _decide_conv_batch_norm(x, conv, conv_weight, conv_bias, running_mean, weigh
         decision = decide.decide_batch_norm(config)
     decide.raise_if_strict(decision, strict, where)
     run = (decision.fused, _implementation(decision), update, policy_id(policy.key) if decision.fused else 0,
-           conv_dtype)
+           conv_dtype, int(act))
     return decision, config, run
 
 
 def _recordable(run: tuple, weight, bias, running_mean, num_batches_tracked, x) -> bool:
     """Whether C++ can check and run a repeat of this call: ConvBatchNormCall hands the op the tensors as they are,
     so the BatchNorm's scale, shift and running statistics must be float32 already."""
-    _, _, update, _, _ = run
+    update = run[2]
     affine_as_is = (weight is None and bias is None) or _float32_affine(weight, bias)
     stats_as_is = running_mean.dtype == torch.float32 if update else num_batches_tracked is None
     return x.is_cuda and affine_as_is and stats_as_is
@@ -279,7 +281,7 @@ def _run_conv_batch_norm(run: tuple, x, conv, conv_weight, conv_bias, running_me
                          weight, bias, momentum, eps, activation, residual):
     """The call as decided: the one op where fused (it casts the conv's operands under autocast itself, writes the
     running statistics and counts the step in one launch), else the eager composition."""
-    fused, implementation, update, policy, conv_dtype = run
+    fused, implementation, update, policy, conv_dtype, activation_code = run
     if not fused:
         if num_batches_tracked is not None:
             num_batches_tracked.add_(1)
@@ -297,7 +299,7 @@ def _run_conv_batch_norm(run: tuple, x, conv, conv_weight, conv_bias, running_me
     weight, bias = _affine_or_identity(weight, bias, conv.out_channels, x.device)
     y = _conv_bn_op(x, conv_weight, conv_bias, conv.stride, conv.padding, conv.dilation, conv.groups, weight, bias,
                     stats[0], stats[1], num_batches_tracked, residual, float(momentum), float(eps),
-                    int(Activation.from_name(activation)), implementation, conv_dtype, policy)[0]
+                    activation_code, implementation, conv_dtype, policy)[0]
     if stats[0] is not running_mean:
         with torch.no_grad():
             running_mean.copy_(stats[0])

@@ -191,8 +191,8 @@ def conv2d_bias_act(
                                     relu, padding_mode, policy.key)
         decision = decide.decide_conv(config)
     decide.raise_if_strict(decision, strict, where)
-    run = (decision.fused, list(stride_), list(padding_pre), list(padding_post), list(dilation_), groups, relu,
-           policy_id(policy.key) if decision.fused else 0)
+    run = (decision.fused, (list(stride_), list(padding_pre), list(padding_post), list(dilation_), groups, relu,
+                            policy_id(policy.key) if decision.fused else 0))
     if call is not None:
         call.remember(decision, config, signature if not odd else None, run)
     return _run(run, x, weight, bias, residual, padding_mode)
@@ -202,11 +202,12 @@ _fused_op = None  # torch.ops.cudnn_fusion.conv_bias_act.default, looked up once
 
 
 def _run(run: tuple, x, weight, bias, residual, padding_mode):
-    """The call as decided: run = (fused, stride, padding_pre, padding_post, dilation, groups, relu, policy id)."""
+    """The call as decided: run = (fused, (stride, padding_pre, padding_post, dilation, groups, relu, policy id))."""
     global _fused_op
-    if run[0]:
+    fused, args = run
+    if fused:
         if _fused_op is None:
             _fused_op = torch.ops.cudnn_fusion.conv_bias_act.default
-        return _fused_op(x, weight, bias, residual, *run[1:])
-    _, stride, padding_pre, padding_post, dilation, groups, relu, _ = run
+        return _fused_op(x, weight, bias, residual, *args)
+    stride, padding_pre, padding_post, dilation, groups, relu, _ = args
     return _eager(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, relu, padding_mode)
