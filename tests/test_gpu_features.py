@@ -314,8 +314,8 @@ def _rss_mb() -> float:
 
 def test_many_input_shapes_keep_host_memory_bounded(extension):
     """600 shapes through one layer grew the process by 38 MB. Here: 150 shapes (each builds new plans), the plan
-    cache capped at 16; from shape 50 on, Python's allocations may grow by the bounded decision caches only (about
-    1 KB a shape, at most 4096 entries) and the process by little (benchmarks/host_memory.py measures it)."""
+    cache capped at 16; from shape 50 on, Python's allocations may grow by little (the layer keeps only its last
+    decision) and the process by little (benchmarks/host_memory.py measures it)."""
     capacity = tcf.plan_cache_stats()["capacity"]
     tcf.set_plan_cache_capacity(16)
     try:

@@ -14,8 +14,8 @@ namespace tcf {
 
 namespace {
 
-// Under torch.backends.cudnn.benchmark, the heuristic's first candidates timed (autotune times them all): the best
-// plan was among the first few in the layers measured, and timing all of them costs seconds per layer.
+// Under torch.backends.cudnn.benchmark, only the heuristic's first candidates are timed (it ranks them), which bounds
+// the cost of a layer's first run; timing every candidate is what the autotune policy is for.
 constexpr int64_t kPlansToTune = 8;
 
 }  // namespace
