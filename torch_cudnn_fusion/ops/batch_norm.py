@@ -54,12 +54,20 @@ def _float32_affine(weight, bias) -> bool:
             and weight.is_contiguous() and bias.is_contiguous())
 
 
-def _affine_or_identity(weight, bias, channels: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 scale and shift for the op: the module's (cast when they are not float32), or 1 and 0 (affine=False)."""
+def _identity_affine(weight, bias, channels: int, device) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """1 and 0 per channel where the BatchNorm has no scale or shift (affine=False), made once per decision and
+    kept with the recorded run, so a repeated call allocates nothing; None where it has both."""
+    if weight is not None and bias is not None:
+        return None
+    return torch.ones(channels, device=device), torch.zeros(channels, device=device)
+
+
+def _affine_or_identity(weight, bias, identity) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 scale and shift for the op: the module's (cast when they are not float32), or `identity`'s 1 and 0."""
     if _float32_affine(weight, bias):
         return weight, bias
-    weight = torch.ones(channels, device=device) if weight is None else weight
-    bias = torch.zeros(channels, device=device) if bias is None else bias
+    weight = identity[0] if weight is None else weight
+    bias = identity[1] if bias is None else bias
     return weight.float().contiguous(), bias.float().contiguous()
 
 
@@ -129,7 +137,9 @@ def batch_norm_act(
     config = decide.batch_norm_config_of(x, update, residual, act, eps, weight, policy.key)
     decision = decide.decide_batch_norm(config)
     decide.raise_if_strict(decision, strict, _where(x.shape[1] if x.dim() > 1 else "?", x.shape))
-    run = (decision.fused, _implementation(decision), update, policy_id(policy.key) if decision.fused else 0, int(act))
+    identity = _identity_affine(weight, bias, x.shape[1], x.device) if decision.fused else None
+    run = (decision.fused, _implementation(decision), update, policy_id(policy.key) if decision.fused else 0, int(act),
+           identity)
     if call is not None:
         call.remember(decision, config, signature, run)
     return _run_batch_norm(run, x, running_mean, running_var, weight, bias, momentum, eps, activation, residual)
@@ -137,15 +147,15 @@ def batch_norm_act(
 
 def _run_batch_norm(run: tuple, x, running_mean, running_var, weight, bias, momentum, eps, activation, residual):
     """Batch-statistics BatchNorm (+ residual) (+ activation) as decided: (fused, implementation, update, policy id,
-    activation code)."""
-    fused, implementation, update, policy, activation_code = run
+    activation code, identity scale and shift or None)."""
+    fused, implementation, update, policy, activation_code, identity = run
     if not fused:
         return _eager_batch_norm_act(x, running_mean, running_var, weight, bias, True, momentum, eps, activation,
                                      residual)
     global _bn_op
     if _bn_op is None:
         _bn_op = torch.ops.cudnn_fusion.batch_norm_act.default
-    scale, shift = _affine_or_identity(weight, bias, x.shape[1], x.device)
+    scale, shift = _affine_or_identity(weight, bias, identity)
     stats_in = (None, None)
     if update:
         stats_in = (running_mean, running_var)
@@ -239,7 +249,7 @@ def _decide_conv_batch_norm(x, conv, conv_weight, conv_bias, running_mean, weigh
     """(decision, config, run) for a training conv + BatchNorm call, from x and the layer: the conv's output size,
     dtype (autocast's, where on) and layout (channels_last when x or the weight is, as PyTorch's cuDNN conv) are
     known before it runs. run = (fused, implementation, update running statistics, policy id, conv dtype, activation
-    code)."""
+    code, identity scale and shift or None)."""
     act = _check_activation(activation)
     if not isinstance(x, torch.Tensor) or x.dim() != 4:
         raise ValueError(f"expected 4D input (got {x.dim() if isinstance(x, torch.Tensor) else type(x).__name__}D "
@@ -263,8 +273,9 @@ def _decide_conv_batch_norm(x, conv, conv_weight, conv_bias, running_mean, weigh
                                           eps, needs_grad, policy.key)
         decision = decide.decide_batch_norm(config)
     decide.raise_if_strict(decision, strict, where)
+    identity = _identity_affine(weight, bias, conv_weight.shape[0], x.device) if decision.fused else None
     run = (decision.fused, _implementation(decision), update, policy_id(policy.key) if decision.fused else 0,
-           conv_dtype, int(act))
+           conv_dtype, int(act), identity)
     return decision, config, run
 
 
@@ -281,7 +292,7 @@ def _run_conv_batch_norm(run: tuple, x, conv, conv_weight, conv_bias, running_me
                          weight, bias, momentum, eps, activation, residual):
     """The call as decided: the one op where fused (it casts the conv's operands under autocast itself, writes the
     running statistics and counts the step in one launch), else the eager composition."""
-    fused, implementation, update, policy, conv_dtype, activation_code = run
+    fused, implementation, update, policy, conv_dtype, activation_code, identity = run
     if not fused:
         if num_batches_tracked is not None:
             num_batches_tracked.add_(1)
@@ -296,7 +307,7 @@ def _run_conv_batch_norm(run: tuple, x, conv, conv_weight, conv_bias, running_me
         num_batches_tracked = None
     if update and running_mean.dtype != torch.float32:  # the op updates float32 statistics: a copy, written back
         stats = (running_mean.float(), running_var.float())
-    weight, bias = _affine_or_identity(weight, bias, conv.out_channels, x.device)
+    weight, bias = _affine_or_identity(weight, bias, identity)
     y = _conv_bn_op(x, conv_weight, conv_bias, conv.stride, conv.padding, conv.dilation, conv.groups, weight, bias,
                     stats[0], stats[1], num_batches_tracked, residual, float(momentum), float(eps),
                     activation_code, implementation, conv_dtype, policy)[0]
