@@ -230,10 +230,11 @@ def conv2d_batch_norm_act(
             return _run_conv_batch_norm(call.run, x, conv, conv_weight, conv_bias, running_mean, running_var,
                                         num_batches_tracked, weight, bias, momentum, eps, activation, residual)
 
-    decision, config, run = _decide_conv_batch_norm(x, conv, conv_weight, conv_bias, running_mean, weight, eps,
+    decision, config, run = _decide_conv_batch_norm(x, conv, conv_weight, conv_bias, running_mean, weight, bias, eps,
                                                     activation, residual, strict, policy)
     recorded = None
-    if signature is not None and decision.fused and _recordable(run, weight, bias, running_mean, num_batches_tracked, x):
+    if (signature is not None and decision.fused
+            and _recordable(run, weight, bias, running_mean, num_batches_tracked, x)):
         recorded = _extension.require().ConvBatchNormCall(
             x, conv_weight, conv_bias, weight, bias, running_mean if run[2] else None,
             running_var if run[2] else None, num_batches_tracked, residual, list(conv.stride), list(conv.padding),
@@ -244,7 +245,7 @@ def conv2d_batch_norm_act(
                                 weight, bias, momentum, eps, activation, residual)
 
 
-def _decide_conv_batch_norm(x, conv, conv_weight, conv_bias, running_mean, weight, eps, activation, residual,
+def _decide_conv_batch_norm(x, conv, conv_weight, conv_bias, running_mean, weight, bias, eps, activation, residual,
                             strict, policy) -> tuple:
     """(decision, config, run) for a training conv + BatchNorm call, from x and the layer: the conv's output size,
     dtype (autocast's, where on) and layout (channels_last when x or the weight is, as PyTorch's cuDNN conv) are
