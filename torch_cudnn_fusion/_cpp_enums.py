@@ -11,7 +11,7 @@ import enum
 
 
 class Activation(enum.IntEnum):
-    """The activation argument of the BatchNorm ops (csrc/ops/bn_ops.h)."""
+    """The activation argument of the BatchNorm ops (csrc/core/graph_key.h)."""
 
     IDENTITY = 0
     RELU = 1
@@ -36,7 +36,7 @@ class BatchNormImplementation(enum.IntEnum):
 
 
 class PolicyMode(enum.IntEnum):
-    """How an engine policy chooses plans (csrc/core/plan_cache.h)."""
+    """How an engine policy chooses plans (csrc/core/graph_key.h)."""
 
     HEURISTIC = 0
     AUTOTUNE = 1
@@ -44,7 +44,7 @@ class PolicyMode(enum.IntEnum):
 
 
 class Graph(enum.IntEnum):
-    """The graphs a layer's plans are built for (csrc/core/plan_cache.h, GraphKind)."""
+    """The graphs a layer's plans are built for (csrc/core/graph_key.h, GraphKind)."""
 
     FORWARD = 0
     RELU_BIAS_BACKWARD = 1

@@ -20,8 +20,6 @@ import os
 from dataclasses import dataclass, field
 from typing import Iterator, Mapping, Optional, Union
 
-import torch
-
 from . import _extension
 from ._compile import constant_under_compile
 from ._cpp_enums import Graph, PolicyMode
@@ -128,6 +126,23 @@ def resolve(policy: Optional[EnginePolicy]) -> EnginePolicy:
     """A layer's own policy, or the global one."""
     return _global_policy if policy is None else policy
 
+
+# Tuning under torch.backends.cudnn.benchmark, for every policy (part of every plan's key):
+# - a plan's first run times the heuristic's first BENCHMARK_CANDIDATES candidates. The heuristic ranks them, and its
+#   first choice measured up to 1.7x slower than another of its top 8 on H200; taking the first few bounds the cost of
+#   a layer's first run. Timing every candidate is what the autotune policy is for.
+# - the graphs in ATEN_TIMED_UNDER_BENCHMARK are timed against their ATen composition too, not only under autotune:
+#   on H200 the BatchNorm backward graph took about 0.8 ms at 7x7 and 14x14 feature maps (batch 256) where ATen's
+#   kernel took far less, and was faster at 56x56 and above.
+BENCHMARK_CANDIDATES = 8
+ATEN_TIMED_UNDER_BENCHMARK = (Graph.BATCHNORM_BACKWARD,)
+
+
+def _set_benchmark_tuning() -> None:
+    _extension.require().set_benchmark_tuning(BENCHMARK_CANDIDATES, [int(graph) for graph in ATEN_TIMED_UNDER_BENCHMARK])
+
+
+_extension.call_when_loaded(_set_benchmark_tuning)
 
 _ids: dict[tuple, int] = {HEURISTIC.key: 0}
 

@@ -1,5 +1,6 @@
 #include "core/engine_policy.h"
 
+#include <atomic>
 #include <mutex>
 #include <vector>
 
@@ -20,7 +21,18 @@ bool same(const RegisteredPolicy& a, const RegisteredPolicy& b) {
          a.pinned == b.pinned;
 }
 
+std::atomic<int64_t> benchmark_candidates{1};
+std::atomic<uint32_t> aten_timed_kinds{0};  // bit k: GraphKind k
+
 }  // namespace
+
+void set_benchmark_tuning(int64_t candidates, const std::vector<GraphKind>& aten_timed) {
+  TORCH_CHECK_VALUE(candidates >= 1, "cudnn_fusion: benchmark candidates must be >= 1, got ", candidates);
+  uint32_t kinds = 0;
+  for (auto kind : aten_timed) kinds |= 1u << static_cast<int>(kind);
+  benchmark_candidates.store(candidates);
+  aten_timed_kinds.store(kinds);
+}
 
 const char* graph_short_name(GraphKind kind) {
   switch (kind) {
@@ -72,6 +84,8 @@ EnginePolicy policy_for(int64_t id, GraphKind kind) {
     }
   }
   if (at::globalContext().deterministicAlgorithms()) out.deterministic = true;
+  out.benchmark_candidates = benchmark_candidates.load(std::memory_order_relaxed);
+  out.aten_under_benchmark = (aten_timed_kinds.load(std::memory_order_relaxed) >> static_cast<int>(kind)) & 1u;
   return out;
 }
 

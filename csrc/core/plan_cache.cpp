@@ -4,60 +4,6 @@
 
 namespace tcf {
 
-const char* graph_kind_name(GraphKind kind) {
-  switch (kind) {
-    case GraphKind::kConvBiasAct:
-      return "conv_bias_act forward";
-    case GraphKind::kReluBiasBackward:
-      return "relu_bias backward";
-    case GraphKind::kConvDgrad:
-      return "conv dgrad";
-    case GraphKind::kConvWgrad:
-      return "conv wgrad";
-    case GraphKind::kBatchNormForward:
-      return "batchnorm forward";
-    case GraphKind::kBatchNormBackward:
-      return "batchnorm backward";
-  }
-  return "unknown graph";
-}
-
-namespace {
-
-inline void hash_combine(size_t& seed, int64_t value) {
-  seed ^= std::hash<int64_t>{}(value) + 0x9e3779b97f4a7c15ULL + (seed << 6) + (seed >> 2);
-}
-
-template <typename T, size_t N>
-inline void hash_combine(size_t& seed, const std::array<T, N>& values) {
-  for (const auto& v : values) hash_combine(seed, static_cast<int64_t>(v));
-}
-
-}  // namespace
-
-size_t GraphKeyHash::operator()(const GraphKey& k) const {
-  size_t seed = 0;
-  hash_combine(seed, static_cast<int64_t>(k.kind));
-  hash_combine(seed, k.device);
-  hash_combine(seed, k.cc_major * 16 + k.cc_minor);
-  hash_combine(seed, k.cudnn_version);
-  hash_combine(seed, k.dtype);
-  hash_combine(seed, (k.relu6 << 7) | (k.running_stats << 6) | (k.channels_last << 5) | (k.has_bias << 4) | (k.has_residual << 3) | (k.relu << 2) |
-                         (k.allow_tf32 << 1));
-  hash_combine(seed, k.x_size);
-  hash_combine(seed, k.w_size);
-  hash_combine(seed, k.stride);
-  hash_combine(seed, k.pad_pre);
-  hash_combine(seed, k.pad_post);
-  hash_combine(seed, k.dilation);
-  hash_combine(seed, k.groups);
-  hash_combine(seed, k.alignment);
-  hash_combine(seed, (static_cast<int64_t>(k.policy.mode) << 1) | k.policy.deterministic);
-  hash_combine(seed, k.policy.workspace_limit);
-  hash_combine(seed, static_cast<int64_t>(std::hash<std::string>{}(k.policy.pinned)));
-  return seed;
-}
-
 PlanCache& PlanCache::instance() {
   // Leaked on purpose: plans hold cuDNN descriptors that must not be destroyed after cuDNN unloads at exit.
   static PlanCache* cache = new PlanCache();

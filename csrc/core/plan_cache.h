@@ -10,9 +10,10 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <tuple>
 #include <unordered_map>
 #include <vector>
+
+#include "core/graph_key.h"
 
 // Declared only: the frontend's headers cost about 27 s of compile time per file that includes them, so only the
 // files that build, run or serialize graphs do (through graph_builder.h).
@@ -23,74 +24,6 @@ class Graph;
 namespace tcf {
 
 namespace fe = cudnn_frontend;
-
-// Which graph a key describes. Each kind is built by one function (see conv_graphs.cpp).
-enum class GraphKind : int8_t {
-  kConvBiasAct = 0,      // conv_fprop -> (+ bias) -> (+ residual) -> (ReLU)
-  kReluBiasBackward = 1, // dz = relu_backward(dy, y); dbias = sum(dz) over N, H, W
-  kConvDgrad = 2,        // dx = conv_dgrad(dz, w)
-  kConvWgrad = 3,        // dw = conv_wgrad(dz, x)
-  kBatchNormForward = 4, // batchnorm (batch statistics, running statistics update) -> (+ residual) -> (ReLU / ReLU6)
-  kBatchNormBackward = 5,  // dx, dscale, dbias = batchnorm_backward(dy, x, scale, saved mean and inverse std)
-};
-
-const char* graph_kind_name(GraphKind kind);
-
-// How a plan is chosen among the candidates cuDNN's heuristics offer (torch_cudnn_fusion.EnginePolicy).
-enum class PolicyMode : int8_t {
-  kHeuristic = 0,  // the heuristic's first buildable candidate (with torch.backends.cudnn.benchmark: the fastest of
-                   // its first few, timed once)
-  kAutotune = 1,   // every candidate timed once, and the ATen composition with them: the fastest runs
-  kPinned = 2,     // the candidate the user named; an unknown name is an error listing the valid ones
-};
-
-// The engine policy for one graph of a layer: part of the plan cache key, since it changes the plan.
-struct EnginePolicy {
-  PolicyMode mode = PolicyMode::kHeuristic;
-  bool deterministic = false;    // only engines without cuDNN's NONDETERMINISTIC note
-  int64_t workspace_limit = -1;  // bytes; negative: no limit
-  std::string pinned;            // kPinned: cuDNN's plan name ("eng4_k2=1...") or "#<index>" in the heuristic's list
-
-  auto tie() const { return std::tie(mode, deterministic, workspace_limit, pinned); }
-  bool operator==(const EnginePolicy& other) const { return tie() == other.tie(); }
-};
-
-// Every field that can change the plan, and nothing else (no data pointers: only their alignment).
-struct GraphKey {
-  GraphKind kind = GraphKind::kConvBiasAct;
-  int8_t device = 0;
-  int8_t cc_major = 0;
-  int8_t cc_minor = 0;
-  int64_t cudnn_version = 0;
-  int8_t dtype = 0;                 // at::ScalarType of every operand
-  bool channels_last = true;        // NHWC when true, NCHW otherwise
-  std::array<int64_t, 4> x_size{};  // N, C, H, W of the conv input
-  std::array<int64_t, 4> w_size{};  // K, C / groups, R, S
-  std::array<int64_t, 2> stride{};
-  std::array<int64_t, 2> pad_pre{};
-  std::array<int64_t, 2> pad_post{};
-  std::array<int64_t, 2> dilation{};
-  int64_t groups = 1;
-  bool has_bias = false;
-  bool has_residual = false;
-  bool relu = false;
-  bool relu6 = false;               // ReLU clipped at 6 (batchnorm forward only)
-  bool running_stats = false;       // batchnorm forward updates running mean and variance
-  bool allow_tf32 = false;          // matters for float32 only; kept false otherwise
-  std::array<int8_t, 5> alignment{};  // bytes (1..16) of each operand's data pointer, per kind's order
-  EnginePolicy policy;
-
-  auto tie() const {
-    return std::tie(kind, device, cc_major, cc_minor, cudnn_version, dtype, channels_last, x_size, w_size,
-                    stride, pad_pre, pad_post, dilation, groups, has_bias, has_residual, relu, relu6, running_stats,
-                    allow_tf32, alignment, policy);
-  }
-  bool operator==(const GraphKey& other) const { return tie() == other.tie(); }
-};
-
-struct GraphKeyHash {
-  size_t operator()(const GraphKey& key) const;
-};
 
 // A built graph ready to execute, or the reason cuDNN refused to build it.
 struct CachedPlan {

@@ -35,19 +35,54 @@ std::vector<std::string> conv_layer_verdict(at::ScalarType dtype, int64_t in_cha
   return unmet;
 }
 
+namespace {
+
+std::ostream& operator<<(std::ostream& out, const std::array<int64_t, 4>& size) {
+  return out << "[" << size[0] << ", " << size[1] << ", " << size[2] << ", " << size[3] << "]";
+}
+
+// The shape's part of describe_problem, one overload per family.
+void describe_shape(std::ostream& out, const ConvShape& s) {
+  out << "x " << s.x_size << ", w " << s.w_size << ", groups " << s.groups;
+}
+void describe_shape(std::ostream& out, const ReluBiasShape& s) { out << "y " << s.y_size; }
+void describe_shape(std::ostream& out, const BatchNormShape& s) { out << "x " << s.x_size; }
+
+// Input channels per group and output channels per group of the graph's main operation.
+std::array<int64_t, 2> channels_per_group(const GraphKey& key) {
+  if (const auto* conv = std::get_if<ConvShape>(&key.shape)) {
+    return {conv->w_size[1], conv->w_size[0] / conv->groups};
+  }
+  if (const auto* relu_bias = std::get_if<ReluBiasShape>(&key.shape)) {
+    return {relu_bias->y_size[1], relu_bias->y_size[1]};
+  }
+  const auto& batch_norm = key.batch_norm();
+  return {batch_norm.x_size[1], batch_norm.x_size[1]};
+}
+
+}  // namespace
+
+std::vector<std::string> batch_norm_layer_verdict(const std::vector<int64_t>& x_size, bool channels_last) {
+  if (x_size.size() != 4) {
+    return {"x is " + std::to_string(x_size.size()) + "-D: the fused BatchNorm takes 4-D [N, C, H, W] input"};
+  }
+  std::vector<std::string> unmet;
+  if (!channels_last) {
+    unmet.push_back("x is not channels_last: cuDNN's fused BatchNorm kernels are NHWC (use "
+                    "x.to(memory_format=torch.channels_last))");
+  }
+  bool known = x_size[0] >= 0 && x_size[2] >= 0 && x_size[3] >= 0;
+  if (known && x_size[0] * x_size[2] * x_size[3] <= 1) {
+    unmet.push_back("one value per channel: batch statistics are undefined (eager raises the error)");
+  }
+  return unmet;
+}
+
 std::string describe_problem(const GraphKey& key) {
   std::ostringstream out;
-  if (key.kind == GraphKind::kBatchNormForward || key.kind == GraphKind::kBatchNormBackward) {
-    out << "x [" << key.x_size[0] << ", " << key.x_size[1] << ", " << key.x_size[2] << ", " << key.x_size[3] << "], "
-        << static_cast<at::ScalarType>(key.dtype) << ", " << (key.channels_last ? "NHWC" : "NCHW") << ", sm_"
-        << int(key.cc_major) << int(key.cc_minor) << ", cuDNN " << key.cudnn_version;
-    return out.str();
-  }
-  out << "x [" << key.x_size[0] << ", " << key.x_size[1] << ", " << key.x_size[2] << ", " << key.x_size[3]
-      << "], w [" << key.w_size[0] << ", " << key.w_size[1] << ", " << key.w_size[2] << ", " << key.w_size[3]
-      << "], " << static_cast<at::ScalarType>(key.dtype) << ", " << (key.channels_last ? "NHWC" : "NCHW")
-      << ", groups " << key.groups << ", sm_" << int(key.cc_major) << int(key.cc_minor) << ", cuDNN "
-      << key.cudnn_version;
+  std::visit([&out](const auto& shape) { describe_shape(out, shape); }, key.shape);
+  out << ", " << static_cast<at::ScalarType>(key.dtype) << ", " << (key.channels_last ? "NHWC" : "NCHW") << ", sm_"
+      << int(key.cc_major) << int(key.cc_minor) << ", cuDNN " << key.cudnn_version;
   return out.str();
 }
 
@@ -60,9 +95,7 @@ std::vector<std::string> unmet_requirements(const GraphKey& key) {
     unmet.push_back("layout: tensors are NCHW; the fused engines want channels_last (NHWC)");
   }
   int64_t multiple = channel_multiple(dtype);
-  // The relu backward graph has no input channels of its own (its key describes a 1x1 conv K -> K).
-  int64_t c_per_group = key.kind == GraphKind::kReluBiasBackward ? key.w_size[0] : key.w_size[1];
-  int64_t k_per_group = key.w_size[0] / key.groups;
+  auto [c_per_group, k_per_group] = channels_per_group(key);
   if (c_per_group % multiple != 0 || k_per_group % multiple != 0) {
     std::ostringstream msg;
     msg << "channel alignment: input channels per group (" << c_per_group << ") and output channels per group ("
@@ -85,11 +118,11 @@ std::vector<std::string> unmet_requirements(const GraphKey& key) {
         << "0, the oldest GPU with fused engines for " << dtype;
     unmet.push_back(msg.str());
   }
-  bool batch_norm = key.kind == GraphKind::kBatchNormForward || key.kind == GraphKind::kBatchNormBackward;
-  if (dtype == at::kFloat && !key.allow_tf32 && !batch_norm) {
+  const auto* conv = std::get_if<ConvShape>(&key.shape);
+  if (dtype == at::kFloat && !key.allow_tf32 && !std::holds_alternative<BatchNormShape>(key.shape)) {
     unmet.push_back("math: float32 with torch.backends.cudnn.allow_tf32=False excludes every tensor-core engine");
   }
-  if (key.groups > 1) unmet.push_back("groups: grouped convolutions have few fused engines");
+  if (conv != nullptr && conv->groups > 1) unmet.push_back("groups: grouped convolutions have few fused engines");
   if (key.policy.deterministic) {
     unmet.push_back("policy: deterministic (or torch.use_deterministic_algorithms) excludes every engine with "
                     "cuDNN's NONDETERMINISTIC note");

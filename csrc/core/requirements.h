@@ -22,6 +22,12 @@ std::vector<std::string> conv_layer_verdict(at::ScalarType dtype, int64_t in_cha
                                             int64_t groups, bool autotune);
 constexpr int64_t kStemChannels = 4;
 
+// The unmet requirements of a BatchNorm layer in training (empty: it may be fused; cuDNN then decides): 4-D input,
+// channels_last (cuDNN's BatchNorm kernels are NHWC), and more than one value per channel (batch statistics are
+// undefined otherwise). A negative size is one not known yet (traced by torch.compile): its check is left to the
+// run.
+std::vector<std::string> batch_norm_layer_verdict(const std::vector<int64_t>& x_size, bool channels_last);
+
 // The channel multiple cuDNN's fused engines want for `dtype` (4 for float32, 8 for float16 and bfloat16).
 int64_t channel_multiple(at::ScalarType dtype);
 

@@ -7,7 +7,7 @@ namespace tcf {
 namespace {
 
 // Per-channel tensors (scale, shift, statistics): float32 [1, C, 1, 1].
-std::array<int64_t, 4> per_channel(const GraphKey& key) { return {1, key.x_size[1], 1, 1}; }
+std::array<int64_t, 4> per_channel(const GraphKey& key) { return {1, key.batch_norm().x_size[1], 1, 1}; }
 
 TensorPtr add_per_channel(fe::graph::Graph& graph, const char* name, int64_t uid, const GraphKey& key) {
   return add_tensor(graph, name, uid, per_channel(key), true, fe::DataType_t::FLOAT);
@@ -31,32 +31,26 @@ TensorPtr add_scalar(fe::graph::Graph& graph, const char* name, int64_t uid) {
 }  // namespace
 
 GraphKey make_batch_norm_key(GraphKind kind, const BatchNormProblem& p, const std::array<int8_t, 3>& alignment) {
-  ConvProblem shape;  // the shared key fields; a batchnorm reads C channels and writes C channels
-  shape.dtype = p.dtype;
-  shape.channels_last = p.channels_last;
-  shape.device = p.device;
-  shape.x_size = p.x_size;
-  shape.w_size = {p.x_size[1], p.x_size[1], 1, 1};
-  shape.policy = p.policy;
-  auto key = make_graph_key(kind, shape, {alignment[0], alignment[1], alignment[2], 0, 0});
-  key.allow_tf32 = false;  // no tensor-core math in a batchnorm
-  if (kind == GraphKind::kBatchNormForward) {
-    key.running_stats = p.running_stats;
-    key.has_residual = p.has_residual;
-    key.relu = p.activation != Activation::kNone;
-    key.relu6 = p.activation == Activation::kRelu6;
+  auto key = key_common(kind, p.dtype, p.channels_last, p.device, p.policy, {alignment[0], alignment[1], alignment[2], 0, 0});
+  BatchNormShape shape{p.x_size};
+  if (kind == GraphKind::kBatchNormForward) {  // the backward key leaves them unset: they cannot split it
+    shape.running_stats = p.running_stats;
+    shape.has_residual = p.has_residual;
+    shape.activation = p.activation;
   }
+  key.shape = shape;
   return key;
 }
 
 void describe_batch_norm_forward(fe::graph::Graph& graph, const GraphKey& key) {
+  const auto& shape = key.batch_norm();
   auto io = fe_dtype(static_cast<at::ScalarType>(key.dtype));
-  auto x = add_tensor(graph, "x", kUidX, key.x_size, key.channels_last, io);
+  auto x = add_tensor(graph, "x", kUidX, shape.x_size, key.channels_last, io);
   auto scale = add_per_channel(graph, "scale", kUidScale, key);
   auto shift = add_per_channel(graph, "shift", kUidShift, key);
   auto epsilon = add_scalar(graph, "epsilon", kUidEpsilon);
   auto attributes = fe::graph::Batchnorm_attributes().set_name("batchnorm").set_epsilon(epsilon);
-  if (key.running_stats) {
+  if (shape.running_stats) {
     auto running_mean = add_per_channel(graph, "running_mean", kUidRunningMeanIn, key);
     auto running_var = add_per_channel(graph, "running_var", kUidRunningVarIn, key);
     auto momentum = add_scalar(graph, "momentum", kUidMomentum);
@@ -65,34 +59,35 @@ void describe_batch_norm_forward(fe::graph::Graph& graph, const GraphKey& key) {
   auto [y, mean, inv_std, next_mean, next_var] = graph.batchnorm(x, scale, shift, attributes);
   mark_per_channel(mean, "saved_mean", kUidSavedMean, key);
   mark_per_channel(inv_std, "saved_inv_std", kUidSavedInvStd, key);
-  if (key.running_stats) {
+  if (shape.running_stats) {
     mark_per_channel(next_mean, "next_running_mean", kUidRunningMeanOut, key);
     mark_per_channel(next_var, "next_running_var", kUidRunningVarOut, key);
   }
-  if (key.has_residual) {
-    auto residual = add_tensor(graph, "residual", kUidResidual, key.x_size, key.channels_last, io);
+  if (shape.has_residual) {
+    auto residual = add_tensor(graph, "residual", kUidResidual, shape.x_size, key.channels_last, io);
     y = graph.pointwise(y, residual,
                         fe::graph::Pointwise_attributes().set_name("add_residual").set_mode(fe::PointwiseMode_t::ADD));
   }
-  if (key.relu) {
+  if (shape.activation != Activation::kNone) {
     auto relu = fe::graph::Pointwise_attributes().set_name("relu").set_mode(fe::PointwiseMode_t::RELU_FWD);
-    if (key.relu6) relu.set_relu_upper_clip(6.0f);
+    if (shape.activation == Activation::kRelu6) relu.set_relu_upper_clip(6.0f);
     y = graph.pointwise(y, relu);
   }
-  mark_output(y, "y", kUidY, key.x_size, key.channels_last, io);
+  mark_output(y, "y", kUidY, shape.x_size, key.channels_last, io);
 }
 
 void describe_batch_norm_backward(fe::graph::Graph& graph, const GraphKey& key) {
+  const auto& shape = key.batch_norm();
   auto io = fe_dtype(static_cast<at::ScalarType>(key.dtype));
-  auto dy = add_tensor(graph, "dy", kUidDy, key.x_size, key.channels_last, io);
-  auto x = add_tensor(graph, "x", kUidX, key.x_size, key.channels_last, io);
+  auto dy = add_tensor(graph, "dy", kUidDy, shape.x_size, key.channels_last, io);
+  auto x = add_tensor(graph, "x", kUidX, shape.x_size, key.channels_last, io);
   auto scale = add_per_channel(graph, "scale", kUidScale, key);
   auto mean = add_per_channel(graph, "saved_mean", kUidSavedMean, key);
   auto inv_std = add_per_channel(graph, "saved_inv_std", kUidSavedInvStd, key);
   auto [dx, dscale, dshift] = graph.batchnorm_backward(
       dy, x, scale,
       fe::graph::Batchnorm_backward_attributes().set_name("batchnorm_backward").set_saved_mean_and_inv_variance(mean, inv_std));
-  mark_output(dx, "dx", kUidDx, key.x_size, key.channels_last, io);
+  mark_output(dx, "dx", kUidDx, shape.x_size, key.channels_last, io);
   mark_per_channel(dscale, "dscale", kUidDscale, key);
   mark_per_channel(dshift, "dshift", kUidDshift, key);
 }

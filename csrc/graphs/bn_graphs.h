@@ -6,8 +6,6 @@
 
 namespace tcf {
 
-enum class Activation : int64_t { kNone = 0, kRelu = 1, kRelu6 = 2 };
-
 // One BatchNorm layer's configuration in training.
 struct BatchNormProblem {
   at::ScalarType dtype = at::kFloat;  // of x, y, the residual and the gradients; statistics are float32

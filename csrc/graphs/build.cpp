@@ -74,9 +74,9 @@ BuildFailure describe_and_query(fe::graph::Graph& graph, const GraphKey& key) {
 // Whether candidate `index` builds and fits the policy's workspace limit (cuDNN 9.2+ checks the limit in
 // check_support and build_plans only, not when one candidate is built by index).
 
-bool candidate_usable(fe::graph::Graph& graph, const GraphKey& key, int64_t index) {
+bool candidate_usable(fe::graph::Graph& graph, const EnginePolicy& policy, int64_t index) {
   if (graph.build_plan_at_index(index).is_bad()) return false;
-  return key.policy.workspace_limit < 0 || graph.get_workspace_size_plan_at_index(index) <= key.policy.workspace_limit;
+  return policy.workspace_limit < 0 || graph.get_workspace_size_plan_at_index(index) <= policy.workspace_limit;
 }
 
 // The pinned candidate's index. An engine that is not among the usable candidates is the user's error, raised as
@@ -88,7 +88,7 @@ int64_t find_pinned(fe::graph::Graph& graph, const GraphKey& key) {
   std::ostringstream valid;
   int64_t found = -1;
   for (int64_t index = 0; index < graph.get_execution_plan_count(); ++index) {
-    if (!candidate_usable(graph, key, index)) continue;
+    if (!candidate_usable(graph, key.policy, index)) continue;
     std::string name;
     if (graph.get_plan_name_at_index(index, name).is_bad()) continue;
     valid << (valid.tellp() > 0 ? ", " : "") << "#" << index << " " << name;

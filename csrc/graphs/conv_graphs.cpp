@@ -29,10 +29,6 @@ fe::DataType_t fe_dtype(at::ScalarType dtype) {
 std::vector<int64_t> as_vector(const std::array<int64_t, 4>& a) { return {a.begin(), a.end()}; }
 std::vector<int64_t> as_vector(const std::array<int64_t, 2>& a) { return {a.begin(), a.end()}; }
 
-std::array<int64_t, 4> output_size(const GraphKey& key) {
-  return conv_output_size(key.x_size, key.w_size, key.stride, key.pad_pre, key.pad_post, key.dilation);
-}
-
 TensorPtr add_tensor(fe::graph::Graph& graph, const char* name, int64_t uid, const std::array<int64_t, 4>& size,
                      bool channels_last, fe::DataType_t dtype) {
   return graph.tensor(fe::graph::Tensor_attributes()
@@ -54,7 +50,7 @@ void mark_output(const TensorPtr& tensor, const char* name, int64_t uid, const s
 }
 
 // Bias and its gradient: one value per output channel, shaped [1, K, 1, 1].
-static std::array<int64_t, 4> channel_vector_size(const GraphKey& key) { return {1, key.w_size[0], 1, 1}; }
+static std::array<int64_t, 4> channel_vector_size(int64_t channels) { return {1, channels, 1, 1}; }
 
 std::shared_ptr<fe::graph::Graph> new_graph(const GraphKey& key) {
   auto graph = std::make_shared<fe::graph::Graph>();
@@ -67,39 +63,40 @@ std::shared_ptr<fe::graph::Graph> new_graph(const GraphKey& key) {
 namespace {
 
 template <typename Attributes>
-Attributes conv_attributes(const GraphKey& key, Attributes attributes) {
-  return attributes.set_pre_padding(as_vector(key.pad_pre))
-      .set_post_padding(as_vector(key.pad_post))
-      .set_stride(as_vector(key.stride))
-      .set_dilation(as_vector(key.dilation))
+Attributes conv_attributes(const ConvShape& shape, Attributes attributes) {
+  return attributes.set_pre_padding(as_vector(shape.pad_pre))
+      .set_post_padding(as_vector(shape.pad_post))
+      .set_stride(as_vector(shape.stride))
+      .set_dilation(as_vector(shape.dilation))
       .set_compute_data_type(fe::DataType_t::FLOAT);
 }
 
 }  // namespace
 
 void describe_conv_bias_act(fe::graph::Graph& graph, const GraphKey& key) {
+  const auto& shape = key.conv();
   auto io = fe_dtype(static_cast<at::ScalarType>(key.dtype));
-  auto x = add_tensor(graph, "x", kUidX, key.x_size, key.channels_last, io);
-  auto w = add_tensor(graph, "w", kUidW, key.w_size, key.channels_last, io);
-  auto y = graph.conv_fprop(x, w, conv_attributes(key, fe::graph::Conv_fprop_attributes().set_name("conv")));
-  if (key.has_bias) {
-    auto bias = add_tensor(graph, "bias", kUidBias, channel_vector_size(key), true, io);
+  auto x = add_tensor(graph, "x", kUidX, shape.x_size, key.channels_last, io);
+  auto w = add_tensor(graph, "w", kUidW, shape.w_size, key.channels_last, io);
+  auto y = graph.conv_fprop(x, w, conv_attributes(shape, fe::graph::Conv_fprop_attributes().set_name("conv")));
+  if (shape.has_bias) {
+    auto bias = add_tensor(graph, "bias", kUidBias, channel_vector_size(shape.w_size[0]), true, io);
     y = graph.pointwise(y, bias, fe::graph::Pointwise_attributes().set_name("add_bias").set_mode(fe::PointwiseMode_t::ADD));
   }
-  if (key.has_residual) {
-    auto residual = add_tensor(graph, "residual", kUidResidual, output_size(key), key.channels_last, io);
+  if (shape.has_residual) {
+    auto residual = add_tensor(graph, "residual", kUidResidual, shape.y_size(), key.channels_last, io);
     y = graph.pointwise(y, residual,
                         fe::graph::Pointwise_attributes().set_name("add_residual").set_mode(fe::PointwiseMode_t::ADD));
   }
-  if (key.relu) {
+  if (shape.relu) {
     y = graph.pointwise(y, fe::graph::Pointwise_attributes().set_name("relu").set_mode(fe::PointwiseMode_t::RELU_FWD));
   }
-  mark_output(y, "y", kUidY, output_size(key), key.channels_last, io);
+  mark_output(y, "y", kUidY, shape.y_size(), key.channels_last, io);
 }
 
 void describe_relu_bias_backward(fe::graph::Graph& graph, const GraphKey& key) {
+  const auto& y_size = key.relu_bias().y_size;
   auto io = fe_dtype(static_cast<at::ScalarType>(key.dtype));
-  auto y_size = output_size(key);
   auto dy = add_tensor(graph, "dy", kUidDy, y_size, key.channels_last, io);
   // The mask comes from the saved forward output: y > 0 exactly where the pre-activation was > 0.
   auto y = add_tensor(graph, "y", kUidY, y_size, key.channels_last, io);
@@ -109,25 +106,26 @@ void describe_relu_bias_backward(fe::graph::Graph& graph, const GraphKey& key) {
                                        .set_name("bias_grad")
                                        .set_mode(fe::ReductionMode_t::ADD)
                                        .set_compute_data_type(fe::DataType_t::FLOAT));
-  mark_output(dbias, "dbias", kUidDbias, channel_vector_size(key), true, fe::DataType_t::FLOAT);
+  mark_output(dbias, "dbias", kUidDbias, channel_vector_size(y_size[1]), true, fe::DataType_t::FLOAT);
 }
 
 void describe_dgrad(fe::graph::Graph& graph, const GraphKey& key) {
+  const auto& shape = key.conv();
   auto io = fe_dtype(static_cast<at::ScalarType>(key.dtype));
-  auto dz = add_tensor(graph, "dz", kUidDz, output_size(key), key.channels_last, io);
-  auto w = add_tensor(graph, "w", kUidW, key.w_size, key.channels_last, io);
-  auto dx = graph.conv_dgrad(dz, w, conv_attributes(key, fe::graph::Conv_dgrad_attributes().set_name("dgrad")));
-  mark_output(dx, "dx", kUidDx, key.x_size, key.channels_last, io);
+  auto dz = add_tensor(graph, "dz", kUidDz, shape.y_size(), key.channels_last, io);
+  auto w = add_tensor(graph, "w", kUidW, shape.w_size, key.channels_last, io);
+  auto dx = graph.conv_dgrad(dz, w, conv_attributes(shape, fe::graph::Conv_dgrad_attributes().set_name("dgrad")));
+  mark_output(dx, "dx", kUidDx, shape.x_size, key.channels_last, io);
 }
 
 void describe_wgrad(fe::graph::Graph& graph, const GraphKey& key) {
+  const auto& shape = key.conv();
   auto io = fe_dtype(static_cast<at::ScalarType>(key.dtype));
-  auto dz = add_tensor(graph, "dz", kUidDz, output_size(key), key.channels_last, io);
-  auto x = add_tensor(graph, "x", kUidX, key.x_size, key.channels_last, io);
-  auto dw = graph.conv_wgrad(dz, x, conv_attributes(key, fe::graph::Conv_wgrad_attributes().set_name("wgrad")));
-  mark_output(dw, "dw", kUidDw, key.w_size, key.channels_last, io);
+  auto dz = add_tensor(graph, "dz", kUidDz, shape.y_size(), key.channels_last, io);
+  auto x = add_tensor(graph, "x", kUidX, shape.x_size, key.channels_last, io);
+  auto dw = graph.conv_wgrad(dz, x, conv_attributes(shape, fe::graph::Conv_wgrad_attributes().set_name("wgrad")));
+  mark_output(dw, "dw", kUidDw, shape.w_size, key.channels_last, io);
 }
-
 
 
 void check_conv_problem(const ConvProblem& p) {
@@ -168,43 +166,44 @@ std::vector<int64_t> dense_strides(const std::array<int64_t, 4>& size, bool chan
   return {c * h * w, h * w, w, 1};
 }
 
-GraphKey make_graph_key(GraphKind kind, const ConvProblem& p, const std::array<int8_t, 5>& alignment) {
+GraphKey key_common(GraphKind kind, at::ScalarType dtype, bool channels_last, int device, int64_t policy,
+                    const std::array<int8_t, 5>& alignment) {
   GraphKey key;
   key.kind = kind;
-  key.device = static_cast<int8_t>(p.device);
-  auto cc = compute_capability(p.device);
+  key.device = static_cast<int8_t>(device);
+  auto cc = compute_capability(device);
   key.cc_major = cc.major;
   key.cc_minor = cc.minor;
   static const int64_t cudnn_version = static_cast<int64_t>(cudnnGetVersion());
   key.cudnn_version = cudnn_version;
-  key.dtype = static_cast<int8_t>(p.dtype);
-  key.channels_last = p.channels_last;
-  key.x_size = p.x_size;
-  key.w_size = p.w_size;
-  key.stride = p.stride;
-  key.pad_pre = p.pad_pre;
-  key.pad_post = p.pad_post;
-  key.dilation = p.dilation;
-  key.groups = p.groups;
-  // Fields a kind's graph does not read stay at their defaults so they cannot split the cache.
-  if (kind == GraphKind::kConvBiasAct) {
-    key.has_bias = p.has_bias;
-    key.has_residual = p.has_residual;
-    key.relu = p.relu;
-  }
-  if (kind == GraphKind::kReluBiasBackward) {
-    // An elementwise graph over y: described as a 1x1 conv whose output is y, with no conv parameters.
-    key.x_size = p.y_size();
-    key.w_size = {p.w_size[0], 1, 1, 1};
-    key.stride = {1, 1};
-    key.pad_pre = {0, 0};
-    key.pad_post = {0, 0};
-    key.dilation = {1, 1};
-    key.groups = 1;
-  }
-  key.allow_tf32 = p.dtype == at::kFloat && at::globalContext().allowTF32CuDNN();
+  key.dtype = static_cast<int8_t>(dtype);
+  key.channels_last = channels_last;
   key.alignment = alignment;
-  key.policy = policy_for(p.policy, kind);
+  key.policy = policy_for(policy, kind);
+  return key;
+}
+
+GraphKey make_relu_bias_key(at::ScalarType dtype, bool channels_last, int device, const std::array<int64_t, 4>& y_size,
+                            int64_t policy, const std::array<int8_t, 5>& alignment) {
+  auto key = key_common(GraphKind::kReluBiasBackward, dtype, channels_last, device, policy, alignment);
+  key.allow_tf32 = dtype == at::kFloat && at::globalContext().allowTF32CuDNN();
+  key.shape = ReluBiasShape{y_size};
+  return key;
+}
+
+GraphKey make_graph_key(GraphKind kind, const ConvProblem& p, const std::array<int8_t, 5>& alignment) {
+  if (kind == GraphKind::kReluBiasBackward) {
+    return make_relu_bias_key(p.dtype, p.channels_last, p.device, p.y_size(), p.policy, alignment);
+  }
+  auto key = key_common(kind, p.dtype, p.channels_last, p.device, p.policy, alignment);
+  key.allow_tf32 = p.dtype == at::kFloat && at::globalContext().allowTF32CuDNN();
+  ConvShape shape{p.x_size, p.w_size, p.stride, p.pad_pre, p.pad_post, p.dilation, p.groups};
+  if (kind == GraphKind::kConvBiasAct) {  // dgrad and wgrad keys leave the epilogue unset: it cannot split them
+    shape.has_bias = p.has_bias;
+    shape.has_residual = p.has_residual;
+    shape.relu = p.relu;
+  }
+  key.shape = shape;
   return key;
 }
 

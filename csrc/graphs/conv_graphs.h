@@ -70,10 +70,18 @@ enum TensorUid : int64_t {
   kUidDshift = 22,
 };
 
+// The key fields every graph shares: this device's compute capability, the cuDNN loaded, `policy` resolved for
+// `kind`. The callers below add their family's shape.
+GraphKey key_common(GraphKind kind, at::ScalarType dtype, bool channels_last, int device, int64_t policy,
+                    const std::array<int8_t, 5>& alignment);
+
 // The plan cache key for `kind` over `problem`. `alignment` lists the operands' pointer alignments in the
 // order the kind reads them (forward: x, w, bias, residual, y; relu backward: dy, y, dz; dgrad: dz, w, dx;
 // wgrad: dz, x, dw).
 GraphKey make_graph_key(GraphKind kind, const ConvProblem& problem, const std::array<int8_t, 5>& alignment);
+// The ReLU-backward-with-bias-gradient key over the conv output y (alignments: dy, y, dz, dbias).
+GraphKey make_relu_bias_key(at::ScalarType dtype, bool channels_last, int device, const std::array<int64_t, 4>& y_size,
+                            int64_t policy, const std::array<int8_t, 5>& alignment);
 
 // Returns the built plan for `key` (from the cache, or built now and cached), or the refusal.
 std::shared_ptr<const CachedPlan> get_plan(const GraphKey& key);
@@ -89,12 +97,13 @@ bool execute_plan(const CachedPlan& plan, GraphKind kind, std::unordered_map<int
                   const at::Device& device);
 
 // On a plan's first run, where its policy asks for it (autotune, or heuristic with torch.backends.cudnn.benchmark
-// on): times the candidates on these pointers and keeps the fastest for every later run; under autotune also times
-// `aten` (the ATen composition the graph stands for; may be empty) and marks the plan aten_faster when it won
-// (with `aten_under_benchmark`, under cudnn.benchmark too).
+// on): times the candidates on these pointers (under cudnn.benchmark the heuristic's first
+// policy.benchmark_candidates) and keeps the fastest for every later run; under autotune, or cudnn.benchmark with
+// policy.aten_under_benchmark, also times `aten` (the ATen composition the graph stands for; may be empty) and marks
+// the plan aten_faster when it won.
 // Skipped inside CUDA graph capture (a later run outside one tunes). Outputs in `pointers` are overwritten.
 void maybe_tune(const CachedPlan& plan, const std::unordered_map<int64_t, void*>& pointers, const at::Device& device,
-                const std::function<void()>& aten, bool aten_under_benchmark = false);
+                const std::function<void()>& aten);
 
 // The plan the cache runs for `key`: cuDNN's name for it (engine id and knobs), its workspace, whether autotuning
 // chose it; or the refusal; or, when the cache does not hold it (evicted, cleared), cached = false.

@@ -25,7 +25,6 @@ using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
 fe::DataType_t fe_dtype(at::ScalarType dtype);
 std::vector<int64_t> as_vector(const std::array<int64_t, 4>& a);
 std::vector<int64_t> as_vector(const std::array<int64_t, 2>& a);
-std::array<int64_t, 4> output_size(const GraphKey& key);  // of the conv a key describes
 // A graph input / a graph output with explicit dims and dense strides in the layout.
 TensorPtr add_tensor(fe::graph::Graph& graph, const char* name, int64_t uid, const std::array<int64_t, 4>& size,
                      bool channels_last, fe::DataType_t dtype);
@@ -41,8 +40,8 @@ struct BuildFailure {
   bool failed() const { return !stage.empty(); }
 };
 
-// Whether candidate `index` of a graph whose candidates were listed builds and fits the key's workspace limit.
-bool candidate_usable(fe::graph::Graph& graph, const GraphKey& key, int64_t index);
+// Whether candidate `index` of a graph whose candidates were listed builds and fits the policy's workspace limit.
+bool candidate_usable(fe::graph::Graph& graph, const EnginePolicy& policy, int64_t index);
 
 // `key`'s graph with the heuristic's candidate plans listed but none built (for engine listing), or null with
 // `failure` set.

@@ -12,14 +12,6 @@
 
 namespace tcf {
 
-namespace {
-
-// Under torch.backends.cudnn.benchmark, only the heuristic's first candidates are timed (it ranks them), which bounds
-// the cost of a layer's first run; timing every candidate is what the autotune policy is for.
-constexpr int64_t kPlansToTune = 8;
-
-}  // namespace
-
 // The current stream (PyTorch's cuDNN handle is bound to it), or null while it captures a CUDA graph: nothing is
 // timed inside a capture.
 cudaStream_t stream_if_not_capturing(cudnnHandle_t handle) {
@@ -68,7 +60,7 @@ float time_plan_ms(fe::graph::Graph& graph, int64_t index, const std::unordered_
 }
 
 void maybe_tune(const CachedPlan& plan, const std::unordered_map<int64_t, void*>& pointers, const at::Device& device,
-                const std::function<void()>& aten, bool aten_under_benchmark) {
+                const std::function<void()>& aten) {
   if (plan.tuned.load(std::memory_order_acquire) || plan.deserialized) return;
   bool autotune = plan.policy.mode == PolicyMode::kAutotune;
   bool benchmark = plan.policy.mode == PolicyMode::kHeuristic && at::globalContext().benchmarkCuDNN();
@@ -78,14 +70,12 @@ void maybe_tune(const CachedPlan& plan, const std::unordered_map<int64_t, void*>
   std::lock_guard<std::mutex> lock(plan.tune_mutex);
   if (plan.tuned.load()) return;
   auto& graph = *plan.graph;
-  GraphKey limits;
-  limits.policy = plan.policy;
   int64_t best_index = -1, best_workspace = 0;
   float best_ms = std::numeric_limits<float>::max();
   int64_t count = graph.get_execution_plan_count();
-  int64_t candidates = autotune ? count : std::min<int64_t>(count, kPlansToTune);
+  int64_t candidates = autotune ? count : std::min<int64_t>(count, plan.policy.benchmark_candidates);
   for (int64_t index = 0; index < candidates; ++index) {
-    if (!candidate_usable(graph, limits, index)) continue;  // deselected (notes, workspace) or unbuildable
+    if (!candidate_usable(graph, plan.policy, index)) continue;  // deselected (notes, workspace) or unbuildable
     float ms = time_plan_ms(graph, index, pointers, device, autotune ? 5 : 3);
     if (ms >= 0 && ms < best_ms) {
       best_ms = ms;
@@ -98,7 +88,7 @@ void maybe_tune(const CachedPlan& plan, const std::unordered_map<int64_t, void*>
     plan.tuned_workspace_bytes.store(best_workspace);
     plan.tuned_index.store(best_index, std::memory_order_release);
   }
-  if ((autotune || aten_under_benchmark) && aten) {
+  if ((autotune || plan.policy.aten_under_benchmark) && aten) {
     float aten_ms = median_event_ms([&]() { aten(); return true; }, stream, 5);
     plan.aten_ms.store(aten_ms);
     plan.aten_faster.store(aten_ms >= 0 && (best_index < 0 || aten_ms < best_ms));

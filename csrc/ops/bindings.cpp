@@ -12,6 +12,7 @@
 #include "ops/run_graph.h"
 #include "graphs/engine_listing.h"
 #include "core/engine_policy.h"
+#include "core/requirements.h"
 #include "graphs/plan_file.h"
 
 namespace tcf {
@@ -135,6 +136,12 @@ std::unordered_map<std::string, std::string> check_batch_norm_layer_py(const std
                                                                     int64_t device, const std::vector<int64_t>& x_size,
                                                                     bool running_stats, bool has_residual,
                                                                     int64_t activation, double eps, int64_t policy) {
+  auto unmet = batch_norm_layer_verdict(x_size, channels_last);
+  if (!unmet.empty()) {  // no plan is built for a layer that will not run fused
+    std::string joined;
+    for (const auto& requirement : unmet) joined += (joined.empty() ? "" : "; ") + requirement;
+    return {{"graph_forward", joined}, {"graph_backward", joined}, {"legacy", joined}};
+  }
   BatchNormProblem p;
   p.policy = policy;
   p.dtype = dtype_from_name(dtype);
@@ -147,6 +154,16 @@ std::unordered_map<std::string, std::string> check_batch_norm_layer_py(const std
               "got ", activation);
   p.activation = static_cast<Activation>(activation);
   return check_batch_norm_layer(p, eps);
+}
+
+void set_benchmark_tuning_py(int64_t candidates, const std::vector<int64_t>& aten_timed) {
+  std::vector<GraphKind> kinds;
+  for (auto kind : aten_timed) {
+    TORCH_CHECK_VALUE(kind >= 0 && kind < kGraphKinds, "cudnn_fusion: aten_timed must hold Graph values (0..",
+                      kGraphKinds - 1, "), got ", kind);
+    kinds.push_back(static_cast<GraphKind>(kind));
+  }
+  set_benchmark_tuning(candidates, kinds);
 }
 
 int64_t register_policy_py(int64_t mode, bool deterministic, int64_t workspace_limit,
@@ -178,6 +195,27 @@ std::array<T, N> from_list(const pybind11::handle& values, const char* name) {
   return out;
 }
 
+struct ShapeToDict {
+  pybind11::dict& d;
+  void operator()(const ConvShape& s) const {
+    d["x_size"] = to_list(s.x_size);
+    d["w_size"] = to_list(s.w_size);
+    d["stride"] = to_list(s.stride);
+    d["pad_pre"] = to_list(s.pad_pre);
+    d["pad_post"] = to_list(s.pad_post);
+    d["dilation"] = to_list(s.dilation);
+    d["groups"] = s.groups;
+    d["epilogue"] = pybind11::make_tuple(s.has_bias, s.has_residual, s.relu);
+  }
+  void operator()(const ReluBiasShape& s) const { d["y_size"] = to_list(s.y_size); }
+  void operator()(const BatchNormShape& s) const {
+    d["x_size"] = to_list(s.x_size);
+    d["running_stats"] = s.running_stats;
+    d["has_residual"] = s.has_residual;
+    d["activation"] = static_cast<int64_t>(s.activation);
+  }
+};
+
 pybind11::dict key_to_dict(const GraphKey& k) {
   pybind11::dict d;
   d["kind"] = static_cast<int64_t>(k.kind);
@@ -186,25 +224,57 @@ pybind11::dict key_to_dict(const GraphKey& k) {
   d["cudnn_version"] = k.cudnn_version;
   d["dtype"] = static_cast<int64_t>(k.dtype);
   d["channels_last"] = k.channels_last;
-  d["x_size"] = to_list(k.x_size);
-  d["w_size"] = to_list(k.w_size);
-  d["stride"] = to_list(k.stride);
-  d["pad_pre"] = to_list(k.pad_pre);
-  d["pad_post"] = to_list(k.pad_post);
-  d["dilation"] = to_list(k.dilation);
-  d["groups"] = k.groups;
-  d["flags"] = pybind11::make_tuple(k.has_bias, k.has_residual, k.relu, k.relu6, k.running_stats, k.allow_tf32);
+  d["allow_tf32"] = k.allow_tf32;
   d["alignment"] = to_list(k.alignment);
   d["policy"] = pybind11::make_tuple(static_cast<int64_t>(k.policy.mode), k.policy.deterministic,
-                                     k.policy.workspace_limit, k.policy.pinned);
+                                     k.policy.workspace_limit, k.policy.pinned, k.policy.benchmark_candidates,
+                                     k.policy.aten_under_benchmark);
+  pybind11::dict shape;
+  std::visit(ShapeToDict{shape}, k.shape);
+  d["shape"] = shape;
   return d;
+}
+
+// The shape a saved key of `kind` holds (the alternative of its family).
+std::variant<ConvShape, ReluBiasShape, BatchNormShape> shape_from_dict(GraphKind kind, const pybind11::dict& d) {
+  switch (kind) {
+    case GraphKind::kReluBiasBackward:
+      return ReluBiasShape{from_list<4, int64_t>(d["y_size"], "y_size")};
+    case GraphKind::kBatchNormForward:
+    case GraphKind::kBatchNormBackward: {
+      BatchNormShape s;
+      s.x_size = from_list<4, int64_t>(d["x_size"], "x_size");
+      s.running_stats = d["running_stats"].cast<bool>();
+      s.has_residual = d["has_residual"].cast<bool>();
+      auto activation = d["activation"].cast<int64_t>();
+      TORCH_CHECK_VALUE(activation >= 0 && activation <= 2, "cudnn_fusion: saved plan activation ", activation,
+                        " is unknown");
+      s.activation = static_cast<Activation>(activation);
+      return s;
+    }
+    default: {
+      ConvShape s;
+      s.x_size = from_list<4, int64_t>(d["x_size"], "x_size");
+      s.w_size = from_list<4, int64_t>(d["w_size"], "w_size");
+      s.stride = from_list<2, int64_t>(d["stride"], "stride");
+      s.pad_pre = from_list<2, int64_t>(d["pad_pre"], "pad_pre");
+      s.pad_post = from_list<2, int64_t>(d["pad_post"], "pad_post");
+      s.dilation = from_list<2, int64_t>(d["dilation"], "dilation");
+      s.groups = d["groups"].cast<int64_t>();
+      auto epilogue = d["epilogue"].cast<std::vector<bool>>();
+      TORCH_CHECK_VALUE(epilogue.size() == 3, "cudnn_fusion: saved plan field epilogue must have 3 values");
+      s.has_bias = epilogue[0];
+      s.has_residual = epilogue[1];
+      s.relu = epilogue[2];
+      return s;
+    }
+  }
 }
 
 GraphKey key_from_dict(const pybind11::dict& d) {
   GraphKey k;
   auto kind = d["kind"].cast<int64_t>();
-  TORCH_CHECK_VALUE(kind >= 0 && kind <= static_cast<int64_t>(GraphKind::kBatchNormBackward),
-                    "cudnn_fusion: saved plan kind ", kind, " is unknown");
+  TORCH_CHECK_VALUE(kind >= 0 && kind < kGraphKinds, "cudnn_fusion: saved plan kind ", kind, " is unknown");
   k.kind = static_cast<GraphKind>(kind);
   k.device = static_cast<int8_t>(d["device"].cast<int64_t>());
   auto cc = d["cc"].cast<std::vector<int64_t>>();
@@ -217,26 +287,19 @@ GraphKey key_from_dict(const pybind11::dict& d) {
                     "cudnn_fusion: saved plan dtype ", static_cast<int64_t>(dtype), " is not one the graphs take");
   k.dtype = static_cast<int8_t>(dtype);
   k.channels_last = d["channels_last"].cast<bool>();
-  k.x_size = from_list<4, int64_t>(d["x_size"], "x_size");
-  k.w_size = from_list<4, int64_t>(d["w_size"], "w_size");
-  k.stride = from_list<2, int64_t>(d["stride"], "stride");
-  k.pad_pre = from_list<2, int64_t>(d["pad_pre"], "pad_pre");
-  k.pad_post = from_list<2, int64_t>(d["pad_post"], "pad_post");
-  k.dilation = from_list<2, int64_t>(d["dilation"], "dilation");
-  k.groups = d["groups"].cast<int64_t>();
-  auto flags = d["flags"].cast<std::vector<bool>>();
-  TORCH_CHECK_VALUE(flags.size() == 6, "cudnn_fusion: saved plan field flags must have 6 values");
-  std::tie(k.has_bias, k.has_residual, k.relu, k.relu6, k.running_stats, k.allow_tf32) =
-      std::make_tuple(flags[0], flags[1], flags[2], flags[3], flags[4], flags[5]);
+  k.allow_tf32 = d["allow_tf32"].cast<bool>();
   k.alignment = from_list<5, int8_t>(d["alignment"], "alignment");
   auto policy = d["policy"].cast<pybind11::tuple>();
-  TORCH_CHECK_VALUE(policy.size() == 4, "cudnn_fusion: saved plan field policy must have 4 values");
+  TORCH_CHECK_VALUE(policy.size() == 6, "cudnn_fusion: saved plan field policy must have 6 values");
   auto mode = policy[0].cast<int64_t>();
   TORCH_CHECK_VALUE(mode >= 0 && mode <= 2, "cudnn_fusion: saved plan policy mode ", mode, " is unknown");
   k.policy.mode = static_cast<PolicyMode>(mode);
   k.policy.deterministic = policy[1].cast<bool>();
   k.policy.workspace_limit = policy[2].cast<int64_t>();
   k.policy.pinned = policy[3].cast<std::string>();
+  k.policy.benchmark_candidates = policy[4].cast<int64_t>();
+  k.policy.aten_under_benchmark = policy[5].cast<bool>();
+  k.shape = shape_from_dict(k.kind, d["shape"].cast<pybind11::dict>());
   return k;
 }
 
@@ -350,6 +413,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("check_conv_layer", &tcf::check_conv_layer_py,
         "The layer's verdict, then the plans it would use built (or found); returns each graph's refusal, '' when built",
         py::call_guard<py::gil_scoped_release>());
+  m.def("batch_norm_layer_verdict", &tcf::batch_norm_layer_verdict, py::arg("x_size"), py::arg("channels_last"),
+        "The unmet requirements of a BatchNorm layer in training (empty: cuDNN is asked); -1: a size not known yet");
+  m.def("set_benchmark_tuning", &tcf::set_benchmark_tuning_py, py::arg("candidates"), py::arg("aten_timed"),
+        "Under torch.backends.cudnn.benchmark: how many heuristic candidates a first run times, and the graphs "
+        "(Graph values) whose ATen composition is timed with them");
   m.def("check_batch_norm_layer", &tcf::check_batch_norm_layer_py,
         "Why each BatchNorm implementation (cuDNN graph forward/backward, legacy API) cannot run a layer, '' if it can",
         py::call_guard<py::gil_scoped_release>());

@@ -58,14 +58,12 @@ BatchNormProblem problem_of(const at::Tensor& x, bool channels_last, bool runnin
   return p;
 }
 
-// Runs a batchnorm graph (see run_cached_graph). On H200 the batchnorm_backward graph took ~0.8 ms at 7x7 and 14x14
-// feature maps (batch 256) where ATen's kernel took far less, and was faster at 56x56 and above: so the backward is
-// timed against ATen under torch.backends.cudnn.benchmark too, not only under autotune.
+// Runs a batchnorm graph (see run_cached_graph); whether ATen is timed against it under cudnn.benchmark is the
+// policy's (policy.aten_under_benchmark, from torch_cudnn_fusion/policy.py).
 bool run_batch_norm_graph(GraphKind kind, const BatchNormProblem& p, const std::array<int8_t, 3>& alignment,
                           std::unordered_map<int64_t, void*> pointers, std::initializer_list<at::Tensor> outputs,
                           const at::Device& device, const std::function<void()>& aten) {
-  return run_cached_graph(make_batch_norm_key(kind, p, alignment), std::move(pointers), outputs, device, aten,
-                          kind == GraphKind::kBatchNormBackward);
+  return run_cached_graph(make_batch_norm_key(kind, p, alignment), std::move(pointers), outputs, device, aten);
 }
 
 void apply_activation_(at::Tensor& y, Activation activation) {

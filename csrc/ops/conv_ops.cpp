@@ -143,6 +143,29 @@ void check_grad_z(const at::Tensor& grad_z, const ConvProblem& p) {
               at::IntArrayRef(p.y_size()), ", got ", grad_z.sizes());
 }
 
+// dgrad (operand: the weight; out: dx of out_size) and wgrad (operand: x; out: dw), after their argument checks.
+at::Tensor conv_gradient(GraphKind kind, const at::Tensor& grad_z, const at::Tensor& operand, at::IntArrayRef out_size,
+                         const ConvProblem& p) {
+  bool dgrad = kind == GraphKind::kConvDgrad;
+  check_grad_z(grad_z, p);
+  c10::DeviceGuard guard(grad_z.device());
+  auto format = memory_format(p.channels_last);
+  auto dz = grad_z.contiguous(format);
+  auto operand_dense = operand.contiguous(format);
+  auto out = at::empty(out_size, grad_z.options().memory_format(format));
+  if (out.numel() == 0) return out;
+  if (dz.numel() == 0) return out.zero_();  // an empty batch contributes nothing to the weight gradient
+  auto aten = [&]() { return dgrad ? fallback_dgrad(dz, operand_dense, p) : fallback_wgrad(dz, operand_dense, p); };
+  std::unordered_map<int64_t, void*> pointers{{kUidDz, dz.data_ptr()},
+                                              {dgrad ? kUidW : kUidX, operand_dense.data_ptr()},
+                                              {dgrad ? kUidDx : kUidDw, out.data_ptr()}};
+  if (!run_graph(kind, p, {alignment_of(dz), alignment_of(operand_dense), alignment_of(out), 0, 0}, std::move(pointers),
+                 {out}, grad_z.device(), [&]() { aten(); })) {
+    return aten();
+  }
+  return out;
+}
+
 }  // namespace
 
 at::Tensor conv_bias_act(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
@@ -212,19 +235,13 @@ std::tuple<at::Tensor, at::Tensor> relu_bias_backward(const at::Tensor& grad_out
     return {dz, relu_bias_backward_with_kernel(dy, y, dz)};
   }
 
-  ConvProblem p;
-  p.dtype = out.scalar_type();
-  p.device = out.device().index();
-  p.channels_last = channels_last;
-  p.x_size = size4(out.sizes());
-  p.w_size = {k, k, 1, 1};
-  p.policy = policy;
   auto dbias = at::empty({k}, out.options().dtype(at::kFloat));
-  std::array<int8_t, 5> alignment{alignment_of(dy), alignment_of(y), alignment_of(dz), alignment_of(dbias), 0};
+  auto key = make_relu_bias_key(out.scalar_type(), channels_last, out.device().index(), size4(out.sizes()), policy,
+                                {alignment_of(dy), alignment_of(y), alignment_of(dz), alignment_of(dbias), 0});
   std::unordered_map<int64_t, void*> pointers{
       {kUidDy, dy.data_ptr()}, {kUidY, y.data_ptr()}, {kUidDz, dz.data_ptr()}, {kUidDbias, dbias.data_ptr()}};
   auto aten = [&]() { at::threshold_backward(dy, y, 0).sum({0, 2, 3}, false, at::kFloat); };
-  if (!run_graph(GraphKind::kReluBiasBackward, p, alignment, std::move(pointers), {dz, dbias}, out.device(), aten)) {
+  if (!run_cached_graph(key, std::move(pointers), {dz, dbias}, out.device(), aten)) {
     auto grad_z = at::threshold_backward(dy, y, 0);
     return {grad_z, grad_z.sum({0, 2, 3}, false, at::kFloat).to(out.scalar_type())};
   }
@@ -238,24 +255,10 @@ at::Tensor conv_dgrad(const at::Tensor& grad_z, const at::Tensor& weight, at::In
   check_4d_cuda(weight, "weight", "[out_channels, in_channels / groups, kH, kW]");
   check_like(weight, "weight", grad_z);
   TORCH_CHECK(x_size.size() == 4, "cudnn_fusion: x_size must have 4 values [N, C, H, W], got ", x_size);
-  bool channels_last = use_channels_last(grad_z, weight);
   auto p = make_problem(grad_z, x_size, weight.sizes(), stride, padding_pre, padding_post, dilation, groups,
-                        channels_last);
+                        use_channels_last(grad_z, weight));
   p.policy = policy;
-  check_grad_z(grad_z, p);
-  c10::DeviceGuard guard(grad_z.device());
-  auto format = memory_format(channels_last);
-  auto dz = grad_z.contiguous(format);
-  auto w_dense = weight.contiguous(format);
-  auto dx = at::empty(x_size, grad_z.options().memory_format(format));
-  if (dx.numel() == 0) return dx;
-
-  if (!run_graph(GraphKind::kConvDgrad, p, {alignment_of(dz), alignment_of(w_dense), alignment_of(dx), 0, 0},
-                 {{kUidDz, dz.data_ptr()}, {kUidW, w_dense.data_ptr()}, {kUidDx, dx.data_ptr()}}, {dx},
-                 grad_z.device(), [&]() { fallback_dgrad(dz, w_dense, p); })) {
-    return fallback_dgrad(dz, w_dense, p);
-  }
-  return dx;
+  return conv_gradient(GraphKind::kConvDgrad, grad_z, weight, x_size, p);
 }
 
 at::Tensor conv_wgrad(const at::Tensor& grad_z, const at::Tensor& x, at::IntArrayRef weight_size,
@@ -266,27 +269,11 @@ at::Tensor conv_wgrad(const at::Tensor& grad_z, const at::Tensor& x, at::IntArra
   check_like(x, "x", grad_z);
   TORCH_CHECK(weight_size.size() == 4, "cudnn_fusion: weight_size must have 4 values [K, C / groups, kH, kW], got ",
               weight_size);
-  bool channels_last = use_channels_last(x, grad_z);
   auto p = make_problem(grad_z, x.sizes(), weight_size, stride, padding_pre, padding_post, dilation, groups,
-                        channels_last);
+                        use_channels_last(x, grad_z));
   p.policy = policy;
-  check_grad_z(grad_z, p);
-  c10::DeviceGuard guard(grad_z.device());
-  auto format = memory_format(channels_last);
-  auto dz = grad_z.contiguous(format);
-  auto x_dense = x.contiguous(format);
-  auto dw = at::empty(weight_size, grad_z.options().memory_format(format));
-  if (dw.numel() == 0) return dw;
-  if (dz.numel() == 0) return dw.zero_();  // an empty batch contributes nothing to the weight gradient
-
-  if (!run_graph(GraphKind::kConvWgrad, p, {alignment_of(dz), alignment_of(x_dense), alignment_of(dw), 0, 0},
-                 {{kUidDz, dz.data_ptr()}, {kUidX, x_dense.data_ptr()}, {kUidDw, dw.data_ptr()}}, {dw},
-                 grad_z.device(), [&]() { fallback_wgrad(dz, x_dense, p); })) {
-    return fallback_wgrad(dz, x_dense, p);
-  }
-  return dw;
+  return conv_gradient(GraphKind::kConvWgrad, grad_z, x, weight_size, p);
 }
-
 
 std::unordered_map<std::string, std::string> check_conv_layer(const ConvProblem& problem, bool backward,
                                                               const std::array<int8_t, 4>& alignment) {

@@ -15,13 +15,13 @@ std::atomic<bool> poison_outputs{false};
 
 bool run_cached_graph(const GraphKey& key, std::unordered_map<int64_t, void*> pointers,
                       std::initializer_list<at::Tensor> outputs, const at::Device& device,
-                      const std::function<void()>& aten, bool aten_under_benchmark) {
+                      const std::function<void()>& aten) {
   auto plan = get_plan(key);
   if (!plan->ok()) {
     PlanCache::instance().count_runtime_fallback(plan->refusal);
     return false;
   }
-  maybe_tune(*plan, pointers, device, aten, aten_under_benchmark);
+  maybe_tune(*plan, pointers, device, aten);
   if (plan->aten_faster.load(std::memory_order_acquire)) return false;
   for (const auto& output : outputs) poison_output(output);
   return execute_plan(*plan, key.kind, pointers, device);

@@ -24,9 +24,10 @@ from typing import Union
 import torch
 
 from .. import _extension
+from .. import policy as _policy  # noqa: F401 (its load hook sets the tuning every key holds: it must run first)
 
 FORMAT = "torch_cudnn_fusion plan file"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: a key holds its graph family's shape, and the benchmark tuning in its policy
 ENVIRONMENT_VARIABLE = "TORCH_CUDNN_FUSION_PLAN_CACHE"
 
 

@@ -267,19 +267,14 @@ def _decide_batch_norm(values: tuple) -> Decision:
     reason = _python_reason(config.device_type, config.dtype)
     if reason:
         return Decision.eager(reason.replace("fused engines", "BatchNorm"))
-    if len(config.x_size) != 4:
-        return Decision.eager(f"x is {len(config.x_size)}-D: the fused BatchNorm takes 4-D [N, C, H, W] input")
-    if not config.channels_last:
-        return Decision.eager("x is not channels_last: cuDNN's fused BatchNorm kernels are NHWC (use "
-                              "x.to(memory_format=torch.channels_last))")
     module = _extension.load()
     if module is None:
         return Decision.eager(_extension.load_error() or "the cuDNN extension is unavailable")
+    unmet = module.batch_norm_layer_verdict(list(config.x_size), config.channels_last)
+    if unmet:
+        return Decision.eager("; ".join(unmet))
     if TRACED in config.x_size:
         return Decision(True, TRACED_NOTE, (), "cudnn_graph")
-    n, _, h, w = config.x_size
-    if n * h * w <= 1:
-        return Decision.eager("one value per channel: batch statistics are undefined (eager raises the error)")
     refusals = module.check_batch_norm_layer(
         SUPPORTED_DTYPES[config.dtype], config.channels_last, config.device_index, list(config.x_size),
         config.running_stats, config.has_residual, int(config.activation), config.eps, policy_id(config.policy),

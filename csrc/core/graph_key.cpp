@@ -1,0 +1,95 @@
+#include "core/graph_key.h"
+
+#include <functional>
+
+#include "core/device.h"
+
+namespace tcf {
+
+const char* graph_kind_name(GraphKind kind) {
+  switch (kind) {
+    case GraphKind::kConvBiasAct:
+      return "conv_bias_act forward";
+    case GraphKind::kReluBiasBackward:
+      return "relu_bias backward";
+    case GraphKind::kConvDgrad:
+      return "conv dgrad";
+    case GraphKind::kConvWgrad:
+      return "conv wgrad";
+    case GraphKind::kBatchNormForward:
+      return "batchnorm forward";
+    case GraphKind::kBatchNormBackward:
+      return "batchnorm backward";
+  }
+  return "unknown graph";
+}
+
+std::array<int64_t, 4> ConvShape::y_size() const {
+  return conv_output_size(x_size, w_size, stride, pad_pre, pad_post, dilation);
+}
+
+bool shape_matches_kind(const GraphKey& key) {
+  switch (key.kind) {
+    case GraphKind::kConvBiasAct:
+    case GraphKind::kConvDgrad:
+    case GraphKind::kConvWgrad:
+      return std::holds_alternative<ConvShape>(key.shape);
+    case GraphKind::kReluBiasBackward:
+      return std::holds_alternative<ReluBiasShape>(key.shape);
+    case GraphKind::kBatchNormForward:
+    case GraphKind::kBatchNormBackward:
+      return std::holds_alternative<BatchNormShape>(key.shape);
+  }
+  return false;
+}
+
+namespace {
+
+inline void hash_combine(size_t& seed, int64_t value) {
+  seed ^= std::hash<int64_t>{}(value) + 0x9e3779b97f4a7c15ULL + (seed << 6) + (seed >> 2);
+}
+
+template <typename T, size_t N>
+inline void hash_combine(size_t& seed, const std::array<T, N>& values) {
+  for (const auto& v : values) hash_combine(seed, static_cast<int64_t>(v));
+}
+
+void hash_shape(size_t& seed, const ConvShape& s) {
+  hash_combine(seed, s.x_size);
+  hash_combine(seed, s.w_size);
+  hash_combine(seed, s.stride);
+  hash_combine(seed, s.pad_pre);
+  hash_combine(seed, s.pad_post);
+  hash_combine(seed, s.dilation);
+  hash_combine(seed, s.groups);
+  hash_combine(seed, (s.has_bias << 2) | (s.has_residual << 1) | s.relu);
+}
+
+void hash_shape(size_t& seed, const ReluBiasShape& s) { hash_combine(seed, s.y_size); }
+
+void hash_shape(size_t& seed, const BatchNormShape& s) {
+  hash_combine(seed, s.x_size);
+  hash_combine(seed, (static_cast<int64_t>(s.activation) << 2) | (s.running_stats << 1) | s.has_residual);
+}
+
+}  // namespace
+
+size_t GraphKeyHash::operator()(const GraphKey& k) const {
+  size_t seed = 0;
+  hash_combine(seed, static_cast<int64_t>(k.kind));
+  hash_combine(seed, k.device);
+  hash_combine(seed, k.cc_major * 16 + k.cc_minor);
+  hash_combine(seed, k.cudnn_version);
+  hash_combine(seed, k.dtype);
+  hash_combine(seed, (k.channels_last << 1) | k.allow_tf32);
+  hash_combine(seed, k.alignment);
+  hash_combine(seed, (static_cast<int64_t>(k.policy.mode) << 2) | (k.policy.deterministic << 1) |
+                         k.policy.aten_under_benchmark);
+  hash_combine(seed, k.policy.workspace_limit);
+  hash_combine(seed, k.policy.benchmark_candidates);
+  hash_combine(seed, static_cast<int64_t>(std::hash<std::string>{}(k.policy.pinned)));
+  std::visit([&seed](const auto& shape) { hash_shape(seed, shape); }, k.shape);
+  return seed;
+}
+
+}  // namespace tcf
