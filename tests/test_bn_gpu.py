@@ -139,6 +139,26 @@ def test_nchw_input_runs_eager_with_the_reason(extension):
         bn(x)
 
 
+@pytest.mark.parametrize("x_size, channels_last, expected", [
+    ([8, 16, 4, 4], True, []),
+    ([-1, -1, -1, -1], True, []),  # sizes torch.compile traces: the batch check is left to the run
+    ([8, 16, 4, 4], False, ["not channels_last"]),
+    ([8, 16, 4], True, ["3-D"]),
+    ([1, 16, 1, 1], True, ["one value per channel"]),
+    ([1, 16, 1, 1], False, ["not channels_last", "one value per channel"]),
+])
+def test_the_batch_norm_verdict_names_each_unmet_requirement(extension, x_size, channels_last, expected):
+    """The BatchNorm requirements live in C++ (csrc/core/requirements.cpp), asked before any plan is built; a layer
+    that misses them runs eager with the verdict as its reason."""
+    unmet = extension.batch_norm_layer_verdict(x_size, channels_last)
+    assert len(unmet) == len(expected) and all(part in why for part, why in zip(expected, unmet)), unmet
+    if expected and len(x_size) == 4:
+        misses = tcf.plan_cache_stats()["misses"]
+        refusals = extension.check_batch_norm_layer("bfloat16", channels_last, 0, x_size, True, False, 1, 1e-5, 0)
+        assert set(refusals.values()) == {"; ".join(unmet)}, refusals
+        assert tcf.plan_cache_stats()["misses"] == misses  # no plan asked for
+
+
 @pytest.mark.parametrize("groups", [1, 64])
 def test_conv_bn_relu_eval_runs_the_folded_fused_conv(extension, groups):
     torch.manual_seed(0)
@@ -477,7 +497,6 @@ def test_conv_bn_relu_training_runs_the_legacy_api_where_the_graph_is_refused(ex
     backward), says so with the graph's refusal as the reason, and matches eager and float64 in the output, every
     gradient and the running statistics over three training steps (each as the one op)."""
     from torch_cudnn_fusion import _extension
-    from torch_cudnn_fusion.ops import decide as fusion
 
     monkeypatch.setattr(_extension, "load", lambda: _GraphRefused(extension))
     try:

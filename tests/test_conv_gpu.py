@@ -5,7 +5,6 @@ import pytest
 import torch
 
 import torch_cudnn_fusion as tcf
-from torch_cudnn_fusion.ops import decide as fusion
 from torch_cudnn_fusion.ops import LayerCall
 
 from conftest import assert_as_accurate_as_eager, gpu, reference_conv_bias_act

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 import torch_cudnn_fusion as tcf
-from torch_cudnn_fusion.ops import decide as fusion
 
 
 @pytest.mark.parametrize(

@@ -180,6 +180,51 @@ def test_plan_file_round_trip_skips_building_and_tuning(extension, tmp_path):
     print("plan file:", saved, "plans;", notes)
 
 
+def test_plan_file_keys_hold_each_graph_family_s_own_shape(extension, tmp_path):
+    """Saved keys: a conv graph's shape is the conv's (dgrad and wgrad without the forward's epilogue), a BatchNorm's
+    its input and activation, the ReLU backward's the conv output y alone (no key dressed up as a 1x1 conv), and every
+    policy carries the benchmark tuning policy.py sets."""
+    from torch_cudnn_fusion import policy
+
+    tcf.clear_plan_cache()
+    model = _small_model()
+    _train_step(model, _input(16, 32, 28, 28, dtype=torch.float32))
+    # NCHW: not our NHWC kernel, so the ReLU backward's own graph is asked.
+    shape = (4, 16, 9, 9)
+    grad = torch.randn(*shape, device="cuda")
+    y = torch.relu(torch.randn(*shape, device="cuda"))
+    dz, dbias = torch.ops.cudnn_fusion.relu_bias_backward(grad, y)
+    expected = torch.ops.aten.threshold_backward(grad, y, 0)
+    torch.testing.assert_close(dz, expected)
+    torch.testing.assert_close(dbias, expected.sum((0, 2, 3)), rtol=1e-5, atol=1e-4)
+    path = tmp_path / "plans.json"
+    assert tcf.save_plan_cache(path) > 0
+    keys = {}
+    for plan in json.loads(path.read_text())["plans"]:
+        keys.setdefault(plan["graph"], []).append(plan["key"])
+    conv = {"x_size", "w_size", "stride", "pad_pre", "pad_post", "dilation", "groups", "epilogue"}
+    assert {"conv_bias_act forward", "conv dgrad", "conv wgrad", "batchnorm forward", "batchnorm backward"} <= set(keys)
+    for graph, graph_keys in keys.items():
+        for key in graph_keys:
+            assert key["policy"][4] == policy.BENCHMARK_CANDIDATES, key
+            assert key["policy"][5] == (graph == "batchnorm backward"), (graph, key)
+            if graph.startswith("conv"):
+                assert set(key["shape"]) == conv, key
+                if graph != "conv_bias_act forward":
+                    assert key["shape"]["epilogue"] == [False, False, False], key
+            elif graph.startswith("batchnorm"):
+                assert set(key["shape"]) == {"x_size", "running_stats", "has_residual", "activation"}, key
+                assert key["shape"]["x_size"][1] == 64
+                if graph == "batchnorm forward":
+                    assert key["shape"]["activation"] == 1 and key["shape"]["running_stats"], key
+    if "relu_bias backward" in keys:  # built: its key is y's shape and nothing else
+        assert keys["relu_bias backward"][0]["shape"] == {"y_size": list(shape)}, keys["relu_bias backward"]
+    else:  # refused (NCHW): the refusal describes y alone
+        refusal = tcf.plan_cache_stats()["last_runtime_fallback"]
+        assert f"relu_bias backward graph (y {list(shape)}" in refusal, refusal
+    print("graphs saved:", sorted(keys))
+
+
 def _layer_and_plan_file(tmp_path):
     """A fused layer that ran once, and the plan file of its plans."""
     path = tmp_path / "plans.json"
@@ -297,3 +342,5 @@ def test_the_verdict_states_each_rule_once(extension, dtype, cin, cout, groups, 
         assert not status.fused and status.reason.startswith(expected), status
     else:
         assert not status.reason.startswith(("groups=", "in_channels=")), status
+        if policy is None:  # the stems: cuDNN pads their few channels and runs them fused
+            assert status.fused, status
