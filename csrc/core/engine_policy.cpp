@@ -34,24 +34,6 @@ void set_benchmark_tuning(int64_t candidates, const std::vector<GraphKind>& aten
   aten_timed_kinds.store(kinds);
 }
 
-const char* graph_short_name(GraphKind kind) {
-  switch (kind) {
-    case GraphKind::kConvBiasAct:
-      return "forward";
-    case GraphKind::kReluBiasBackward:
-      return "relu_bias_backward";
-    case GraphKind::kConvDgrad:
-      return "dgrad";
-    case GraphKind::kConvWgrad:
-      return "wgrad";
-    case GraphKind::kBatchNormForward:
-      return "batchnorm_forward";
-    case GraphKind::kBatchNormBackward:
-      return "batchnorm_backward";
-  }
-  return "unknown";
-}
-
 int64_t register_policy(const RegisteredPolicy& policy) {
   std::lock_guard<std::mutex> lock(registry_mutex);
   auto& policies = registry();

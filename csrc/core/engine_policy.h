@@ -30,8 +30,5 @@ void set_benchmark_tuning(int64_t candidates, const std::vector<GraphKind>& aten
 // A kind the policy pins no engine for gets the heuristic's choice.
 EnginePolicy policy_for(int64_t id, GraphKind kind);
 
-// The graph names policies and the engine listing use: "forward", "relu_bias_backward", "dgrad", "wgrad",
-// "batchnorm_forward", "batchnorm_backward".
-const char* graph_short_name(GraphKind kind);
 
 }  // namespace tcf

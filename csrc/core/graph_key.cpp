@@ -6,41 +6,31 @@
 
 namespace tcf {
 
-const char* graph_kind_name(GraphKind kind) {
-  switch (kind) {
-    case GraphKind::kConvBiasAct:
-      return "conv_bias_act forward";
-    case GraphKind::kReluBiasBackward:
-      return "relu_bias backward";
-    case GraphKind::kConvDgrad:
-      return "conv dgrad";
-    case GraphKind::kConvWgrad:
-      return "conv wgrad";
-    case GraphKind::kBatchNormForward:
-      return "batchnorm forward";
-    case GraphKind::kBatchNormBackward:
-      return "batchnorm backward";
-  }
-  return "unknown graph";
+namespace {
+
+// Per GraphKind, in its order: the name in messages, and the name policies and the engine listing use.
+struct KindNames {
+  const char* name;
+  const char* short_name;
+};
+constexpr KindNames kKinds[kGraphKinds] = {
+    {"conv_bias_act forward", "forward"},         {"relu_bias backward", "relu_bias_backward"},
+    {"conv dgrad", "dgrad"},                      {"conv wgrad", "wgrad"},
+    {"batchnorm forward", "batchnorm_forward"},   {"batchnorm backward", "batchnorm_backward"},
+};
+
+bool known(GraphKind kind) { return static_cast<int64_t>(kind) >= 0 && static_cast<int64_t>(kind) < kGraphKinds; }
+
+}  // namespace
+
+const char* graph_kind_name(GraphKind kind) { return known(kind) ? kKinds[static_cast<int>(kind)].name : "unknown graph"; }
+
+const char* graph_short_name(GraphKind kind) {
+  return known(kind) ? kKinds[static_cast<int>(kind)].short_name : "unknown";
 }
 
 std::array<int64_t, 4> ConvShape::y_size() const {
   return conv_output_size(x_size, w_size, stride, pad_pre, pad_post, dilation);
-}
-
-bool shape_matches_kind(const GraphKey& key) {
-  switch (key.kind) {
-    case GraphKind::kConvBiasAct:
-    case GraphKind::kConvDgrad:
-    case GraphKind::kConvWgrad:
-      return std::holds_alternative<ConvShape>(key.shape);
-    case GraphKind::kReluBiasBackward:
-      return std::holds_alternative<ReluBiasShape>(key.shape);
-    case GraphKind::kBatchNormForward:
-    case GraphKind::kBatchNormBackward:
-      return std::holds_alternative<BatchNormShape>(key.shape);
-  }
-  return false;
 }
 
 namespace {

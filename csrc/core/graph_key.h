@@ -21,7 +21,11 @@ enum class GraphKind : int8_t {
 };
 constexpr int64_t kGraphKinds = 6;
 
+// "conv dgrad", "batchnorm forward", ...: the graph's name in messages.
 const char* graph_kind_name(GraphKind kind);
+// "forward", "relu_bias_backward", "dgrad", "wgrad", "batchnorm_forward", "batchnorm_backward": the names policies
+// (EnginePolicy's engines) and the engine listing use.
+const char* graph_short_name(GraphKind kind);
 
 // The activation after a BatchNorm (and its backward).
 enum class Activation : int64_t { kNone = 0, kRelu = 1, kRelu6 = 2 };
@@ -116,9 +120,6 @@ struct GraphKey {
   }
   bool operator==(const GraphKey& other) const { return tie() == other.tie(); }
 };
-
-// Whether `kind`'s family is the one `key.shape` holds (a key read from a plan file is checked with it).
-bool shape_matches_kind(const GraphKey& key);
 
 struct GraphKeyHash {
   size_t operator()(const GraphKey& key) const;

@@ -155,9 +155,6 @@ void check_conv_problem(const ConvProblem& p) {
   }
 }
 
-std::array<int64_t, 4> ConvProblem::y_size() const {
-  return conv_output_size(x_size, w_size, stride, pad_pre, pad_post, dilation);
-}
 
 std::vector<int64_t> dense_strides(const std::array<int64_t, 4>& size, bool channels_last) {
   const int64_t n = size[0], c = size[1], h = size[2], w = size[3];
@@ -197,11 +194,9 @@ GraphKey make_graph_key(GraphKind kind, const ConvProblem& p, const std::array<i
   }
   auto key = key_common(kind, p.dtype, p.channels_last, p.device, p.policy, alignment);
   key.allow_tf32 = p.dtype == at::kFloat && at::globalContext().allowTF32CuDNN();
-  ConvShape shape{p.x_size, p.w_size, p.stride, p.pad_pre, p.pad_post, p.dilation, p.groups};
-  if (kind == GraphKind::kConvBiasAct) {  // dgrad and wgrad keys leave the epilogue unset: it cannot split them
-    shape.has_bias = p.has_bias;
-    shape.has_residual = p.has_residual;
-    shape.relu = p.relu;
+  ConvShape shape = p;
+  if (kind != GraphKind::kConvBiasAct) {  // dgrad and wgrad do not read the epilogue: it must not split their keys
+    shape.has_bias = shape.has_residual = shape.relu = false;
   }
   key.shape = shape;
   return key;

@@ -17,25 +17,12 @@
 
 namespace tcf {
 
-// One conv layer's configuration: what the graphs are built from. Sizes are in logical NCHW order
-// whatever the memory layout.
-struct ConvProblem {
+// One conv layer's configuration: its shape (the conv graphs' key shape) and what the ops add to it.
+struct ConvProblem : ConvShape {
   at::ScalarType dtype = at::kFloat;
   bool channels_last = true;
   int device = 0;
-  std::array<int64_t, 4> x_size{};  // N, C, H, W
-  std::array<int64_t, 4> w_size{};  // K, C / groups, R, S
-  std::array<int64_t, 2> stride{1, 1};
-  std::array<int64_t, 2> pad_pre{0, 0};
-  std::array<int64_t, 2> pad_post{0, 0};
-  std::array<int64_t, 2> dilation{1, 1};
-  int64_t groups = 1;
-  bool has_bias = false;
-  bool has_residual = false;
-  bool relu = true;
   int64_t policy = 0;  // a registered engine policy's id (engine_policy.h); 0: the heuristic's choice
-
-  std::array<int64_t, 4> y_size() const;
 };
 
 // Raises a c10::Error naming the argument (stride, padding, dilation, groups, channels, sizes) when `p` is not a
