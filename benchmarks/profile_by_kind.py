@@ -1,0 +1,171 @@
+"""Where a model's GPU time goes, by kind of kernel, for eager, torch.compile and fused (tcf.fuse) in one run: a
+training step (forward, backward, SGD) and an inference batch, bf16 autocast, channels_last. torch.profiler's CUDA
+kernel times over a few steps after warm-up, per step, grouped as dense conv, depthwise conv, BatchNorm,
+ReLU/elementwise and other; the step's CUDA-event median beside them. Each kind lists its heaviest kernels, so a
+kernel put in the wrong kind shows in the output.
+
+    python benchmarks/profile_by_kind.py [--model mobilenet_v1|mobilenet_v2|resnet50] [--batch 256] [--no-compile]
+                                         [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import re
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_cudnn_fusion as tcf  # noqa: E402
+from timing import median_ms  # noqa: E402
+
+# Patterns in the order a kernel's name is tested against them (the first that matches gives its kind): a
+# BatchNorm kernel that also applies ReLU (Triton's fused ones, cuDNN's) counts as BatchNorm; cuDNN names its kernels
+# with one channel per group "c1_k1"; cuBLAS's GEMMs (the classifier) share "xmma" and "sm90_" with cuDNN's
+# convolutions, so convolutions are named first by what they do, then GEMMs and the rest, then the generic names.
+PATTERNS = (
+    ("BatchNorm", re.compile(r"batch_?norm|bn_(fw|bw|fwd|bwd)|nhwc_batch|welford|bn_finalize|genstats", re.I)),
+    ("depthwise conv", re.compile(r"depthwise|dwconv|c1_k1|grouped", re.I)),
+    ("dense conv", re.compile(r"conv|fprop|dgrad|wgrad|implicit_gemm|cudnn", re.I)),
+    ("other", re.compile(r"gemm|gemv|nvjet|softmax|nll_loss|cross_entropy|multi_tensor|sgd|memcpy|memset|copy|reduce",
+                         re.I)),
+    ("dense conv", re.compile(r"xmma|cutlass|sm\d\d_", re.I)),
+    ("ReLU / elementwise", re.compile(r"relu|threshold|hardtanh|clamp|elementwise|vectorized|triton_poi|add|mul",
+                                      re.I)),
+)
+KIND_NAMES = ["dense conv", "depthwise conv", "BatchNorm", "ReLU / elementwise", "other"]
+
+
+def kind_of(kernel: str) -> str:
+    for name, pattern in PATTERNS:
+        if pattern.search(kernel):
+            return name
+    return "other"
+
+
+def load_model(name: str) -> torch.nn.Module:
+    if name == "mobilenet_v1":
+        from torch_cudnn_fusion.models import mobilenet_v1
+
+        return mobilenet_v1()
+    import torchvision
+
+    return getattr(torchvision.models, name)()
+
+
+def step_fn(model, x, target, train: bool):
+    if not train:
+        def infer():
+            with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
+                model(x)
+
+        return infer
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", torch.bfloat16):
+            loss = F.cross_entropy(model(x), target)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def kernel_ms_per_step(fn, steps: int) -> dict[str, float]:
+    """Each CUDA kernel's total time per call of `fn`, by name (ms)."""
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    out: dict[str, float] = {}
+    for event in prof.key_averages():
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        us = getattr(event, "self_device_time_total", None)
+        if us is None:
+            us = event.self_cuda_time_total
+        if us > 0:
+            out[event.key] = out.get(event.key, 0.0) + us / 1000.0 / steps
+    return out
+
+
+def by_kind(kernels: dict[str, float]) -> dict[str, dict]:
+    kinds = {name: {"ms": 0.0, "kernels": []} for name in KIND_NAMES}
+    for kernel, ms in sorted(kernels.items(), key=lambda item: -item[1]):
+        entry = kinds[kind_of(kernel)]
+        entry["ms"] += ms
+        entry["kernels"].append((kernel, ms))
+    return kinds
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default="mobilenet_v1", choices=["mobilenet_v1", "mobilenet_v2", "resnet50"])
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--steps", type=int, default=5, help="profiled steps per variant and mode")
+    p.add_argument("--repeats", type=int, default=20, help="timed steps per variant and mode (CUDA-event median)")
+    p.add_argument("--top", type=int, default=3, help="kernels listed per kind")
+    p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    torch.backends.cudnn.benchmark = True
+    torch.manual_seed(0)
+    x = torch.randn(args.batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+    target = torch.randint(0, 1000, (args.batch,), device="cuda")
+    plain = load_model(args.model).cuda().to(memory_format=torch.channels_last)
+    variants = {"eager": lambda: copy.deepcopy(plain), "fused": lambda: tcf.fuse(copy.deepcopy(plain))[0]}
+    if not args.no_compile:
+        variants["torch.compile"] = lambda: torch.compile(copy.deepcopy(plain))
+    out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
+           "model": args.model, "batch": args.batch, "rows": []}
+    for mode in ("train", "inference"):
+        for variant, make in variants.items():
+            row = {"variant": variant, "mode": mode}
+            model = None
+            try:
+                model = make()
+                model.train(mode == "train")
+                fn = step_fn(model, x, target, mode == "train")
+                row["step_ms"] = median_ms(fn, warmup=args.warmup, repeats=args.repeats)
+                row["kinds"] = by_kind(kernel_ms_per_step(fn, args.steps))
+                row["kernel_ms"] = sum(kind["ms"] for kind in row["kinds"].values())
+            except Exception as error:  # noqa: BLE001 — a variant that fails is reported, not fatal
+                row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+            out["rows"].append(row)
+            del model
+            torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    print(f"\n{args.model}, batch {args.batch}, 224x224, bf16 autocast, channels_last ({out['gpu']}, torch "
+          f"{out['torch']}, cuDNN {out['cudnn']}); GPU kernel ms per step by kind, and the step's median")
+    header = f"{'mode':<10}{'variant':<15}{'step ms':>9}{'kernels':>9}" + "".join(f"{k:>20}" for k in KIND_NAMES)
+    print(header)
+    for row in out["rows"]:
+        if "error" in row:
+            print(f"{row['mode']:<10}{row['variant']:<15} failed: {row['error']}")
+            continue
+        print(f"{row['mode']:<10}{row['variant']:<15}{row['step_ms']:>9.2f}{row['kernel_ms']:>9.2f}"
+              + "".join(f"{row['kinds'][k]['ms']:>20.2f}" for k in KIND_NAMES))
+    print("\nheaviest kernels of each kind (ms per step):")
+    for row in out["rows"]:
+        if "error" in row:
+            continue
+        print(f"{row['mode']} / {row['variant']}:")
+        for kind in KIND_NAMES:
+            for kernel, ms in row["kinds"][kind]["kernels"][: args.top]:
+                print(f"    {kind:<20}{ms:>8.3f}  {kernel[:140]}")
+
+
+if __name__ == "__main__":
+    main()
