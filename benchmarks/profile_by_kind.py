@@ -18,11 +18,11 @@ import re
 import sys
 
 import torch
-import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_cudnn_fusion as tcf  # noqa: E402
+from bench_mobilenet import inference_fn, train_step_fn  # noqa: E402
 from timing import median_ms  # noqa: E402
 
 # Patterns in the order a kernel's name is tested against them (the first that matches gives its kind): a
@@ -57,25 +57,6 @@ def load_model(name: str) -> torch.nn.Module:
     import torchvision
 
     return getattr(torchvision.models, name)()
-
-
-def step_fn(model, x, target, train: bool):
-    if not train:
-        def infer():
-            with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
-                model(x)
-
-        return infer
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", torch.bfloat16):
-            loss = F.cross_entropy(model(x), target)
-        loss.backward()
-        opt.step()
-
-    return step
 
 
 def kernel_ms_per_step(fn, steps: int) -> dict[str, float]:
@@ -135,7 +116,7 @@ def main() -> None:
             try:
                 model = make()
                 model.train(mode == "train")
-                fn = step_fn(model, x, target, mode == "train")
+                fn = train_step_fn(model, x, target) if mode == "train" else inference_fn(model, x)
                 row["step_ms"] = median_ms(fn, warmup=args.warmup, repeats=args.repeats)
                 row["kinds"] = by_kind(kernel_ms_per_step(fn, args.steps))
                 row["kernel_ms"] = sum(kind["ms"] for kind in row["kinds"].values())
