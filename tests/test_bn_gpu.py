@@ -55,7 +55,8 @@ def test_batch_norm_act_matches_eager_and_float64(extension, dtype, activation, 
     momentum, eps = 0.1, 1e-5
     refusals = extension.check_batch_norm_layer(str(dtype).split(".")[1], True, 0, list(x.shape), True, residual,
                                                 ACT_CODE[activation], eps, 0)
-    refusal = refusals["legacy"] if implementation == "legacy" else refusals["graph_forward"] or refusals["graph_backward"]
+    graph_refusal = refusals["graph_forward"] or refusals.get("graph_backward", "")
+    refusal = refusals["legacy"] if implementation == "legacy" else graph_refusal
     if implementation == "legacy" and (activation == "relu6" or (residual and activation is None)):
         assert refusal, "the legacy API has no ReLU6 and adds a residual only before an activation"
         return
@@ -90,25 +91,79 @@ def test_batch_norm_act_matches_eager_and_float64(extension, dtype, activation, 
 
 @pytest.mark.parametrize("shape", [(256, 1024, 7, 7), (32, 64, 56, 56)], ids=["7x7", "56x56"])
 def test_backward_chosen_by_timing_under_cudnn_benchmark_is_correct(extension, shape):
-    """With cudnn.benchmark the first backward of a shape times cuDNN's graph against ATen's kernel (both write
-    the outputs) before the chosen one runs: the gradients must still be right."""
+    """With cudnn.benchmark the first backward of a shape (BatchNorm without an activation: with one, the backward
+    is our kernel) times cuDNN's graph against ATen's kernel (both write the outputs) before the chosen one runs:
+    the gradients must still be right."""
     x, w, b, rm, rv, _, grad = make_inputs(torch.bfloat16, False, shape)
     previous = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = True
     try:
         def fused(x, w, b, res, rm, rv):
-            return torch.ops.cudnn_fusion.batch_norm_act(x, w, b, rm, rv, None, 0.1, 1e-5, 1, 0)[0]
+            return torch.ops.cudnn_fusion.batch_norm_act(x, w, b, rm, rv, None, 0.1, 1e-5, 0, 0)[0]
 
         y, grads, _, _ = run(fused, x, w, b, None, grad, rm, rv)
     finally:
         torch.backends.cudnn.benchmark = previous
-    eager = lambda x, w, b, res, rm, rv: reference(x, rm, rv, w, b, 0.1, 1e-5, "relu", None)
+    eager = lambda x, w, b, res, rm, rv: reference(x, rm, rv, w, b, 0.1, 1e-5, None, None)
     y_e, grads_e, _, _ = run(eager, x, w, b, None, grad, rm, rv)
     d = lambda t: t.double()
     y_r, grads_r, _, _ = run(eager, d(x), d(w), d(b), None, d(grad), d(rm), d(rv))
     assert_as_accurate_as_eager("y", y, y_e, y_r, torch.bfloat16)
     for name, g, g_e, g_r in zip(["grad_x", "grad_weight", "grad_bias"], grads, grads_e, grads_r):
         assert_as_accurate_as_eager(name, g, g_e, g_r, torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(4, 30, 9, 9), (64, 64, 56, 56)], ids=["30ch", "64ch-56x56"])
+@pytest.mark.parametrize("activation", ["relu", "relu6"])
+@pytest.mark.parametrize("residual", [False, True], ids=["", "residual"])
+def test_batch_norm_backward_kernel_folds_the_activation_in(extension, dtype, shape, activation, residual):
+    """NHWC BatchNorm + ReLU/ReLU6 backward is our kernel, which applies the activation's mask as it reads dy
+    (recomputed from x, or read from y after a residual add): every gradient against eager and float64, at a
+    channel count no 16-byte vector divides (one element at a time) and at a size spread over many blocks."""
+    x, w, b, rm, rv, res, grad = make_inputs(dtype, residual, shape)
+    act = ACT_CODE[activation]
+
+    def fused(x, w, b, res, rm, rv):
+        return torch.ops.cudnn_fusion.batch_norm_act(x, w, b, rm, rv, res, 0.1, 1e-5, act, 0)[0]
+
+    def eager(x, w, b, res, rm, rv):
+        return reference(x, rm, rv, w, b, 0.1, 1e-5, activation, res)
+
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        y, grads, _, _ = run(fused, x, w, b, res, grad, rm, rv)
+        torch.cuda.synchronize()
+    names = {e.name for e in prof.events()}
+    assert any("batch_norm_act_backward_reduce" in n for n in names), "our BatchNorm backward kernel did not run"
+    assert not names & {"aten::threshold_backward", "aten::hardtanh_backward"}, "a separate activation backward ran"
+    y_e, grads_e, _, _ = run(eager, x, w, b, res, grad, rm, rv)
+    d = lambda t: t.double() if t is not None else None
+    y_r, grads_r, _, _ = run(eager, d(x), d(w), d(b), d(res), d(grad), d(rm), d(rv))
+    assert_as_accurate_as_eager("y", y, y_e, y_r, dtype)
+    names = ["grad_x", "grad_weight", "grad_bias"] + (["grad_residual"] if residual else [])
+    for name, g, g_e, g_r in zip(names, grads, grads_e, grads_r):
+        assert_as_accurate_as_eager(name, g, g_e, g_r, dtype)
+
+
+def test_conv_bn_relu_training_step_runs_no_separate_relu_backward(extension, no_tf32):
+    """A fused Conv2dBNReLU training step under bf16 autocast: BatchNorm's backward with ReLU's folded in is one
+    kernel, no aten::threshold_backward runs, and the layer's status says so."""
+    torch.manual_seed(0)
+    layer = tcf.Conv2dBNReLU(32, 64, 3, padding=1).cuda().to(memory_format=torch.channels_last)
+    x = torch.randn(16, 32, 28, 28, device="cuda").contiguous(memory_format=torch.channels_last)
+    for step in range(2):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
+            with torch.autocast("cuda", torch.bfloat16):
+                y = layer(x)
+            y.float().square().mean().backward()
+            torch.cuda.synchronize()
+        names = [e.name for e in prof.events()]
+        assert any("batch_norm_act_backward_dx" in n for n in names), (step, "our BatchNorm backward did not run")
+        assert "aten::threshold_backward" not in names, step
+    assert layer.fusion_status.backward == (("batch_norm_act_backward", ""),), layer.fusion_status
+    assert "batch_norm_act_backward fused" in str(layer.fusion_status)
 
 
 @pytest.mark.parametrize("momentum", [0.1, None])

@@ -6,33 +6,14 @@
 // Deterministic: each block writes per-channel partial sums; a second kernel adds them in a fixed order.
 #include "kernels/relu_bias_backward_kernel.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-#include <algorithm>
+#include "kernels/nhwc_rows.cuh"
 
 namespace tcf {
 namespace {
 
-constexpr int kThreads = 256;
-
-template <typename T>
-struct Vec {
-  static constexpr int kSize = 16 / sizeof(T);  // elements per 16-byte access
-};
-
-__device__ inline float to_float(float v) { return v; }
-__device__ inline float to_float(__half v) { return __half2float(v); }
-__device__ inline float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ inline T from_float(float v);
-template <>
-__device__ inline float from_float<float>(float v) { return v; }
-template <>
-__device__ inline __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+using nhwc::from_float;
+using nhwc::to_float;
+using nhwc::Vec;
 
 // Block (bx, by): threadIdx.x walks 16-byte channel groups of a row, threadIdx.y walks rows.
 template <typename T>
@@ -80,61 +61,22 @@ __global__ void relu_bias_backward_nhwc(const T* __restrict__ dy, const T* __res
       process(*reinterpret_cast<const uint4*>(dy + offset), *reinterpret_cast<const uint4*>(y + offset), offset);
     }
   }
-  const int width = blockDim.x * kVec;
-#pragma unroll
-  for (int v = 0; v < kVec; ++v) shared[threadIdx.y * width + threadIdx.x * kVec + v] = sums[v];
-  __syncthreads();
-  // Threads of the first row add the block's rows in order and write one partial sum per channel.
-  if (threadIdx.y == 0 && group < groups) {
-#pragma unroll
-    for (int v = 0; v < kVec; ++v) {
-      float total = 0.f;
-      for (int r = 0; r < static_cast<int>(blockDim.y); ++r) total += shared[r * width + threadIdx.x * kVec + v];
-      partial[static_cast<int64_t>(blockIdx.y) * channels + group * kVec + v] = total;
-    }
-  }
+  nhwc::write_block_partial<kVec>(sums, shared, partial, group, groups, channels);
 }
 
-// One block per 32 channels: 32 threads down the partial rows of each channel, then a fixed-order sum (the
-// partial rows number a few per multiprocessor: one thread per channel summing them all took tens of us).
+// One block per 32 channels: the fixed-order sum of the partial rows (see nhwc::sum_partials).
 template <typename T>
 __global__ void finalize_bias_grad(const float* __restrict__ partial, T* __restrict__ dbias, int parts,
                                    int64_t channels) {
-  __shared__ float shared[32][33];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
-  float total = 0.f;
-  if (c < channels) {
-    for (int p = threadIdx.y; p < parts; p += 32) total += partial[static_cast<int64_t>(p) * channels + c];
-  }
-  shared[threadIdx.y][threadIdx.x] = total;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < channels) {
-    float sum = 0.f;
-    for (int r = 0; r < 32; ++r) sum += shared[r][threadIdx.x];
-    dbias[c] = from_float<T>(sum);
-  }
-}
-
-struct Launch {
-  dim3 grid;
-  dim3 block;
-};
-
-Launch launch_shape(int64_t rows, int64_t channels, int element_bytes, int multiprocessors) {
-  const int64_t groups = channels / (16 / element_bytes);
-  const int bx = static_cast<int>(std::min<int64_t>(groups, 64));
-  const int by = kThreads / bx;
-  const int64_t grid_x = (groups + bx - 1) / bx;
-  // Enough blocks to fill the GPU a few times over, no more: each block's partial sums cost a row of memory.
-  const int64_t wanted = std::max<int64_t>(1, multiprocessors * 8 / grid_x);
-  const int64_t grid_y = std::max<int64_t>(1, std::min<int64_t>(wanted, (rows + by - 1) / by));
-  return {dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y)), dim3(bx, by)};
+  float sum = nhwc::sum_partials(partial, parts, channels, c);
+  if (threadIdx.y == 0 && c < channels) dbias[c] = from_float<T>(sum);
 }
 
 template <typename T>
 cudaError_t launch(const void* dy, const void* y, void* dz, float* partial, void* dbias, int64_t rows,
                    int64_t channels, int multiprocessors, cudaStream_t stream) {
-  auto shape = launch_shape(rows, channels, sizeof(T), multiprocessors);
+  auto shape = nhwc::row_launch(rows, channels, Vec<T>::kSize, multiprocessors);
   size_t shared_bytes = static_cast<size_t>(shape.block.x) * Vec<T>::kSize * shape.block.y * sizeof(float);
   relu_bias_backward_nhwc<T><<<shape.grid, shape.block, shared_bytes, stream>>>(
       static_cast<const T*>(dy), static_cast<const T*>(y), static_cast<T*>(dz), partial, rows, channels);
@@ -148,7 +90,7 @@ cudaError_t launch(const void* dy, const void* y, void* dz, float* partial, void
 }  // namespace
 
 int64_t relu_bias_backward_partial_rows(int64_t rows, int64_t channels, int element_bytes, int multiprocessors) {
-  return launch_shape(rows, channels, element_bytes, multiprocessors).grid.y;
+  return nhwc::row_launch(rows, channels, 16 / element_bytes, multiprocessors).grid.y;
 }
 
 cudaError_t launch_relu_bias_backward_nhwc(ElementType type, const void* dy, const void* y, void* dz, float* partial,

@@ -6,9 +6,9 @@
 
 #include <cuda_runtime_api.h>
 
-namespace tcf {
+#include "kernels/element_type.h"
 
-enum class ElementType : int { kHalf = 0, kBFloat16 = 1, kFloat = 2 };
+namespace tcf {
 
 // Rows of float32 partial sums (each `channels` long) the launch needs as scratch.
 int64_t relu_bias_backward_partial_rows(int64_t rows, int64_t channels, int element_bytes, int multiprocessors);

@@ -9,8 +9,11 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/csrc/autograd/variable.h>
 
-#include "ops/run_graph.h"
+#include "core/device.h"
+#include "kernels/batch_norm_backward_kernel.h"
 #include "kernels/running_stats_kernel.h"
+#include "ops/kernel_launch.h"
+#include "ops/run_graph.h"
 
 // The legacy BatchNorm API is deprecated in cuDNN 9 but still the one with fused ReLU forward and backward for
 // NHWC half precision (PyTorch's own cudnn_batch_norm uses it too).
@@ -20,7 +23,8 @@ namespace tcf {
 
 namespace {
 
-
+static_assert(kActivationRelu == static_cast<int>(Activation::kRelu) &&
+              kActivationRelu6 == static_cast<int>(Activation::kRelu6));
 
 Activation activation_from(int64_t value) {
   TORCH_CHECK(value >= 0 && value <= 2, "cudnn_fusion: activation must be 0 (none), 1 (ReLU) or 2 (ReLU6), got ",
@@ -75,6 +79,46 @@ at::Tensor activation_backward(const at::Tensor& grad_y, const at::Tensor& y, Ac
   if (activation == Activation::kRelu) return at::threshold_backward(grad_y, y, 0);
   if (activation == Activation::kRelu6) return at::hardtanh_backward(grad_y, y, 0, 6);
   return grad_y;
+}
+
+// BatchNorm's backward after ReLU/ReLU6 in one kernel: dx, dweight, dbias (float32), and dz (the masked gradient)
+// when it is defined. 16-byte accesses where every tensor allows them, else one element at a time.
+void batch_norm_act_backward_with_kernel(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& y,
+                                         const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& save_mean,
+                                         const at::Tensor& save_invstd, const at::Tensor& dz, const at::Tensor& dx,
+                                         const at::Tensor& dweight, const at::Tensor& dbias, Activation activation) {
+  const int64_t channels = x.size(1);
+  const int64_t rows = x.numel() / channels;
+  const int element_bytes = static_cast<int>(x.element_size());
+  bool vectors = channels % (16 / element_bytes) == 0;
+  for (const auto* t : {&dy, &x, &y, &dz, &dx}) vectors = vectors && (!t->defined() || alignment_of(*t) == 16);
+  const int multiprocessors = multiprocessor_count(x.device().index());
+  const int64_t parts = batch_norm_act_backward_partial_rows(rows, channels, vectors, element_bytes, multiprocessors);
+  auto scratch = at::empty({parts + 2, channels}, x.options().dtype(at::kFloat));
+  poison_output(dx);
+  poison_output(dweight);
+  poison_output(dbias);
+  if (dz.defined()) poison_output(dz);
+  BatchNormActBackwardArgs args{dy.data_ptr(),
+                                x.data_ptr(),
+                                y.defined() ? y.data_ptr() : nullptr,
+                                save_mean.data_ptr<float>(),
+                                save_invstd.data_ptr<float>(),
+                                weight.data_ptr<float>(),
+                                bias.data_ptr<float>(),
+                                dz.defined() ? dz.data_ptr() : nullptr,
+                                dx.data_ptr(),
+                                dweight.data_ptr<float>(),
+                                dbias.data_ptr<float>(),
+                                scratch.data_ptr<float>(),
+                                scratch.data_ptr<float>() + parts * channels,
+                                rows,
+                                channels,
+                                static_cast<int>(activation)};
+  auto status = launch_batch_norm_act_backward_nhwc(element_type(x.scalar_type()), args, vectors, multiprocessors,
+                                                    current_stream());
+  TORCH_CHECK(status == cudaSuccess, "cudnn_fusion: the batch_norm_act_backward kernel failed to launch: ",
+              cudaGetErrorString(status));
 }
 
 // ---- the legacy cuDNN BatchNorm API ----
@@ -355,8 +399,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
       return {dx, has_residual ? dresidual : at::empty({0}, x.options()), dweight, dbias};
     }
   }
-  // The activation's backward, then BatchNorm's: a graph with ReLU backward reading a saved (non-virtual) tensor
-  // was refused, as was BN-inference -> ReLU backward -> BN backward with half-precision gradients.
+  if (activation != Activation::kNone && channels_last && x.numel() > 0) {
+    // Our kernel: the activation's mask applied as dy is read, no separate ReLU-backward pass (see
+    // kernels/batch_norm_backward_kernel.cu). The mask comes from y only where a residual was added before it.
+    auto dresidual = has_residual ? at::empty(x.sizes(), x.options().memory_format(format)) : at::Tensor();
+    batch_norm_act_backward_with_kernel(dy, x_dense, has_residual ? y_dense : at::Tensor(), weight, bias, save_mean,
+                                        save_invstd, dresidual, dx, dweight, dbias, activation);
+    return {dx, has_residual ? dresidual : at::empty({0}, x.options()), dweight, dbias};
+  }
+  // NCHW: the activation's backward, then BatchNorm's. (cuDNN refused a graph with ReLU backward reading a saved,
+  // non-virtual tensor, and BN-inference -> ReLU backward -> BN backward with half-precision gradients.)
   auto dz = activation_backward(dy, y_dense, activation).contiguous(format);
   auto dresidual = has_residual ? dz : at::empty({0}, x.options());
   auto aten_backward = [&]() {
@@ -418,13 +470,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_batc
     // In place, as nn.BatchNorm2d: one launch writes both statistics and counts the step (batch_norm_act_forward
     // checked that they are float32, contiguous and on x's device).
     c10::DeviceGuard guard(x.device());
-    cudaStream_t stream = nullptr;  // the current stream, which PyTorch's cuDNN handle is bound to
-    TORCH_CHECK(cudnnGetStream(at::native::getCudnnHandle(), &stream) == CUDNN_STATUS_SUCCESS,
-                "cudnn_fusion: could not read the current CUDA stream");
     auto status = launch_commit_running_stats(
         running_mean->data_ptr<float>(), running_var->data_ptr<float>(), next_mean.data_ptr<float>(),
         next_var.data_ptr<float>(), counts ? num_batches_tracked->data_ptr<int64_t>() : nullptr, next_mean.numel(),
-        stream);
+        current_stream());
     TORCH_CHECK(status == cudaSuccess, "cudnn_fusion: the running statistics kernel failed to launch: ",
                 cudaGetErrorString(status));
     // The writes run below autograd's in-place bookkeeping: move the version counters here, as the in-place ops
@@ -442,8 +491,11 @@ std::unordered_map<std::string, std::string> check_batch_norm_layer(const BatchN
   std::unordered_map<std::string, std::string> refusals;
   refusals["graph_forward"] =
       get_plan(make_batch_norm_key(GraphKind::kBatchNormForward, problem, {fresh, fresh, fresh}))->refusal;
-  refusals["graph_backward"] =
-      get_plan(make_batch_norm_key(GraphKind::kBatchNormBackward, problem, {fresh, fresh, fresh}))->refusal;
+  // With an activation, NHWC, the backward runs in our kernel (batch_norm_act_backward_with_kernel): no graph.
+  if (problem.activation == Activation::kNone || !problem.channels_last) {
+    refusals["graph_backward"] =
+        get_plan(make_batch_norm_key(GraphKind::kBatchNormBackward, problem, {fresh, fresh, fresh}))->refusal;
+  }
   refusals["legacy"] = legacy_refusal(at::native::getCudnnHandle(), problem, eps);
   return refusals;
 }

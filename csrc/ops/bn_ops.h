@@ -57,7 +57,8 @@ std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>> cast_conv_operands
     at::ScalarType dtype);
 
 // For Python's decision: why each implementation cannot run this layer ("" when it can). Keys "graph_forward",
-// "graph_backward" (cuDNN's refusal of the built plans) and "legacy" (the legacy API's requirements and status).
+// "graph_backward" (cuDNN's refusal of the built plans; absent for an NHWC layer with an activation, whose backward
+// is our kernel) and "legacy" (the legacy API's requirements and status).
 std::unordered_map<std::string, std::string> check_batch_norm_layer(const BatchNormProblem& problem, double eps);
 
 }  // namespace tcf

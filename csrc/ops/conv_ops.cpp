@@ -2,13 +2,13 @@
 
 #include "core/requirements.h"
 #include "core/engine_policy.h"
+#include "ops/kernel_launch.h"
 #include "ops/run_graph.h"
 #include "ops/tensor_checks.h"
 
 #include <atomic>
 #include <limits>
 
-#include <ATen/cudnn/Handle.h>
 #include <c10/core/DeviceGuard.h>
 
 #include "kernels/relu_bias_backward_kernel.h"
@@ -106,10 +106,6 @@ bool use_relu_bias_kernel(bool channels_last, at::ScalarType dtype, int64_t chan
   return channels_last && channels % (16 / static_cast<int64_t>(c10::elementSize(dtype))) == 0;
 }
 
-ElementType element_type(at::ScalarType dtype) {
-  return dtype == at::kHalf ? ElementType::kHalf : dtype == at::kBFloat16 ? ElementType::kBFloat16 : ElementType::kFloat;
-}
-
 // Our NHWC kernel: writes dz and returns the bias gradient (in out's dtype).
 at::Tensor relu_bias_backward_with_kernel(const at::Tensor& dy, const at::Tensor& y, const at::Tensor& dz) {
   int64_t k = y.size(1);
@@ -121,12 +117,9 @@ at::Tensor relu_bias_backward_with_kernel(const at::Tensor& dy, const at::Tensor
   auto dbias = at::empty({k}, y.options());
   poison_output(dz);
   poison_output(dbias);
-  cudaStream_t stream = nullptr;  // the current stream, which PyTorch's cuDNN handle is bound to
-  TORCH_CHECK(cudnnGetStream(at::native::getCudnnHandle(), &stream) == CUDNN_STATUS_SUCCESS,
-              "cudnn_fusion: could not read the current CUDA stream");
   auto status = launch_relu_bias_backward_nhwc(element_type(y.scalar_type()), dy.data_ptr(), y.data_ptr(),
                                                dz.data_ptr(), partial.data_ptr<float>(), dbias.data_ptr(), rows, k,
-                                               multiprocessors, stream);
+                                               multiprocessors, current_stream());
   TORCH_CHECK(status == cudaSuccess, "cudnn_fusion: the relu_bias_backward kernel failed to launch: ",
               cudaGetErrorString(status));
   return dbias;

@@ -95,7 +95,8 @@ class FusionStatus:
     fused: the forward runs as one cuDNN graph. reason: why not, when it does not (for a fused layer, a note, if
     any). backward: for each fused backward step, "" when it runs fused or the reason it runs in ATen:
     "relu_bias_backward" (ReLU backward with the bias-gradient reduction: our kernel for NHWC, a cuDNN graph
-    otherwise), "dgrad" and "wgrad" (cuDNN graphs).
+    otherwise), "dgrad" and "wgrad" (cuDNN graphs), "batch_norm_act_backward" (BatchNorm's backward with its
+    activation's: our kernel).
     """
 
     fused: bool
@@ -279,9 +280,12 @@ def _decide_batch_norm(values: tuple) -> Decision:
         SUPPORTED_DTYPES[config.dtype], config.channels_last, config.device_index, list(config.x_size),
         config.running_stats, config.has_residual, int(config.activation), config.eps, policy_id(config.policy),
     )
-    graph_refusal = refusals["graph_forward"] or (refusals["graph_backward"] if config.needs_grad else "")
+    graph_refusal = refusals["graph_forward"] or (refusals.get("graph_backward", "") if config.needs_grad else "")
     if not graph_refusal:
-        return Decision(True, "", (), "cudnn_graph")
+        # NHWC with an activation: the backward is our kernel, with the activation's mask folded in (C++ builds
+        # no BatchNorm backward graph for it and reports none)
+        folded = config.needs_grad and "graph_backward" not in refusals
+        return Decision(True, "", (("batch_norm_act_backward", ""),) if folded else (), "cudnn_graph")
     if not refusals["legacy"]:
         return Decision(True, f"the cuDNN graph was refused: {graph_refusal}", (), "cudnn_legacy")
     return Decision.eager(f"{graph_refusal}; and {refusals['legacy']}")

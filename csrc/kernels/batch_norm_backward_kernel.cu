@@ -1,0 +1,247 @@
+// BatchNorm's training backward with its activation's backward folded in, for dense NHWC tensors. With
+// xc = x - mean (the saved batch mean), a = invstd * weight and M the rows (N*H*W):
+//   g        = dy where the activation passed, else 0   (ReLU: v > 0; ReLU6: 0 < v < 6)
+//   dbias    = sum of g over the rows;  dweight = invstd * sum of g * xc
+//   dx       = a * (g - dbias / M - xc * invstd * dweight / M)
+// v is the forward output y (read) when a residual was added before the activation, else the pre-activation
+// xc * invstd * weight + bias recomputed here and rounded to the storage type, as the forward's output was: the
+// mask then costs no read. Eager runs ReLU backward as one more pass over memory (threshold_backward reads dy and y,
+// writes dz) before BatchNorm's backward reads dz twice: here the mask is applied as dy is read.
+// Three launches: per-block partial sums of g and g * xc; their fixed-order sum (deterministic, no atomics) into
+// dweight, dbias and the dx coefficients; dx. With a residual, the first writes g (the residual's gradient) and the
+// last reads it back instead of dy and y.
+#include "kernels/batch_norm_backward_kernel.h"
+
+#include "kernels/nhwc_rows.cuh"
+
+namespace tcf {
+namespace {
+
+using nhwc::from_float;
+using nhwc::Pack;
+using nhwc::to_float;
+
+// The per-channel values a thread keeps for its V channels.
+template <int V>
+struct Channels {
+  float mean[V], invstd[V], weight[V], bias[V];
+
+  __device__ void load(const float* __restrict__ save_mean, const float* __restrict__ save_invstd,
+                       const float* __restrict__ w, const float* __restrict__ b, int64_t column) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      mean[v] = save_mean[column + v];
+      invstd[v] = save_invstd[column + v];
+      weight[v] = w[column + v];
+      bias[v] = b[column + v];
+    }
+  }
+};
+
+__device__ inline bool passes(float v, int activation) {
+  return activation == kActivationRelu6 ? (v > 0.f && v < 6.f) : v > 0.f;
+}
+
+// g for one element. Explicit roundings, no contraction: both passes must reach the same mask bit for bit.
+template <typename T, bool kFromY>
+__device__ inline float masked_grad(float dy, float xc, float y, float invstd, float weight, float bias,
+                                    int activation) {
+  float v = y;
+  if (!kFromY) v = to_float(from_float<T>(__fadd_rn(__fmul_rn(__fmul_rn(xc, invstd), weight), bias)));
+  return passes(v, activation) ? dy : 0.f;
+}
+
+// Pass 1: per-block partial sums of g (partial[0]) and g * xc (partial[1]); g written to dz when dz is not null.
+// Two blocks per multiprocessor at least: more loads in flight than one block of the unrolled loop keeps.
+template <typename T, int V, bool kFromY>
+__global__ void __launch_bounds__(nhwc::kThreads, 2) batch_norm_act_backward_reduce(const T* __restrict__ dy, const T* __restrict__ x,
+                                               const T* __restrict__ y, const float* __restrict__ save_mean,
+                                               const float* __restrict__ save_invstd, const float* __restrict__ weight,
+                                               const float* __restrict__ bias, T* __restrict__ dz,
+                                               float* __restrict__ partial, int64_t rows, int64_t channels,
+                                               int activation) {
+  extern __shared__ float shared[];  // [blockDim.y][blockDim.x * V]
+  using P = Pack<T, V>;
+  const int64_t groups = channels / V;
+  const int64_t group = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  float sum_g[V], sum_gx[V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) sum_g[v] = sum_gx[v] = 0.f;
+  if (group < groups) {
+    const int64_t column = group * V;
+    Channels<V> ch;
+    ch.load(save_mean, save_invstd, weight, bias, column);
+    const int64_t step = static_cast<int64_t>(gridDim.y) * blockDim.y;
+    auto process = [&](const P& dy_p, const P& x_p, const P& y_p, int64_t offset) {
+      P g_p;
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        float xc = __fsub_rn(to_float(x_p.v[v]), ch.mean[v]);
+        float g = masked_grad<T, kFromY>(to_float(dy_p.v[v]), xc, kFromY ? to_float(y_p.v[v]) : 0.f, ch.invstd[v],
+                                         ch.weight[v], ch.bias[v], activation);
+        sum_g[v] += g;
+        sum_gx[v] += g * xc;
+        g_p.v[v] = from_float<T>(g);
+      }
+      if (dz != nullptr) *reinterpret_cast<P*>(dz + offset) = g_p;
+    };
+    int64_t row = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y;
+    // Four rows a step, all loads issued before any use: more bytes in flight per thread.
+    constexpr int kUnroll = 4;
+    for (; row + (kUnroll - 1) * step < rows; row += kUnroll * step) {
+      P dy_p[kUnroll], x_p[kUnroll], y_p[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t offset = (row + u * step) * channels + column;
+        dy_p[u] = *reinterpret_cast<const P*>(dy + offset);
+        x_p[u] = *reinterpret_cast<const P*>(x + offset);
+        if (kFromY) y_p[u] = *reinterpret_cast<const P*>(y + offset);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) process(dy_p[u], x_p[u], y_p[u], (row + u * step) * channels + column);
+    }
+    for (; row < rows; row += step) {
+      const int64_t offset = row * channels + column;
+      P y_p;
+      if (kFromY) y_p = *reinterpret_cast<const P*>(y + offset);
+      process(*reinterpret_cast<const P*>(dy + offset), *reinterpret_cast<const P*>(x + offset), y_p, offset);
+    }
+  }
+  nhwc::write_block_partial<V>(sum_g, shared, partial, group, groups, channels);
+  nhwc::write_block_partial<V>(sum_gx, shared, partial + static_cast<int64_t>(gridDim.y) * channels, group, groups,
+                               channels);
+}
+
+// Pass 2, one block per 32 channels: dbias, dweight, and coefficient[c] = (dbias / M, invstd^2 * sum(g xc) / M).
+__global__ void batch_norm_act_backward_finalize(const float* __restrict__ partial, int parts,
+                                                 const float* __restrict__ save_invstd, float* __restrict__ dweight,
+                                                 float* __restrict__ dbias, float* __restrict__ coefficient,
+                                                 int64_t rows, int64_t channels) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  const float sum_g = nhwc::sum_partials(partial, parts, channels, c);
+  const float sum_gx = nhwc::sum_partials(partial + static_cast<int64_t>(parts) * channels, parts, channels, c);
+  if (threadIdx.y == 0 && c < channels) {
+    const float invstd = save_invstd[c];
+    const float m = static_cast<float>(rows);
+    dbias[c] = sum_g;
+    dweight[c] = sum_gx * invstd;
+    coefficient[c] = sum_g / m;
+    coefficient[channels + c] = sum_gx * invstd * invstd / m;
+  }
+}
+
+// Pass 3: dx. g is read back from dz when pass 1 wrote it, else recomputed from dy (and y) as pass 1 did.
+template <typename T, int V, bool kFromY>
+__global__ void __launch_bounds__(nhwc::kThreads, 2) batch_norm_act_backward_dx(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ y,
+                                           const T* __restrict__ dz, const float* __restrict__ save_mean,
+                                           const float* __restrict__ save_invstd, const float* __restrict__ weight,
+                                           const float* __restrict__ bias, const float* __restrict__ coefficient,
+                                           T* __restrict__ dx, int64_t rows, int64_t channels, int activation) {
+  using P = Pack<T, V>;
+  const int64_t groups = channels / V;
+  const int64_t group = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (group >= groups) return;
+  const int64_t column = group * V;
+  Channels<V> ch;
+  ch.load(save_mean, save_invstd, weight, bias, column);
+  float mean_g[V], slope[V], scale[V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    mean_g[v] = coefficient[column + v];
+    slope[v] = coefficient[channels + column + v];
+    scale[v] = ch.invstd[v] * ch.weight[v];
+  }
+  const int64_t step = static_cast<int64_t>(gridDim.y) * blockDim.y;
+  auto process = [&](const P& dy_p, const P& x_p, const P& y_p, int64_t offset) {
+    P dx_p;
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      float xc = __fsub_rn(to_float(x_p.v[v]), ch.mean[v]);
+      float g = dz != nullptr ? to_float(dy_p.v[v])
+                              : masked_grad<T, kFromY>(to_float(dy_p.v[v]), xc, kFromY ? to_float(y_p.v[v]) : 0.f,
+                                                       ch.invstd[v], ch.weight[v], ch.bias[v], activation);
+      dx_p.v[v] = from_float<T>(scale[v] * (g - mean_g[v] - xc * slope[v]));
+    }
+    *reinterpret_cast<P*>(dx + offset) = dx_p;
+  };
+  // With dz, g is read from it (passed as dy below) and y is not needed.
+  const T* g_source = dz != nullptr ? dz : dy;
+  const bool read_y = kFromY && dz == nullptr;
+  int64_t row = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y;
+  constexpr int kUnroll = 4;
+  for (; row + (kUnroll - 1) * step < rows; row += kUnroll * step) {
+    P dy_p[kUnroll], x_p[kUnroll], y_p[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t offset = (row + u * step) * channels + column;
+      dy_p[u] = *reinterpret_cast<const P*>(g_source + offset);
+      x_p[u] = *reinterpret_cast<const P*>(x + offset);
+      if (read_y) y_p[u] = *reinterpret_cast<const P*>(y + offset);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) process(dy_p[u], x_p[u], y_p[u], (row + u * step) * channels + column);
+  }
+  for (; row < rows; row += step) {
+    const int64_t offset = row * channels + column;
+    P y_p;
+    if (read_y) y_p = *reinterpret_cast<const P*>(y + offset);
+    process(*reinterpret_cast<const P*>(g_source + offset), *reinterpret_cast<const P*>(x + offset), y_p, offset);
+  }
+}
+
+template <typename T, int V, bool kFromY>
+cudaError_t launch_passes(const BatchNormActBackwardArgs& a, int multiprocessors, cudaStream_t stream) {
+  auto shape = nhwc::row_launch(a.rows, a.channels, V, multiprocessors);
+  const T* dy = static_cast<const T*>(a.dy);
+  const T* x = static_cast<const T*>(a.x);
+  const T* y = static_cast<const T*>(a.y);
+  T* dz = static_cast<T*>(a.dz);
+  size_t shared_bytes = static_cast<size_t>(shape.block.x) * V * shape.block.y * sizeof(float);
+  batch_norm_act_backward_reduce<T, V, kFromY><<<shape.grid, shape.block, shared_bytes, stream>>>(
+      dy, x, y, a.save_mean, a.save_invstd, a.weight, a.bias, dz, a.partial, a.rows, a.channels, a.activation);
+  cudaError_t status = cudaGetLastError();
+  if (status != cudaSuccess) return status;
+  batch_norm_act_backward_finalize<<<static_cast<unsigned>((a.channels + 31) / 32), dim3(32, 32), 0, stream>>>(
+      a.partial, static_cast<int>(shape.grid.y), a.save_invstd, a.dweight, a.dbias, a.coefficient, a.rows,
+      a.channels);
+  status = cudaGetLastError();
+  if (status != cudaSuccess) return status;
+  batch_norm_act_backward_dx<T, V, kFromY><<<shape.grid, shape.block, 0, stream>>>(
+      dy, x, y, dz, a.save_mean, a.save_invstd, a.weight, a.bias, a.coefficient, static_cast<T*>(a.dx), a.rows,
+      a.channels, a.activation);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_typed(const BatchNormActBackwardArgs& a, bool vectors, int multiprocessors,
+                         cudaStream_t stream) {
+  constexpr int kVec = nhwc::Vec<T>::kSize;
+  if (a.y != nullptr) {
+    return vectors ? launch_passes<T, kVec, true>(a, multiprocessors, stream)
+                   : launch_passes<T, 1, true>(a, multiprocessors, stream);
+  }
+  return vectors ? launch_passes<T, kVec, false>(a, multiprocessors, stream)
+                 : launch_passes<T, 1, false>(a, multiprocessors, stream);
+}
+
+}  // namespace
+
+int64_t batch_norm_act_backward_partial_rows(int64_t rows, int64_t channels, bool vectors, int element_bytes,
+                                             int multiprocessors) {
+  return 2 * nhwc::row_launch(rows, channels, vectors ? 16 / element_bytes : 1, multiprocessors).grid.y;
+}
+
+cudaError_t launch_batch_norm_act_backward_nhwc(ElementType type, const BatchNormActBackwardArgs& args, bool vectors,
+                                                int multiprocessors, cudaStream_t stream) {
+  switch (type) {
+    case ElementType::kHalf:
+      return launch_typed<__half>(args, vectors, multiprocessors, stream);
+    case ElementType::kBFloat16:
+      return launch_typed<__nv_bfloat16>(args, vectors, multiprocessors, stream);
+    case ElementType::kFloat:
+      return launch_typed<float>(args, vectors, multiprocessors, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace tcf

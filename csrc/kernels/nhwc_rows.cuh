@@ -1,0 +1,97 @@
+// What our NHWC kernels share: float conversions of the storage types, 16-byte channel vectors, and the launch
+// shape of a kernel that walks the rows (N*H*W) of a [rows, channels] view with per-channel partial sums.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace tcf {
+namespace nhwc {
+
+constexpr int kThreads = 256;
+
+template <typename T>
+struct Vec {
+  static constexpr int kSize = 16 / sizeof(T);  // elements per 16-byte access
+};
+
+// V consecutive channels, loaded and stored as one access (16 bytes when V is Vec<T>::kSize).
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+__device__ inline float to_float(float v) { return v; }
+__device__ inline float to_float(__half v) { return __half2float(v); }
+__device__ inline float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ inline T from_float(float v);
+template <>
+__device__ inline float from_float<float>(float v) { return v; }
+template <>
+__device__ inline __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+struct Launch {
+  dim3 grid;
+  dim3 block;
+};
+
+// Block (bx, by): threadIdx.x walks groups of `vector` channels of a row, threadIdx.y walks rows; blockIdx.y picks
+// a share of the rows. Enough blocks to fill the GPU a few times over, no more: each block row of partial sums costs
+// a row of memory and a step of the final sum.
+inline Launch row_launch(int64_t rows, int64_t channels, int vector, int multiprocessors) {
+  const int64_t groups = channels / vector;
+  const int bx = static_cast<int>(std::min<int64_t>(groups, 64));
+  const int by = kThreads / bx;
+  const int64_t grid_x = (groups + bx - 1) / bx;
+  const int64_t wanted = std::max<int64_t>(1, multiprocessors * 8 / grid_x);
+  const int64_t grid_y = std::max<int64_t>(1, std::min<int64_t>(wanted, (rows + by - 1) / by));
+  return {dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y)), dim3(bx, by)};
+}
+
+// Adds the block's rows of per-thread sums (`sums`, V per thread) in a fixed order and writes one partial sum per
+// channel to partial[blockIdx.y][channel]. `shared` holds blockDim.y * blockDim.x * V floats.
+template <int V>
+__device__ inline void write_block_partial(const float (&sums)[V], float* shared, float* __restrict__ partial,
+                                           int64_t group, int64_t groups, int64_t channels) {
+  const int width = blockDim.x * V;
+#pragma unroll
+  for (int v = 0; v < V; ++v) shared[threadIdx.y * width + threadIdx.x * V + v] = sums[v];
+  __syncthreads();
+  if (threadIdx.y == 0 && group < groups) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      float total = 0.f;
+      for (int r = 0; r < static_cast<int>(blockDim.y); ++r) total += shared[r * width + threadIdx.x * V + v];
+      partial[static_cast<int64_t>(blockIdx.y) * channels + group * V + v] = total;
+    }
+  }
+  __syncthreads();  // `shared` may be reused by the caller
+}
+
+// The fixed-order column sum of `parts` rows of partial sums for the channel of thread x of a (32, 32) block with
+// one block per 32 channels: 32 threads down the rows, then one thread adds their 32 results. Valid in thread y 0.
+__device__ inline float sum_partials(const float* __restrict__ partial, int parts, int64_t channels, int64_t c) {
+  __shared__ float shared[32][33];
+  __syncthreads();  // an earlier call's readers are done with `shared`
+  float total = 0.f;
+  if (c < channels) {
+    for (int p = threadIdx.y; p < parts; p += 32) total += partial[static_cast<int64_t>(p) * channels + c];
+  }
+  shared[threadIdx.y][threadIdx.x] = total;
+  __syncthreads();
+  float sum = 0.f;
+  if (threadIdx.y == 0) {
+    for (int r = 0; r < 32; ++r) sum += shared[r][threadIdx.x];
+  }
+  return sum;
+}
+
+}  // namespace nhwc
+}  // namespace tcf
