@@ -197,6 +197,10 @@ def test_plan_file_keys_hold_each_graph_family_s_own_shape(extension, tmp_path):
     expected = torch.ops.aten.threshold_backward(grad, y, 0)
     torch.testing.assert_close(dz, expected)
     torch.testing.assert_close(dbias, expected.sum((0, 2, 3)), rtol=1e-5, atol=1e-4)
+    # BatchNorm with no activation: its backward is a graph (with one, it is our kernel and no graph is built)
+    x = torch.randn(4, 64, 9, 9, device="cuda").contiguous(memory_format=torch.channels_last).requires_grad_()
+    w, b = torch.ones(64, device="cuda"), torch.zeros(64, device="cuda")
+    torch.ops.cudnn_fusion.batch_norm_act(x, w, b, None, None, None, 0.1, 1e-5, 0, 0)[0].sum().backward()
     path = tmp_path / "plans.json"
     assert tcf.save_plan_cache(path) > 0
     keys = {}
@@ -215,8 +219,10 @@ def test_plan_file_keys_hold_each_graph_family_s_own_shape(extension, tmp_path):
             elif graph.startswith("batchnorm"):
                 assert set(key["shape"]) == {"x_size", "running_stats", "has_residual", "activation"}, key
                 assert key["shape"]["x_size"][1] == 64
-                if graph == "batchnorm forward":
+                if graph == "batchnorm forward" and key["shape"]["x_size"][0] == 16:  # the model's layer
                     assert key["shape"]["activation"] == 1 and key["shape"]["running_stats"], key
+                if graph == "batchnorm backward":
+                    assert key["shape"]["activation"] == 0 and key["shape"]["x_size"] == [4, 64, 9, 9], key
     if "relu_bias backward" in keys:  # built: its key is y's shape and nothing else
         assert keys["relu_bias backward"][0]["shape"] == {"y_size": list(shape)}, keys["relu_bias backward"]
     else:  # refused (NCHW): the refusal describes y alone
