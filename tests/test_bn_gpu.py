@@ -231,7 +231,8 @@ def test_conv_bn_relu_eval_runs_the_folded_fused_conv(extension, groups):
     plain.float()
     assert_as_accurate_as_eager("y", y, y_e, y_r, torch.bfloat16)
     status = fused.fusion_status
-    assert status.fused == (groups == 1), status
+    assert status.fused, status  # the depthwise one in our kernel (bias in its epilogue)
+    assert status.implementation == ("cudnn_graph" if groups == 1 else "depthwise_kernel"), status
     assert "BatchNorm folded into the conv" in status.reason
 
 
@@ -400,6 +401,7 @@ def test_conv_bn_training_steps_run_as_one_op_and_match_eager(extension, no_tf32
             assert bn.running_mean._version > versions[0] and bn.running_var._version > versions[1]
             assert bn.num_batches_tracked._version > versions[2]  # counted by the op's launch from the first step
     assert fused.fusion_status.fused, fused.fusion_status
+    assert "conv: PyTorch's cuDNN call" in fused.fusion_status.reason, fused.fusion_status
     if track:  # eval folds the running statistics into the conv: after a further training step the fold is new
         x = torch.randn(8, cin, 14, 14, device="cuda").to(memory_format=torch.channels_last)
         residual = residual.detach() if has_residual else None

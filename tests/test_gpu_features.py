@@ -359,14 +359,15 @@ def test_misaligned_input_is_correct_whatever_cuDNN_decides(extension):
 
 def test_fallbacks_on_the_gpu_say_why_and_match_eager(extension):
     odd = _layer(tcf.Conv2dReLU, 36, 36, 3, padding=1)
-    depthwise = _layer(tcf.Conv2dReLU, 32, 32, 3, padding=1, groups=32)
+    depthwise = _layer(tcf.Conv2dReLU, 32, 32, 7, padding=3, groups=32)  # 7x7: not one our kernels are built for
     x36, x32 = _input(2, 36, 10, 10), _input(2, 32, 10, 10)
     with torch.no_grad():
         torch.testing.assert_close(odd(x36), F.relu(F.conv2d(x36, odd.weight, odd.bias, padding=1)), rtol=0, atol=0)
-        expected = F.relu(F.conv2d(x32, depthwise.weight, depthwise.bias, padding=1, groups=32))
+        expected = F.relu(F.conv2d(x32, depthwise.weight, depthwise.bias, padding=3, groups=32))
         torch.testing.assert_close(depthwise(x32), expected, rtol=0, atol=0)
     assert "not both multiples of 8" in odd.fusion_status.reason
-    assert depthwise.fusion_status.reason.startswith("groups=32")
+    reason = depthwise.fusion_status.reason
+    assert reason.startswith("groups=32") and "kernel_size=(7, 7): our depthwise kernels are built for 3x3" in reason
     with tcf.strict(), pytest.raises(tcf.FusionError, match="groups=32"):
         depthwise(x32)
 

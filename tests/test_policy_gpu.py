@@ -66,10 +66,11 @@ def test_pinned_engine_by_name_runs_that_engine(extension):
 
 
 def test_autotune_chooses_eager_when_eager_is_faster(extension):
-    # A depthwise conv: cuDNN's fused graph ran 6-9x slower than PyTorch's own kernel (FACTS). The heuristic policy
-    # sends it to eager by rule; autotune times it and must come to the same answer by measurement.
+    # A depthwise conv our kernels do not take (7x7): cuDNN's fused graphs ran depthwise convs 6-9x slower than
+    # PyTorch's own kernel (FACTS). The heuristic policy sends it to eager by rule; autotune times it and must come to
+    # the same answer by measurement.
     tcf.clear_plan_cache()
-    layer = _layer(tcf.Conv2dReLU, 512, 512, 3, padding=1, groups=512, policy=tcf.EnginePolicy("autotune"))
+    layer = _layer(tcf.Conv2dReLU, 512, 512, 7, padding=3, groups=512, policy=tcf.EnginePolicy("autotune"))
     x = _input(64, 512, 14, 14)
     with torch.no_grad():
         y = layer(x)
@@ -327,7 +328,8 @@ AUTOTUNE = tcf.EnginePolicy("autotune")
 
 
 @pytest.mark.parametrize("dtype, cin, cout, groups, policy, expected", [
-    (torch.float32, 8, 8, 8, None, "groups=8: grouped and depthwise convolutions run PyTorch's own kernel"),
+    (torch.float32, 8, 8, 4, None, "groups=4: grouped and depthwise convolutions run PyTorch's own kernel"),
+    (torch.float32, 8, 8, 8, None, ""),  # depthwise 3x3: our kernel
     (torch.bfloat16, 12, 16, 1, None, "in_channels=12, out_channels=16: not both multiples of 8"),
     (torch.float32, 8, 6, 1, None, "in_channels=8, out_channels=6: cuDNN's fused float32 engines need multiples of 4"),
     (torch.bfloat16, 3, 64, 1, None, ""),  # a stem's few input channels are exempt (cuDNN pads them)

@@ -10,10 +10,6 @@
 
 namespace tcf {
 
-// The activation codes of the ops (Activation in core/graph_key.h): 1 ReLU, 2 ReLU6.
-constexpr int kActivationRelu = 1;
-constexpr int kActivationRelu6 = 2;
-
 // Tensors are [rows, channels] NHWC views in the element type; per-channel ones float32.
 struct BatchNormActBackwardArgs {
   const void* dy;            // the gradient of the activation's output

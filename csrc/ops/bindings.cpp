@@ -9,6 +9,7 @@
 #include "ops/bn_ops.h"
 #include "ops/conv_bn_call.h"
 #include "ops/conv_ops.h"
+#include "ops/depthwise_ops.h"
 #include "ops/run_graph.h"
 #include "graphs/engine_listing.h"
 #include "core/engine_policy.h"
@@ -413,6 +414,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("check_conv_layer", &tcf::check_conv_layer_py,
         "The layer's verdict, then the plans it would use built (or found); returns each graph's refusal, '' when built",
         py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "depthwise_kernel_verdict",
+      [](int64_t in_channels, const std::vector<int64_t>& w_size, const std::vector<int64_t>& stride,
+         const std::vector<int64_t>& dilation, int64_t groups, bool channels_last, bool has_epilogue) {
+        auto unmet = tcf::depthwise_kernel_unmet(in_channels, w_size, stride, dilation, groups, channels_last);
+        auto steps = tcf::depthwise_kernel_steps(has_epilogue, stride.empty() ? 0 : stride[0]);
+        pybind11::dict out;
+        out["unmet"] = unmet;
+        out["forward"] = unmet.empty() && steps.forward;
+        out["dgrad"] = unmet.empty() && steps.dgrad;
+        return out;
+      },
+      py::arg("in_channels"), py::arg("w_size"), py::arg("stride"), py::arg("dilation"), py::arg("groups"),
+      py::arg("channels_last"), py::arg("has_epilogue"),
+      "unmet: '' when our depthwise kernels may run this convolution, else why not; forward, dgrad: the steps they "
+      "run");
   m.def("batch_norm_layer_verdict", &tcf::batch_norm_layer_verdict, py::arg("x_size"), py::arg("channels_last"),
         "The unmet requirements of a BatchNorm layer in training (empty: cuDNN is asked); -1: a size not known yet");
   m.def("set_benchmark_tuning", &tcf::set_benchmark_tuning_py, py::arg("candidates"), py::arg("aten_timed"),

@@ -7,6 +7,7 @@
 #include <torch/library.h>
 
 #include "ops/bn_ops.h"
+#include "ops/depthwise_ops.h"
 
 namespace tcf {
 namespace {
@@ -211,12 +212,10 @@ class ConvBatchNormActFunction : public torch::autograd::Function<ConvBatchNormA
                       ctx->saved_data["eps"].toDouble(), ctx->saved_data["activation"].toInt(), has_residual,
                       ctx->saved_data["implementation"].toInt(), ctx->saved_data["policy"].toInt());
     if (need_conv) {
-      std::vector<int64_t> bias_size{conv_weight.size(0)};
-      auto [grad_x, grad_conv_weight, grad_conv_bias] = at::convolution_backward(
-          grad_z, x, conv_weight, has_conv_bias ? at::OptionalIntArrayRef(bias_size) : std::nullopt,
-          ctx->saved_data["stride"].toIntVector(), ctx->saved_data["padding"].toIntVector(),
-          ctx->saved_data["dilation"].toIntVector(), false, {0, 0}, ctx->saved_data["groups"].toInt(),
-          {need_x, need_conv_weight, need_conv_bias});
+      auto [grad_x, grad_conv_weight, grad_conv_bias] = batch_norm_conv_backward(
+          grad_z, x, conv_weight, has_conv_bias, ctx->saved_data["stride"].toIntVector(),
+          ctx->saved_data["padding"].toIntVector(), ctx->saved_data["dilation"].toIntVector(),
+          ctx->saved_data["groups"].toInt(), {need_x, need_conv_weight, need_conv_bias});
       // back to the dtypes of the tensors passed in, as the casts' own backward would
       if (need_x) grads[0] = grad_x.to(ctx->saved_data["x_dtype"].toScalarType());
       if (need_conv_weight) grads[1] = grad_conv_weight.to(ctx->saved_data["weight_dtype"].toScalarType());

@@ -1,6 +1,7 @@
 #include "ops/conv_ops.h"
 
 #include "core/requirements.h"
+#include "ops/depthwise_ops.h"
 #include "core/engine_policy.h"
 #include "ops/kernel_launch.h"
 #include "ops/run_graph.h"
@@ -27,12 +28,6 @@ std::array<int64_t, 4> size4(at::IntArrayRef size) { return {size[0], size[1], s
 
 
 
-
-// PyTorch's rule for cuDNN convolutions (cudnn_conv_suggest_memory_format): channels_last when either operand is.
-bool use_channels_last(const at::Tensor& a, const at::Tensor& b) {
-  return a.suggest_memory_format() == at::MemoryFormat::ChannelsLast ||
-         b.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
-}
 
 
 
@@ -101,6 +96,8 @@ at::Tensor fallback_wgrad(const at::Tensor& dz, const at::Tensor& x, const ConvP
   return dw.contiguous(memory_format(p.channels_last));
 }
 
+bool has_epilogue(const ConvShape& p) { return p.has_bias || p.has_residual || p.relu; }
+
 // Our NHWC kernel takes ReLU backward + bias gradient when the channels fill 16-byte vectors.
 bool use_relu_bias_kernel(bool channels_last, at::ScalarType dtype, int64_t channels) {
   return channels_last && channels % (16 / static_cast<int64_t>(c10::elementSize(dtype))) == 0;
@@ -149,6 +146,10 @@ at::Tensor conv_gradient(GraphKind kind, const at::Tensor& grad_z, const at::Ten
   if (out.numel() == 0) return out;
   if (dz.numel() == 0) return out.zero_();  // an empty batch contributes nothing to the weight gradient
   auto aten = [&]() { return dgrad ? fallback_dgrad(dz, operand_dense, p) : fallback_wgrad(dz, operand_dense, p); };
+  if (depthwise_kernel_unmet(p).empty()) {  // our kernel or PyTorch's, as depthwise_kernel_steps measured them
+    bool ours = dgrad && depthwise_kernel_steps(false, p.stride[0]).dgrad;
+    return ours ? depthwise_conv_dgrad(dz, operand_dense, p) : aten();
+  }
   std::unordered_map<int64_t, void*> pointers{{kUidDz, dz.data_ptr()},
                                               {dgrad ? kUidW : kUidX, operand_dense.data_ptr()},
                                               {dgrad ? kUidDx : kUidDw, out.data_ptr()}};
@@ -195,6 +196,13 @@ at::Tensor conv_bias_act(const at::Tensor& x, const at::Tensor& weight, const st
   auto residual_dense = residual.has_value() ? residual->contiguous(format) : at::Tensor();
   auto y = at::empty(y_size, x.options().memory_format(format));
   if (y.numel() == 0) return y;
+  if (depthwise_kernel_unmet(p).empty()) {  // our kernel or PyTorch's, as depthwise_kernel_steps measured them
+    if (!depthwise_kernel_steps(has_epilogue(p), p.stride[0]).forward) {
+      return fallback_forward(x_dense, w_dense, bias, residual, p);
+    }
+    return depthwise_conv_forward(x_dense, w_dense, bias_dense, residual_dense, p,
+                                  relu ? kActivationRelu : kActivationNone);
+  }
 
   std::unordered_map<int64_t, void*> pointers{{kUidX, x_dense.data_ptr()}, {kUidW, w_dense.data_ptr()}, {kUidY, y.data_ptr()}};
   if (p.has_bias) pointers[kUidBias] = bias_dense.data_ptr();
@@ -271,19 +279,36 @@ at::Tensor conv_wgrad(const at::Tensor& grad_z, const at::Tensor& x, at::IntArra
 std::unordered_map<std::string, std::string> check_conv_layer(const ConvProblem& problem, bool backward,
                                                               const std::array<int8_t, 4>& alignment) {
   std::unordered_map<std::string, std::string> refusals;
-  bool autotune = policy_for(problem.policy, GraphKind::kConvBiasAct).mode == PolicyMode::kAutotune;
-  auto unmet = conv_layer_verdict(problem.dtype, problem.x_size[1], problem.w_size[0], problem.groups, autotune);
-  if (!unmet.empty()) {  // no plan is built for a layer that will not run fused
-    std::string joined;
-    for (const auto& requirement : unmet) joined += (joined.empty() ? "" : "; ") + requirement;
-    refusals["forward"] = joined;
-    return refusals;
-  }
   c10::DeviceGuard guard(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(problem.device)));
   const int8_t fresh = 16;  // outputs and gradients are fresh allocations from the caching allocator
   auto refusal = [&](GraphKind kind, const std::array<int8_t, 5>& operands) {
     return get_plan(make_graph_key(kind, problem, operands))->refusal;
   };
+  auto depthwise = depthwise_kernel_unmet(problem);
+  if (depthwise.empty()) {  // our kernels or PyTorch's (depthwise_kernel_steps); no graph but ReLU backward's
+    refusals["forward"] = "";
+    refusals["depthwise_kernel"] = describe_depthwise_steps(depthwise_kernel_steps(has_epilogue(problem),
+                                                                                   problem.stride[0]));
+    if (backward) {
+      if (problem.relu) {
+        bool kernel = use_relu_bias_kernel(problem.channels_last, problem.dtype, problem.w_size[0]);
+        refusals["relu_bias_backward"] =
+            kernel ? "" : refusal(GraphKind::kReluBiasBackward, {fresh, fresh, fresh, fresh, 0});
+      }
+      refusals["dgrad"] = "";
+      refusals["wgrad"] = "";
+    }
+    return refusals;
+  }
+  bool autotune = policy_for(problem.policy, GraphKind::kConvBiasAct).mode == PolicyMode::kAutotune;
+  auto unmet = conv_layer_verdict(problem.dtype, problem.x_size[1], problem.w_size[0], problem.groups, autotune);
+  if (!unmet.empty()) {  // no plan is built for a layer that will not run fused
+    std::string joined;
+    for (const auto& requirement : unmet) joined += (joined.empty() ? "" : "; ") + requirement;
+    if (problem.groups > 1) joined += "; not our depthwise kernels: " + depthwise;
+    refusals["forward"] = joined;
+    return refusals;
+  }
   refusals["forward"] = refusal(GraphKind::kConvBiasAct, {alignment[0], alignment[1], alignment[2], alignment[3], fresh});
   if (backward) {
     if (problem.relu) {

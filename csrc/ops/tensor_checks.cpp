@@ -30,6 +30,11 @@ void check_same_as(const at::Tensor& t, const char* name, const at::Tensor& x) {
               "), got ", t.sizes(), ", ", t.scalar_type(), ", ", t.device());
 }
 
+bool use_channels_last(const at::Tensor& a, const at::Tensor& b) {
+  return a.suggest_memory_format() == at::MemoryFormat::ChannelsLast ||
+         b.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
+}
+
 at::MemoryFormat memory_format(bool channels_last) {
   return channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
 }

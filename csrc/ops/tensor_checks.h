@@ -15,6 +15,8 @@ void check_like(const at::Tensor& t, const char* name, const at::Tensor& x);
 // On x's device, in x's dtype, of x's shape.
 void check_same_as(const at::Tensor& t, const char* name, const at::Tensor& x);
 
+// PyTorch's rule for cuDNN convolutions (cudnn_conv_suggest_memory_format): channels_last when either operand is.
+bool use_channels_last(const at::Tensor& a, const at::Tensor& b);
 at::MemoryFormat memory_format(bool channels_last);
 // The byte alignment (capped at 16) of t's data for a cache key; 0 for an absent or empty tensor.
 int8_t alignment_of(const at::Tensor& t);

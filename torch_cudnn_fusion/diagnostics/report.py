@@ -107,11 +107,13 @@ def _median_forward_ms(module: nn.Module, inputs: tuple, repeats: int) -> Option
     return statistics.median(samples)
 
 
-def _explain_fused(path: str, module: nn.Module, config: ConvConfig) -> ExplainRow:
+def _explain_fused(path: str, module: nn.Module, config: ConvConfig, implementation: str) -> ExplainRow:
     x_size = config.x_size
     operations = ("conv_fprop",) + (("add bias",) if config.has_bias else ())
     operations += (("add residual",) if config.has_residual else ()) + (("relu",) if config.relu else ())
     name = type(module).__name__
+    if implementation == "depthwise_kernel":  # no cuDNN plan: our kernel or PyTorch's (the decision's note says)
+        return ExplainRow(path, name, True, operations, "our NHWC depthwise kernel or PyTorch's", 0, False)
     if TRACED in x_size:
         return ExplainRow(path, name, True, operations, reason="under torch.compile: the plan is chosen at run time")
     if x_size[0] == 0:
@@ -138,7 +140,14 @@ def _explain_batch_norm(path: str, module: nn.Module, decision: Decision, config
     fused, reason, _, implementation = decision
     has_residual = config is not None and config.has_residual
     activation = getattr(module, "activation", None)
-    operations = ("conv (PyTorch's cuDNN call)",) if isinstance(module, Conv2dBN) else ()
+    operations = ()
+    if isinstance(module, Conv2dBN):
+        from ..ops.batch_norm import conv_note
+
+        channels_last = config is not None and config.channels_last
+        dgrad = conv_note(module, module.weight, channels_last).endswith("our depthwise kernel")
+        operations = ("conv (PyTorch's cuDNN call; dgrad: our depthwise kernel)" if dgrad
+                      else "conv (PyTorch's cuDNN call)",)
     operations += ("batchnorm (batch statistics, running-statistics update)",)
     operations += (("add residual",) if has_residual else ()) + ((activation,) if activation else ())
     engine = {"cudnn_graph": "cuDNN batchnorm graph", "cudnn_legacy": "legacy cuDNN BatchNorm API"}.get(
@@ -184,8 +193,8 @@ def _explain(model: nn.Module, example_inputs: tuple, time: bool, repeats: int) 
         if id(m) not in inputs or decision is None:
             report.append(ExplainRow(path, type(m).__name__, False, reason="not run by the example input"))
             continue
-        fused, reason, _, _ = decision
-        row = (_explain_fused(path, m, config) if fused and config is not None
+        fused, reason, _, implementation = decision
+        row = (_explain_fused(path, m, config, implementation) if fused and config is not None
                else ExplainRow(path, type(m).__name__, False, reason=reason))
         if fused and reason:
             row = ExplainRow(**{**row.__dict__, "reason": f"{reason}; {row.reason}" if row.reason else reason})

@@ -1,8 +1,9 @@
 """Conv2d + BatchNorm2d (+ residual add) (+ ReLU / ReLU6) as drop-in modules.
 
 Training (batch statistics): conv and BatchNorm (+ add + activation) run as one op with one autograd node from the
-first call on (ops.batch_norm.conv2d_batch_norm_act): inside it the conv is PyTorch's own cuDNN call — BatchNorm
-needs the whole conv output for its statistics before it can normalize any of it — and BatchNorm + add + activation
+first call on (ops.batch_norm.conv2d_batch_norm_act): inside it the conv is PyTorch's own cuDNN call (its dgrad our
+NHWC depthwise kernel for stride-2 depthwise layers) — BatchNorm needs the whole conv output for its statistics before
+it can normalize any of it — and BatchNorm + add + activation
 run fused (the cuDNN graph, or the legacy cuDNN BatchNorm API where the graph is refused).
 Eval (running statistics): BatchNorm folds into the conv's weight and bias and the layer runs as one fused
 conv + bias (+ residual) + ReLU graph; the fold is recomputed whenever a parameter or statistic changes.
@@ -72,10 +73,10 @@ class Conv2dBN(FusedConv2d):
 
     @property
     def fusion_status(self) -> FusionStatus:
-        """How the last forward ran: in training the conv + BatchNorm + activation (the conv is PyTorch's cuDNN
-        call inside the op), in eval the conv with the BatchNorm folded in."""
+        """How the last forward ran: in training the conv + BatchNorm + activation (the reason names what runs the
+        conv inside the op), in eval the conv with the BatchNorm folded in."""
         status = self._call.status
-        note = {"batch statistics": "training: conv (PyTorch's cuDNN call) and BatchNorm as one op",
+        note = {"batch statistics": "training: conv and BatchNorm as one op",
                 "folded": "eval: BatchNorm folded into the conv"}.get(self._call.mode)
         if note is None:
             return status

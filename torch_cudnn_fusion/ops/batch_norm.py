@@ -273,11 +273,23 @@ def _decide_conv_batch_norm(x, conv, conv_weight, conv_bias, running_mean, weigh
         config = decide.batch_norm_config(x.device, z_dtype, channels_last, z_size, update, residual is not None, act,
                                           eps, needs_grad, policy.key)
         decision = decide.decide_batch_norm(config)
+        if decision.fused:
+            decision = decision._replace(reason="; ".join(
+                filter(None, (conv_note(conv, conv_weight, channels_last), decision.reason))))
     decide.raise_if_strict(decision, strict, where)
     identity = _identity_affine(weight, bias, conv_weight.shape[0], x.device) if decision.fused else None
     run = (decision.fused, _implementation(decision), update, policy_id(policy.key) if decision.fused else 0,
            conv_dtype, int(act), identity)
     return decision, config, run
+
+
+def conv_note(conv, conv_weight, channels_last: bool) -> str:
+    """What runs the conv inside the training conv + BatchNorm op: PyTorch's own cuDNN convolution, with its dgrad in
+    our depthwise kernel where the extension's rule picks it (the conv has no epilogue there: BatchNorm follows)."""
+    groups = int(conv.groups)
+    _, dgrad = decide.depthwise_kernel_steps(int(conv_weight.shape[1]) * groups, tuple(conv_weight.shape),
+                                             tuple(conv.stride), tuple(conv.dilation), groups, channels_last, False)
+    return "conv: PyTorch's cuDNN call" + ("; its dgrad: our depthwise kernel" if dgrad else "")
 
 
 def _recordable(run: tuple, weight, bias, running_mean, num_batches_tracked, x) -> bool:

@@ -34,7 +34,8 @@ class FusionError(RuntimeError):
 class Decision(NamedTuple):
     """How a layer runs its calls. fused: as the cuDNN op; reason: why not (or a note); backward: (graph, refusal)
     per fused backward step, "" where it runs fused; implementation: "cudnn_graph", "cudnn_legacy" (the legacy cuDNN
-    BatchNorm API) or "eager"."""
+    BatchNorm API), "depthwise_kernel" (our NHWC depthwise kernels where they were faster, PyTorch's elsewhere: the
+    reason says which) or "eager"."""
 
     fused: bool
     reason: str = ""
@@ -102,7 +103,8 @@ class FusionStatus:
     fused: bool
     reason: str = ""
     backward: tuple[tuple[str, str], ...] = ()
-    # "cudnn_graph", "cudnn_legacy" (the legacy cuDNN BatchNorm API) or "eager"; "" derives it from `fused`
+    # "cudnn_graph", "cudnn_legacy" (the legacy cuDNN BatchNorm API), "depthwise_kernel" (our NHWC depthwise
+    # kernels where they were faster, PyTorch's elsewhere: the reason says which) or "eager"; "" derives it from `fused`
     implementation_name: str = ""
 
     @property
@@ -118,7 +120,8 @@ class FusionStatus:
             return f"fused (legacy cuDNN BatchNorm API): {self.reason}"
         parts = [f"{name} {'fused' if not why else 'eager (' + why + ')'}" for name, why in self.backward]
         note = f" ({self.reason})" if self.reason else ""
-        return f"fused (cuDNN graph){note}" + (f"; backward: {', '.join(parts)}" if parts else "")
+        what = "depthwise kernels" if self.implementation == "depthwise_kernel" else "cuDNN graph"
+        return f"fused ({what}){note}" + (f"; backward: {', '.join(parts)}" if parts else "")
 
 
 NOT_RUN = FusionStatus(False, "not run yet: the decision is made on the first forward, from the input")
@@ -259,7 +262,22 @@ def _decide_conv(values: tuple) -> Decision:
     if refusals["forward"]:
         return Decision.eager(refusals["forward"])
     backward = tuple((name, refusals[name]) for name in ("relu_bias_backward", "dgrad", "wgrad") if name in refusals)
+    if "depthwise_kernel" in refusals:  # which steps our depthwise kernels run, in C++'s words
+        return Decision(True, refusals["depthwise_kernel"], backward, "depthwise_kernel")
     return Decision(True, "", backward, "cudnn_graph")
+
+
+@constant_under_compile
+def depthwise_kernel_steps(in_channels: int, w_size: tuple, stride: tuple, dilation: tuple, groups: int,
+                           channels_last: bool, has_epilogue: bool) -> tuple[bool, bool]:
+    """(forward, dgrad): whether our NHWC depthwise kernels run this convolution's forward and dgrad (the rule is
+    C++'s: csrc/ops/depthwise_ops.h); (False, False) without the extension. Takes the layer's constants."""
+    module = _extension.load()
+    if module is None:
+        return False, False
+    steps = module.depthwise_kernel_verdict(int(in_channels), list(w_size), list(stride), list(dilation), int(groups),
+                                            bool(channels_last), bool(has_epilogue))
+    return steps["forward"], steps["dgrad"]
 
 
 @constant_under_compile
@@ -331,7 +349,7 @@ def status_of(decision: Optional[Decision], config=None) -> FusionStatus:
     if decision is None:
         return NOT_RUN
     fused, reason, backward, implementation = decision
-    if fused and isinstance(config, ConvConfig) and config.policy[0] == "autotune":
+    if fused and implementation == "cudnn_graph" and isinstance(config, ConvConfig) and config.policy[0] == "autotune":
         note = autotune_note(plan_in_use(config))
         if note.startswith("autotune: the ATen"):
             return FusionStatus(False, note, backward, "eager")

@@ -1,0 +1,121 @@
+"""Our depthwise kernels against PyTorch's (cuDNN's) on the depthwise layers of MobileNet v1 and v2 (batch 256,
+bf16, channels_last), in the steps the extension runs them (csrc/ops/depthwise_ops.h): the forward with bias and ReLU
+fused (against PyTorch's conv + bias + ReLU, and its conv alone), and dgrad (the op: ours at stride 2, PyTorch's at
+stride 1). GPU time per call (CUDA-graph replay, no host cost), and as a multiple of the time its bytes take at the
+copy bandwidth measured in the same run (the issue's target: 1.3x).
+
+    python benchmarks/bench_depthwise.py [--batch 256] [--dtype bfloat16] [--json out.json]
+
+Bytes each step must move: forward reads x and writes y; dgrad reads dy and writes dx.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+from pathlib import Path
+
+import torch
+
+from timing import graph_replay_ms
+
+# name, channels, kernel, stride, input size
+LAYERS = [
+    ("v1 32 3x3/1 @112", 32, 3, 1, 112),
+    ("v1 64 3x3/2 @112", 64, 3, 2, 112),
+    ("v1 128 3x3/1 @56", 128, 3, 1, 56),
+    ("v1 128 3x3/2 @56", 128, 3, 2, 56),
+    ("v1 256 3x3/1 @28", 256, 3, 1, 28),
+    ("v1 256 3x3/2 @28", 256, 3, 2, 28),
+    ("v1 512 3x3/1 @14", 512, 3, 1, 14),
+    ("v1 512 3x3/2 @14", 512, 3, 2, 14),
+    ("v1 1024 3x3/1 @7", 1024, 3, 1, 7),
+    ("v2 96 3x3/2 @112", 96, 3, 2, 112),
+    ("v2 144 3x3/1 @56", 144, 3, 1, 56),
+    ("v2 192 3x3/1 @28", 192, 3, 1, 28),
+    ("v2 384 3x3/1 @14", 384, 3, 1, 14),
+    ("v2 576 3x3/1 @14", 576, 3, 1, 14),
+    ("v2 960 3x3/1 @7", 960, 3, 1, 7),
+    ("v3 672 5x5/2 @14", 672, 5, 2, 14),
+]
+
+
+def copy_bandwidth(dtype) -> float:
+    """Bytes per ms of a large device-to-device copy (read + write), the bandwidth the targets refer to."""
+    src = torch.empty(512 * 1024 * 1024 // 2, device="cuda", dtype=dtype)
+    dst = torch.empty_like(src)
+    ms = graph_replay_ms(lambda: dst.copy_(src), calls=5, replays=11)
+    return 2 * src.numel() * src.element_size() / ms
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    dtype = getattr(torch, args.dtype)
+    ops = torch.ops.cudnn_fusion
+    import torch_cudnn_fusion as tcf
+
+    if not tcf.is_available():
+        raise SystemExit(f"the extension is unavailable: {tcf.unavailable_reason()}")
+    bandwidth = copy_bandwidth(dtype)
+    rows = []
+    for name, channels, kernel, stride, size in LAYERS:
+        pad = kernel // 2
+        x = torch.randn(args.batch, channels, size, size, device="cuda", dtype=dtype).contiguous(
+            memory_format=torch.channels_last)
+        w = torch.randn(channels, 1, kernel, kernel, device="cuda", dtype=dtype)
+        out = (size + 2 * pad - kernel) // stride + 1
+        dy = torch.randn(args.batch, channels, out, out, device="cuda", dtype=dtype).contiguous(
+            memory_format=torch.channels_last)
+        bias = torch.randn(channels, device="cuda", dtype=dtype)
+        conv_args = ([stride, stride], [pad, pad], [1, 1], False, [0, 0], channels)
+        steps = {
+            "forward": (lambda: ops.conv_bias_act(x, w, bias, None, [stride] * 2, [pad] * 2, [pad] * 2, [1, 1],
+                                                  channels, True),
+                        lambda: torch.relu(torch.convolution(x, w, bias, *conv_args))),
+            "dgrad": (lambda: ops.conv_dgrad(dy, w, list(x.shape), [stride] * 2, [pad] * 2, [pad] * 2, [1, 1],
+                                             channels),
+                      lambda: torch.ops.aten.convolution_backward(dy, x, w, None, *conv_args, [True, False, False])),
+        }
+        moved = (x.numel() + dy.numel()) * x.element_size()  # each step reads or writes x (dx) and y (dy) once
+        row = {"layer": name, "conv_alone_ms": graph_replay_ms(lambda: torch.convolution(x, w, None, *conv_args))}
+        for step, (ours, theirs) in steps.items():
+            ours_ms, theirs_ms = graph_replay_ms(ours), graph_replay_ms(theirs)
+            floor = moved / bandwidth
+            row[step] = {"ours_ms": ours_ms, "pytorch_ms": theirs_ms, "bandwidth_ms": floor,
+                         "ours_vs_bandwidth": ours_ms / floor}
+        rows.append(row)
+
+
+    gpu = torch.cuda.get_device_name()
+    header = (f"depthwise kernels, batch {args.batch}, {args.dtype}, channels_last ({gpu}, torch {torch.__version__}, "
+              f"cuDNN {torch.backends.cudnn.version()}); copy bandwidth {bandwidth / 1e9:.2f} TB/s; GPU ms per call "
+              "(CUDA-graph replay), ours / PyTorch's (cuDNN), and ours as a multiple of its bytes' time at that "
+              "bandwidth")
+    print(header)
+    print(f"{'layer':<20}{'fwd+bias+relu ours':>19}{'PyTorch':>9}{'conv alone':>11}{'x bw':>6}"
+          f"{'dgrad op':>10}{'PyTorch':>9}{'x bw':>6}")
+    totals = {"forward": [0.0, 0.0], "dgrad": [0.0, 0.0]}
+    for row in rows:
+        f, d = row["forward"], row["dgrad"]
+        print(f"{row['layer']:<20}{f['ours_ms']:>19.4f}{f['pytorch_ms']:>9.4f}{row['conv_alone_ms']:>11.4f}"
+              f"{f['ours_vs_bandwidth']:>6.2f}{d['ours_ms']:>10.4f}{d['pytorch_ms']:>9.4f}{d['ours_vs_bandwidth']:>6.2f}")
+        for step in totals:
+            totals[step][0] += row[step]["ours_ms"]
+            totals[step][1] += row[step]["pytorch_ms"]
+    print("sums (ms): " + ", ".join(f"{s} ours {t[0]:.3f} vs PyTorch {t[1]:.3f}" for s, t in totals.items()))
+    slower = [f"{r['layer']} {s}" for r in rows for s in totals if r[s]["ours_ms"] > r[s]["pytorch_ms"] * 1.02]
+    print("steps where ours is more than 2% slower than PyTorch's: " + (", ".join(slower) or "none"))
+    if args.json:
+        args.json.write_text(json.dumps({"date": datetime.date.today().isoformat(), "gpu": gpu,
+                                         "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
+                                         "batch": args.batch, "dtype": args.dtype,
+                                         "copy_bandwidth_bytes_per_ms": bandwidth, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

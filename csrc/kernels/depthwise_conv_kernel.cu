@@ -1,0 +1,344 @@
+// Depthwise convolution (one filter per channel, K x K, stride S, dilation 1) on dense NHWC tensors.
+//
+// Each thread takes V consecutive channels (one 16-byte access, or one element) of a strip of kStrip outputs along W:
+// it loads each input column of a kernel row once and adds it to every output of the strip that reads it, so the
+// strip shares its overlapping windows in registers; neighbouring strips and rows share theirs through L1. The
+// block's filters are staged in shared memory as float ([K*K][channels of the block]).
+//   forward: y[n, oh, ow, c] = act(sum_{kh,kw} x[n, oh*S - pad_h + kh, ow*S - pad_w + kw, c] * w[c, kh, kw]
+//                                  + bias[c] + residual[n, oh, ow, c]), summed in float, rounded once.
+//   dgrad:   dx[n, ih, iw, c] = sum over the (oh, kh) with oh*S + kh = ih + pad_h (and the same along W) of
+//            dy[n, oh, ow, c] * w[c, kh, kw]. With ih + pad_h = th*S + rh, the taps are kh = rh + S*dh at oh = th - dh:
+//            a block takes one class (rh, rw) (blockIdx.z), so that which taps a thread uses is the same across the
+//            block and the strip's columns share their loads as in the forward.
+// No wgrad: one written as these (per-thread sums of a strip's taps, fixed-order partial sums) ran 2.7-26x slower
+// than PyTorch's (cuDNN's) depthwise wgrad on MobileNet layers (benchmarks/bench_depthwise.py, H100, 2026-11-23).
+#include "kernels/depthwise_conv_kernel.h"
+
+#include <type_traits>
+
+#include "kernels/nhwc_rows.cuh"
+
+namespace tcf {
+namespace {
+
+using nhwc::from_float;
+using nhwc::Pack;
+using nhwc::to_float;
+
+constexpr int kStrip = 4;  // outputs along W per thread
+
+template <typename T>
+constexpr int vector_size() {
+  return 16 / static_cast<int>(sizeof(T));
+}
+
+template <typename T, int V>
+__device__ inline void load(const T* __restrict__ p, float (&out)[V]) {
+  const Pack<T, V> pack = *reinterpret_cast<const Pack<T, V>*>(p);
+#pragma unroll
+  for (int v = 0; v < V; ++v) out[v] = to_float(pack.v[v]);
+}
+
+__device__ inline float activate(float v, int activation) {
+  // comparisons rather than fmaxf, so that NaN passes as through F.relu
+  if (activation == kActivationRelu) return v < 0.f ? 0.f : v;
+  if (activation == kActivationRelu6) return v < 0.f ? 0.f : (v > 6.f ? 6.f : v);
+  return v;
+}
+
+// The block's filters ([channels, K*K] in memory) as float in shared memory, [K*K][width], width = blockDim.x * V.
+template <typename T, int K>
+__device__ inline void stage_filters(const T* __restrict__ w, float* w_s, int64_t c0, int width, int64_t channels) {
+  const int threads = blockDim.x * blockDim.y;
+  for (int i = threadIdx.y * blockDim.x + threadIdx.x; i < K * K * width; i += threads) {
+    const int local = i / (K * K);
+    const int tap = i - local * (K * K);
+    const int64_t c = c0 + local;
+    w_s[tap * width + local] = c < channels ? to_float(w[c * K * K + tap]) : 0.f;
+  }
+  __syncthreads();
+}
+
+// A thread's strip: image n, row `row` (< rows: else no work), first column `column0` (a multiple of kStrip).
+struct Strip {
+  int64_t n;
+  int row;
+  int column0;
+};
+
+// Position p of p < n * ceil(rows / band) * strips * band, ordered so that `band` consecutive positions are the rows
+// of one band at one strip column: a block's threads (consecutive positions) cover a tile of band rows x
+// blockDim.y / band strips, whose overlapping input windows, across rows as along them, meet in L1.
+__device__ inline Strip strip_at(int64_t p, int rows, int64_t strips, int band) {
+  const int r = static_cast<int>(p % band);
+  p /= band;
+  const int64_t strip = p % strips;
+  p /= strips;
+  const int64_t bands = (rows + band - 1) / band;
+  return {p / bands, static_cast<int>(p % bands) * band + r, static_cast<int>(strip) * kStrip};
+}
+
+inline __host__ __device__ int64_t strip_positions(int64_t n, int64_t rows, int64_t strips, int band) {
+  return n * ((rows + band - 1) / band) * band * strips;
+}
+
+template <typename T, int V, int K, int S>
+__global__ void __launch_bounds__(nhwc::kThreads) depthwise_conv_forward(
+    const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, const T* __restrict__ residual,
+    T* __restrict__ y, DepthwiseShape s, int activation, int band) {
+  extern __shared__ float w_s[];
+  const int width = blockDim.x * V;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * width;
+  stage_filters<T, K>(w, w_s, c0, width, s.channels);
+  const int64_t c = c0 + threadIdx.x * V;
+  const int64_t strips = (s.out_w + kStrip - 1) / kStrip;
+  const Strip at = strip_at(static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y, s.out_h, strips, band);
+  if (c >= s.channels || at.n >= s.n || at.row >= s.out_h) return;
+  const int64_t n = at.n;
+  const int oh = at.row;
+  const int ow0 = at.column0;
+  const int64_t row = n * s.out_h + oh;
+  const int iw0 = ow0 * S - s.pad_w;
+  const float* filters = w_s + threadIdx.x * V;
+
+  float acc[kStrip][V];
+#pragma unroll
+  for (int i = 0; i < kStrip; ++i)
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[i][v] = 0.f;
+#pragma unroll
+  for (int kh = 0; kh < K; ++kh) {
+    const int ih = oh * S - s.pad_h + kh;
+    if (ih < 0 || ih >= s.h) continue;
+    float wr[K][V];
+#pragma unroll
+    for (int kw = 0; kw < K; ++kw)
+#pragma unroll
+      for (int v = 0; v < V; ++v) wr[kw][v] = filters[(kh * K + kw) * width + v];
+    const T* in = x + ((n * s.h + ih) * s.w) * s.channels + c;
+    constexpr int kColumns = (kStrip - 1) * S + K;
+#pragma unroll
+    for (int e = 0; e < kColumns; ++e) {
+      const int iw = iw0 + e;
+      if (iw < 0 || iw >= s.w) continue;
+      float xv[V];
+      load<T, V>(in + static_cast<int64_t>(iw) * s.channels, xv);
+#pragma unroll
+      for (int i = 0; i < kStrip; ++i) {
+        const int kw = e - i * S;
+        if (kw >= 0 && kw < K) {
+#pragma unroll
+          for (int v = 0; v < V; ++v) acc[i][v] = fmaf(xv[v], wr[kw][v], acc[i][v]);
+        }
+      }
+    }
+  }
+  float b[V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) b[v] = bias != nullptr ? to_float(bias[c + v]) : 0.f;
+  const int64_t base = row * s.out_w * s.channels + c;
+#pragma unroll
+  for (int i = 0; i < kStrip; ++i) {
+    const int ow = ow0 + i;
+    if (ow >= s.out_w) break;
+    const int64_t offset = base + static_cast<int64_t>(ow) * s.channels;
+    float r[V];
+    if (residual != nullptr) {
+      load<T, V>(residual + offset, r);
+    } else {
+#pragma unroll
+      for (int v = 0; v < V; ++v) r[v] = 0.f;
+    }
+    Pack<T, V> out;
+#pragma unroll
+    for (int v = 0; v < V; ++v) out.v[v] = from_float<T>(activate(acc[i][v] + b[v] + r[v], activation));
+    *reinterpret_cast<Pack<T, V>*>(y + offset) = out;
+  }
+}
+
+template <typename T, int V, int K, int S>
+__global__ void __launch_bounds__(nhwc::kThreads) depthwise_conv_dgrad(const T* __restrict__ dy,
+                                                                       const T* __restrict__ w, T* __restrict__ dx,
+                                                                       DepthwiseShape s, int band) {
+  extern __shared__ float w_s[];
+  constexpr int kTaps = (K + S - 1) / S;  // taps of one class along one axis, at most
+  const int width = blockDim.x * V;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * width;
+  stage_filters<T, K>(w, w_s, c0, width, s.channels);
+  const int rh = blockIdx.z / S;
+  const int rw = blockIdx.z % S;
+  // th and tw run over [lo, lo + count): every dx row and column of every class (some, for some classes, outside).
+  const int th_lo = s.pad_h / S;
+  const int tw_lo = s.pad_w / S;
+  const int64_t rows_t = (s.h - 1 + s.pad_h) / S - th_lo + 1;
+  const int64_t columns_t = (s.w - 1 + s.pad_w) / S - tw_lo + 1;
+  const int64_t strips = (columns_t + kStrip - 1) / kStrip;
+  const int64_t c = c0 + threadIdx.x * V;
+  const Strip at = strip_at(static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y, rows_t, strips, band);
+  if (c >= s.channels || at.n >= s.n || at.row >= rows_t) return;
+  const int64_t n = at.n;
+  const int tw0 = tw_lo + at.column0;
+  const int th = th_lo + at.row;
+  const int ih = th * S + rh - s.pad_h;
+  if (ih < 0 || ih >= s.h) return;
+  const int taps_w = (K - 1 - rw) / S + 1;  // kw = rw + S*d for d < taps_w
+  const float* filters = w_s + threadIdx.x * V;
+
+  float acc[kStrip][V];
+#pragma unroll
+  for (int i = 0; i < kStrip; ++i)
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[i][v] = 0.f;
+#pragma unroll
+  for (int dh = 0; dh < kTaps; ++dh) {
+    const int kh = rh + S * dh;
+    const int oh = th - dh;
+    if (kh >= K || oh < 0 || oh >= s.out_h) continue;
+    float wr[kTaps][V];
+#pragma unroll
+    for (int d = 0; d < kTaps; ++d) {
+      const int kw = rw + S * d;
+#pragma unroll
+      for (int v = 0; v < V; ++v) wr[d][v] = kw < K ? filters[(kh * K + kw) * width + v] : 0.f;
+    }
+    const T* g = dy + ((n * s.out_h + oh) * s.out_w) * s.channels + c;
+    // dx column tw0 + i reads dy column tw0 + i - d with tap d: dy columns tw0 - (kTaps - 1) ... tw0 + kStrip - 1
+#pragma unroll
+    for (int j = 0; j < kStrip + kTaps - 1; ++j) {
+      const int e = j - (kTaps - 1);
+      const int ow = tw0 + e;
+      if (ow < 0 || ow >= s.out_w) continue;
+      float gv[V];
+      load<T, V>(g + static_cast<int64_t>(ow) * s.channels, gv);
+#pragma unroll
+      for (int i = 0; i < kStrip; ++i) {
+        const int d = i - e;
+        if (d >= 0 && d < kTaps && d < taps_w) {
+#pragma unroll
+          for (int v = 0; v < V; ++v) acc[i][v] = fmaf(gv[v], wr[d][v], acc[i][v]);
+        }
+      }
+    }
+  }
+  const int64_t base = (n * s.h + ih) * s.w * s.channels + c;
+#pragma unroll
+  for (int i = 0; i < kStrip; ++i) {
+    const int iw = (tw0 + i) * S + rw - s.pad_w;
+    if (iw < 0 || iw >= s.w) continue;
+    Pack<T, V> out;
+#pragma unroll
+    for (int v = 0; v < V; ++v) out.v[v] = from_float<T>(acc[i][v]);
+    *reinterpret_cast<Pack<T, V>*>(dx + base + static_cast<int64_t>(iw) * s.channels) = out;
+  }
+}
+
+// Block (bx, by): threadIdx.x walks groups of V channels (up to 64 groups), threadIdx.y the strips of a tile of
+// band(by) rows.
+constexpr int kBand = 8;
+int band_of(unsigned by) { return static_cast<int>(std::min<unsigned>(by, kBand)); }
+
+// The block's filters in shared memory stay within the 48 KB a launch may ask for without opting in.
+nhwc::Launch tile_launch(int64_t n, int64_t rows, int64_t strips, int64_t channels, int vector, int kernel,
+                         unsigned classes) {
+  const int64_t groups = (channels + vector - 1) / vector;
+  const int64_t fitting = (48 * 1024 / (kernel * kernel * static_cast<int64_t>(sizeof(float)))) / vector;
+  const int bx = static_cast<int>(std::min<int64_t>({groups, 64, fitting}));
+  const int band = band_of(nhwc::kThreads / bx);
+  const int by = nhwc::kThreads / bx / band * band;
+  const int64_t positions = strip_positions(n, rows, strips, band);
+  return {dim3(static_cast<unsigned>((positions + by - 1) / by), static_cast<unsigned>((groups + bx - 1) / bx),
+               classes),
+          dim3(bx, by)};
+}
+
+// Calls fn(V, K, S) with the three as std::integral_constant, for the shape's kernel size and stride.
+template <typename T, typename Fn>
+cudaError_t dispatch(const DepthwiseShape& s, bool vectors, Fn&& fn) {
+  auto by_kernel = [&](auto v) -> cudaError_t {
+    auto by_stride = [&](auto k) -> cudaError_t {
+      if (s.stride == 1) return fn(v, k, std::integral_constant<int, 1>{});
+      if (s.stride == 2) return fn(v, k, std::integral_constant<int, 2>{});
+      return cudaErrorInvalidValue;
+    };
+    if (s.kernel == 3) return by_stride(std::integral_constant<int, 3>{});
+    if (s.kernel == 5) return by_stride(std::integral_constant<int, 5>{});
+    return cudaErrorInvalidValue;
+  };
+  if (vectors) return by_kernel(std::integral_constant<int, vector_size<T>()>{});
+  return by_kernel(std::integral_constant<int, 1>{});
+}
+
+template <typename T>
+cudaError_t forward_typed(const DepthwiseShape& s, const void* x, const void* w, const void* bias,
+                          const void* residual, void* y, int activation, bool vectors, cudaStream_t stream) {
+  return dispatch<T>(s, vectors, [&](auto v, auto k, auto stride) {
+    constexpr int V = decltype(v)::value, K = decltype(k)::value, S = decltype(stride)::value;
+    const int64_t strips = (s.out_w + kStrip - 1) / kStrip;
+    auto shape = tile_launch(s.n, s.out_h, strips, s.channels, V, K, 1);
+    const size_t shared_bytes = static_cast<size_t>(K) * K * shape.block.x * V * sizeof(float);
+    depthwise_conv_forward<T, V, K, S><<<shape.grid, shape.block, shared_bytes, stream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(bias),
+        static_cast<const T*>(residual), static_cast<T*>(y), s, activation, band_of(shape.block.y));
+    return cudaGetLastError();
+  });
+}
+
+template <typename T>
+cudaError_t dgrad_typed(const DepthwiseShape& s, const void* dy, const void* w, void* dx, bool vectors,
+                        cudaStream_t stream) {
+  return dispatch<T>(s, vectors, [&](auto v, auto k, auto stride) {
+    constexpr int V = decltype(v)::value, K = decltype(k)::value, S = decltype(stride)::value;
+    const int64_t rows_t = (s.h - 1 + s.pad_h) / S - s.pad_h / S + 1;
+    const int64_t columns_t = (s.w - 1 + s.pad_w) / S - s.pad_w / S + 1;
+    const int64_t strips = (columns_t + kStrip - 1) / kStrip;
+    auto shape = tile_launch(s.n, rows_t, strips, s.channels, V, K, S * S);
+    const size_t shared_bytes = static_cast<size_t>(K) * K * shape.block.x * V * sizeof(float);
+    depthwise_conv_dgrad<T, V, K, S><<<shape.grid, shape.block, shared_bytes, stream>>>(
+        static_cast<const T*>(dy), static_cast<const T*>(w), static_cast<T*>(dx), s, band_of(shape.block.y));
+    return cudaGetLastError();
+  });
+}
+
+template <template <typename> class Fn, typename... Args>
+cudaError_t by_type(ElementType type, Args&&... args) {
+  switch (type) {
+    case ElementType::kHalf:
+      return Fn<__half>::run(args...);
+    case ElementType::kBFloat16:
+      return Fn<__nv_bfloat16>::run(args...);
+    case ElementType::kFloat:
+      return Fn<float>::run(args...);
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <typename T>
+struct Forward {
+  template <typename... Args>
+  static cudaError_t run(Args&&... args) { return forward_typed<T>(args...); }
+};
+template <typename T>
+struct Dgrad {
+  template <typename... Args>
+  static cudaError_t run(Args&&... args) { return dgrad_typed<T>(args...); }
+};
+int vector_elements(int element_bytes) { return 16 / element_bytes; }
+
+}  // namespace
+
+bool depthwise_vectors_fit(int64_t channels, int element_bytes) {
+  return channels % vector_elements(element_bytes) == 0;
+}
+
+cudaError_t launch_depthwise_conv_forward(ElementType type, const DepthwiseShape& shape, const void* x,
+                                          const void* weight, const void* bias, const void* residual, void* y,
+                                          int activation, bool vectors, cudaStream_t stream) {
+  return by_type<Forward>(type, shape, x, weight, bias, residual, y, activation, vectors, stream);
+}
+
+cudaError_t launch_depthwise_conv_dgrad(ElementType type, const DepthwiseShape& shape, const void* dy,
+                                        const void* weight, void* dx, bool vectors, cudaStream_t stream) {
+  return by_type<Dgrad>(type, shape, dy, weight, dx, vectors, stream);
+}
+
+}  // namespace tcf

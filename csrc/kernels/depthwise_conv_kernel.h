@@ -1,0 +1,39 @@
+// Our CUDA kernels for depthwise convolution (groups == in_channels == out_channels) on dense NHWC tensors: the
+// forward with bias, residual and activation in its epilogue, and dgrad (see depthwise_conv_kernel.cu). cuDNN's fused
+// graphs run grouped convolutions many times slower than its plain depthwise kernel, which fuses nothing.
+// Plain CUDA types only, so the .cu file compiles without torch's headers.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/element_type.h"
+
+namespace tcf {
+
+// The square kernel sizes and the strides the kernels are built for (dilation 1).
+constexpr bool depthwise_kernel_size_supported(int64_t size) { return size == 3 || size == 5; }
+constexpr bool depthwise_stride_supported(int64_t stride) { return stride == 1 || stride == 2; }
+
+// x [n, h, w, channels], y [n, out_h, out_w, channels], weight [channels, 1, kernel, kernel]; pad_h and pad_w are the
+// top and left padding (the bottom and right padding only set out_h and out_w).
+struct DepthwiseShape {
+  int64_t n, h, w, channels, out_h, out_w;
+  int kernel, stride, pad_h, pad_w;
+};
+
+// `vectors`: channels are a multiple of 16 / element_bytes and every NHWC tensor pointer is 16-byte aligned (16-byte
+// accesses); else one element at a time. The weight and bias are read one element at a time.
+bool depthwise_vectors_fit(int64_t channels, int element_bytes);
+
+// y = activation(conv(x, weight) + bias + residual); bias and residual may be null. Asynchronous on `stream`.
+cudaError_t launch_depthwise_conv_forward(ElementType type, const DepthwiseShape& shape, const void* x,
+                                          const void* weight, const void* bias, const void* residual, void* y,
+                                          int activation, bool vectors, cudaStream_t stream);
+
+// dx [n, h, w, channels] from dy [n, out_h, out_w, channels].
+cudaError_t launch_depthwise_conv_dgrad(ElementType type, const DepthwiseShape& shape, const void* dy,
+                                        const void* weight, void* dx, bool vectors, cudaStream_t stream);
+
+}  // namespace tcf

@@ -1,0 +1,148 @@
+#include "ops/depthwise_ops.h"
+
+#include <sstream>
+
+#include <c10/core/DeviceGuard.h>
+
+#include "core/device.h"
+#include "kernels/depthwise_conv_kernel.h"
+#include "ops/kernel_launch.h"
+#include "ops/run_graph.h"
+#include "ops/tensor_checks.h"
+
+namespace tcf {
+
+namespace {
+
+DepthwiseShape shape_of(const ConvShape& p) {
+  auto y = p.y_size();
+  return {p.x_size[0], p.x_size[2], p.x_size[3], p.x_size[1], y[2], y[3], static_cast<int>(p.w_size[2]),
+          static_cast<int>(p.stride[0]), static_cast<int>(p.pad_pre[0]), static_cast<int>(p.pad_pre[1])};
+}
+
+// 16-byte accesses: the channels fill them and every NHWC operand (undefined ones aside) starts on 16 bytes.
+bool vectors(int64_t channels, std::initializer_list<const at::Tensor*> operands) {
+  const int element_bytes = static_cast<int>(operands.begin()[0]->element_size());
+  if (!depthwise_vectors_fit(channels, element_bytes)) return false;
+  for (const auto* t : operands) {
+    if (t->defined() && reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 != 0) return false;
+  }
+  return true;
+}
+
+void check_launch(cudaError_t status, const char* what) {
+  TORCH_CHECK(status == cudaSuccess, "cudnn_fusion: the depthwise ", what, " kernel failed to launch: ",
+              cudaGetErrorString(status));
+}
+
+std::array<int64_t, 4> size4(at::IntArrayRef size) { return {size[0], size[1], size[2], size[3]}; }
+
+}  // namespace
+
+std::string depthwise_kernel_unmet(int64_t in_channels, at::IntArrayRef w_size, at::IntArrayRef stride,
+                                   at::IntArrayRef dilation, int64_t groups, bool channels_last) {
+  std::ostringstream out;
+  if (groups == 1 || groups != in_channels || w_size.size() != 4 || w_size[0] != groups) {
+    out << "groups=" << groups << " with " << in_channels << " input and " << (w_size.empty() ? 0 : w_size[0])
+        << " output channels: our depthwise kernels take groups == in_channels == out_channels";
+  } else if (w_size[2] != w_size[3] || !depthwise_kernel_size_supported(w_size[2])) {
+    out << "kernel_size=(" << w_size[2] << ", " << w_size[3] << "): our depthwise kernels are built for 3x3 and 5x5";
+  } else if (stride.size() != 2 || stride[0] != stride[1] || !depthwise_stride_supported(stride[0])) {
+    out << "stride=" << stride << ": our depthwise kernels are built for stride 1 and 2, equal in H and W";
+  } else if (dilation.size() != 2 || dilation[0] != 1 || dilation[1] != 1) {
+    out << "dilation=" << dilation << ": our depthwise kernels are built for dilation 1";
+  } else if (!channels_last) {
+    out << "layout NCHW: our depthwise kernels are NHWC (x.to(memory_format=torch.channels_last))";
+  }
+  return out.str();
+}
+
+DepthwiseSteps depthwise_kernel_steps(bool has_epilogue, int64_t stride) { return {has_epilogue, stride == 2}; }
+
+std::string describe_depthwise_steps(const DepthwiseSteps& steps) {
+  std::string out = steps.forward ? "depthwise: forward in our kernel (epilogue fused)" : "depthwise: forward in "
+                                                                                         "PyTorch's kernel";
+  out += steps.dgrad ? ", dgrad in our kernel" : ", dgrad in PyTorch's kernel";
+  return out + ", wgrad in PyTorch's kernel";
+}
+
+std::string depthwise_kernel_unmet(const ConvProblem& p) {
+  return depthwise_kernel_unmet(p.x_size[1], p.w_size, p.stride, p.dilation, p.groups, p.channels_last);
+}
+
+at::Tensor depthwise_conv_forward(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                                  const at::Tensor& residual, const ConvShape& shape, int activation) {
+  c10::DeviceGuard guard(x.device());
+  auto y = at::empty(shape.y_size(), x.options().memory_format(at::MemoryFormat::ChannelsLast));
+  if (y.numel() == 0) return y;
+  poison_output(y);
+  auto w = weight.contiguous();
+  auto b = bias.defined() ? bias.contiguous() : bias;
+  check_launch(launch_depthwise_conv_forward(element_type(x.scalar_type()), shape_of(shape), x.data_ptr(),
+                                             w.data_ptr(), b.defined() ? b.data_ptr() : nullptr,
+                                             residual.defined() ? residual.data_ptr() : nullptr, y.data_ptr(),
+                                             activation, vectors(shape.x_size[1], {&x, &y, &residual}),
+                                             current_stream()),
+               "forward");
+  return y;
+}
+
+at::Tensor depthwise_conv_dgrad(const at::Tensor& dz, const at::Tensor& weight, const ConvShape& shape) {
+  c10::DeviceGuard guard(dz.device());
+  auto dx = at::empty(shape.x_size, dz.options().memory_format(at::MemoryFormat::ChannelsLast));
+  if (dx.numel() == 0) return dx;
+  poison_output(dx);
+  auto w = weight.contiguous();
+  check_launch(launch_depthwise_conv_dgrad(element_type(dz.scalar_type()), shape_of(shape), dz.data_ptr(),
+                                           w.data_ptr(), dx.data_ptr(), vectors(shape.x_size[1], {&dz, &dx}),
+                                           current_stream()),
+               "dgrad");
+  return dx;
+}
+
+namespace {
+
+// The conv + BatchNorm op's conv as a ConvProblem, when our kernels take it (else nullopt). Its arguments are
+// checked (check_conv_problem) before any arithmetic on them.
+std::optional<ConvProblem> depthwise_problem(const at::Tensor& x, const at::Tensor& weight, at::IntArrayRef stride,
+                                             at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {
+  if (x.dim() != 4 || weight.dim() != 4 || stride.size() != 2 || padding.size() != 2 || dilation.size() != 2 ||
+      x.scalar_type() != weight.scalar_type() || !x.is_cuda()) {
+    return std::nullopt;  // at::convolution raises its own error, or runs what our kernels do not take
+  }
+  bool channels_last = use_channels_last(x, weight);
+  if (!depthwise_kernel_unmet(x.size(1), weight.sizes(), stride, dilation, groups, channels_last).empty()) {
+    return std::nullopt;
+  }
+  ConvProblem p;
+  p.dtype = x.scalar_type();
+  p.channels_last = true;
+  p.x_size = size4(x.sizes());
+  p.w_size = size4(weight.sizes());
+  p.stride = {stride[0], stride[1]};
+  p.pad_pre = p.pad_post = {padding[0], padding[1]};
+  p.dilation = {dilation[0], dilation[1]};
+  p.groups = groups;
+  check_conv_problem(p);
+  return p;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_conv_backward(
+    const at::Tensor& grad_z, const at::Tensor& x, const at::Tensor& weight, bool has_bias, at::IntArrayRef stride,
+    at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups, std::array<bool, 3> mask) {
+  std::vector<int64_t> bias_size{weight.size(0)};
+  auto aten = [&](std::array<bool, 3> which) {
+    return at::convolution_backward(grad_z, x, weight, has_bias ? at::OptionalIntArrayRef(bias_size) : std::nullopt,
+                                    stride, padding, dilation, false, {0, 0}, groups, which);
+  };
+  auto p = depthwise_problem(x, weight, stride, padding, dilation, groups);
+  if (!mask[0] || !p.has_value() || !depthwise_kernel_steps(false, p->stride[0]).dgrad) return aten(mask);
+  auto dx = depthwise_conv_dgrad(grad_z.contiguous(at::MemoryFormat::ChannelsLast), weight, *p);
+  if (!mask[1] && !mask[2]) return {dx, at::Tensor(), at::Tensor()};
+  auto rest = aten({false, mask[1], mask[2]});
+  return {dx, std::get<1>(rest), std::get<2>(rest)};
+}
+
+}  // namespace tcf

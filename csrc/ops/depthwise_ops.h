@@ -1,0 +1,46 @@
+// Depthwise convolutions (groups == in_channels == out_channels) in our NHWC CUDA kernels
+// (kernels/depthwise_conv_kernel.h), and the one rule for when they run: every op and Python's decision ask
+// depthwise_kernel_unmet.
+#pragma once
+
+#include <string>
+#include <tuple>
+
+#include <ATen/ATen.h>
+
+#include "graphs/conv_graphs.h"
+
+namespace tcf {
+
+// "" when our depthwise kernels run this convolution (forward, dgrad and wgrad), else why not, naming the argument.
+std::string depthwise_kernel_unmet(int64_t in_channels, at::IntArrayRef w_size, at::IntArrayRef stride,
+                                   at::IntArrayRef dilation, int64_t groups, bool channels_last);
+std::string depthwise_kernel_unmet(const ConvProblem& p);
+
+// Which steps of a depthwise convolution our kernels run (where depthwise_kernel_unmet is empty), as measured against
+// PyTorch's own (cuDNN's) depthwise kernels on MobileNet v1 and v2 layers (benchmarks/bench_depthwise.py): the
+// forward only with an epilogue to fuse (bias, residual or ReLU), which saves eager's passes over y (PyTorch's kernel
+// is faster for the conv alone); dgrad at stride 2, where ours was faster (at stride 1 it was not, on the smaller
+// layers). wgrad is always PyTorch's. The rest runs PyTorch's kernels.
+struct DepthwiseSteps {
+  bool forward = false;
+  bool dgrad = false;
+};
+DepthwiseSteps depthwise_kernel_steps(bool has_epilogue, int64_t stride);
+// The same in words, for the layer's status.
+std::string describe_depthwise_steps(const DepthwiseSteps& steps);
+
+// Our kernels on dense channels_last tensors of one dtype (bias: [channels], or undefined; residual: y's shape, or
+// undefined); activation: kActivationNone, kActivationRelu or kActivationRelu6 (kernels/element_type.h).
+at::Tensor depthwise_conv_forward(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                                  const at::Tensor& residual, const ConvShape& shape, int activation);
+at::Tensor depthwise_conv_dgrad(const at::Tensor& dz, const at::Tensor& weight, const ConvShape& shape);
+
+// The conv inside the conv + BatchNorm op (symmetric padding, arguments as at::convolution's): PyTorch's convolution,
+// and its backward with dx from our dgrad kernel where depthwise_kernel_steps picks it. Returns (dx, dweight, dbias)
+// for `mask`.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_conv_backward(
+    const at::Tensor& grad_z, const at::Tensor& x, const at::Tensor& weight, bool has_bias, at::IntArrayRef stride,
+    at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups, std::array<bool, 3> mask);
+
+}  // namespace tcf

@@ -1,0 +1,177 @@
+"""Our NHWC depthwise convolution kernels (csrc/kernels/depthwise_conv_kernel.cu): the forward with bias, residual and
+ReLU fused, and dgrad at stride 2 (the steps where they beat PyTorch's, csrc/ops/depthwise_ops.h), in whole conv layers
+against eager and a float64 reference; where they run (conv layers, conv + BatchNorm in training and eval) and where
+they do not, with the reason."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import torch_cudnn_fusion as tcf
+
+from conftest import assert_as_accurate_as_eager, gpu, reference_conv_bias_act
+
+pytestmark = gpu
+CL = torch.channels_last
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+# channels, kernel, stride, padding, height, width, bias, residual, relu
+CASES = {
+    "3x3-s1": (32, 3, 1, 1, 14, 14, True, False, True),
+    "3x3-s2-odd-channels": (13, 3, 2, 1, 15, 13, True, False, True),  # one element at a time
+    "3x3-s2-even-size": (64, 3, 2, 1, 16, 16, False, False, True),
+    "3x3-s1-residual-no-relu": (40, 3, 1, 1, 9, 11, True, True, False),
+    "3x3-s2-no-padding": (24, 3, 2, 0, 10, 9, True, False, False),
+    "3x3-s2-wide-padding": (16, 3, 2, 3, 9, 7, True, False, True),
+    "5x5-s1": (96, 5, 1, 2, 9, 10, True, False, True),
+    "5x5-s2": (48, 5, 2, 2, 17, 16, True, True, True),
+    "5x5-s2-many-channels": (672, 5, 2, 2, 8, 8, True, False, True),  # filters of fewer channels per block
+}
+
+
+def _leaf(*shape, dtype):
+    return torch.randn(*shape, device="cuda", dtype=torch.float64).to(dtype).contiguous(memory_format=CL)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", list(CASES))
+def test_depthwise_conv_matches_float64(extension, no_tf32, dtype, case):
+    """Forward, dx, dweight, dbias and the residual's gradient, fused (strict: our kernels must run) vs eager in the
+    same dtype, both against float64; three calls on fresh inputs."""
+    channels, kernel, stride, padding, height, width, has_bias, has_residual, relu = CASES[case]
+    torch.manual_seed(0)
+    for _ in range(3):
+        x = _leaf(3, channels, height, width, dtype=dtype)
+        weight = (torch.randn(channels, 1, kernel, kernel, device="cuda") / kernel).to(dtype)
+        bias = torch.randn(channels, device="cuda").to(dtype) if has_bias else None
+        out_size = [(s + 2 * padding - kernel) // stride + 1 for s in (height, width)]
+        residual = _leaf(3, channels, *out_size, dtype=dtype) if has_residual else None
+        grad = _leaf(3, channels, *out_size, dtype=dtype)
+        results = []
+        for run in ("fused", "eager", "reference"):
+            precision = torch.float64 if run == "reference" else dtype
+            leaves = [t.detach().to(precision).requires_grad_() if t is not None else None
+                      for t in (x, weight, bias, residual)]
+            if run == "fused":
+                # strict: our kernels must run (ReLU's backward is a cuDNN graph where channels do not fill our
+                # ReLU-backward kernel's vectors, which cuDNN refuses for float32 without TF32: eager then)
+                strict = not relu or channels % 8 == 0
+                y = tcf.conv2d_bias_act(*leaves, stride, padding, 1, channels, "relu" if relu else None,
+                                        strict=strict)
+                assert y.is_contiguous(memory_format=CL)
+            else:
+                y = reference_conv_bias_act(*leaves, stride, padding, 1, channels, relu)
+            y.backward(grad.to(precision))
+            results.append([y.detach()] + [t.grad for t in leaves if t is not None])
+        names = ["y", "dx", "dweight"] + (["dbias"] if has_bias else []) + (["dresidual"] if has_residual else [])
+        for name, fused, eager, reference in zip(names, *results):
+            assert fused.dtype == dtype and fused.shape == reference.shape, name
+            assert_as_accurate_as_eager(f"{case} {name}", fused, eager, reference, dtype)
+
+
+def test_a_misaligned_input_runs_one_element_at_a_time_and_matches(extension, no_tf32):
+    """An NHWC view 4 bytes past a 16-byte boundary: the kernels take the element-at-a-time path, same numbers."""
+    torch.manual_seed(0)
+    storage = torch.randn(2 * 32 * 10 * 10 + 1, device="cuda")
+    x = storage[1:].view(2, 10, 10, 32).permute(0, 3, 1, 2)
+    assert x.is_contiguous(memory_format=CL) and x.data_ptr() % 16 != 0
+    weight = torch.randn(32, 1, 3, 3, device="cuda")
+    y = tcf.conv2d_bias_act(x, weight, None, None, 1, 1, 1, 32, "relu", strict=True)
+    expected = F.relu(F.conv2d(x.double(), weight.double(), None, 1, 1, 1, 32))
+    torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_depthwise_layers_say_they_run_our_kernel(extension):
+    torch.manual_seed(0)
+    layer = tcf.Conv2dReLU(32, 32, 3, padding=1, groups=32).cuda().to(memory_format=CL)
+    x = torch.randn(4, 32, 20, 20, device="cuda", requires_grad=True).contiguous(memory_format=CL)
+    layer(x).sum().backward()
+    status = layer.fusion_status
+    assert status.fused and status.implementation == "depthwise_kernel", status
+    assert dict(status.backward) == {"relu_bias_backward": "", "dgrad": "", "wgrad": ""}, status
+    assert status.reason == ("depthwise: forward in our kernel (epilogue fused), dgrad in PyTorch's kernel, wgrad in "
+                             "PyTorch's kernel"), status  # stride 1
+    assert str(status).startswith("fused (depthwise kernels)"), str(status)
+    with torch.no_grad():
+        (row,) = tcf.explain(nn.Sequential(layer), x, time=False)
+    assert row.fused and row.engine == "our NHWC depthwise kernel or PyTorch's", row
+    assert row.operations == ("conv_fprop", "add bias", "relu") and row.reason == status.reason, row
+    strided = tcf.Conv2dReLU(32, 32, 3, stride=2, padding=1, groups=32).cuda().to(memory_format=CL)
+    strided(x)
+    assert "dgrad in our kernel" in strided.fusion_status.reason, strided.fusion_status
+    with tcf.strict():  # NCHW: not our kernels, and the reason says so
+        with pytest.raises(tcf.FusionError, match="not our depthwise kernels: layout NCHW"):
+            layer.to(memory_format=torch.contiguous_format)(x.contiguous())
+
+
+def _profile_kernels(fn) -> list[str]:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+@pytest.mark.parametrize("kernel, stride", [(3, 1), (3, 2), (5, 2)])
+def test_conv_bn_relu_training_runs_our_kernels_and_matches_float64(extension, kernel, stride):
+    """A depthwise Conv2dBNReLU training step under bf16 autocast: at stride 2 our dgrad kernel runs instead of
+    cuDNN's (at stride 1 cuDNN's), and y, every gradient and the running statistics are as accurate as eager's against
+    float64."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(64, 64, kernel, stride, kernel // 2, groups=64, bias=False)
+    bn = nn.BatchNorm2d(64)
+    with torch.no_grad():
+        bn.weight.uniform_(0.5, 1.5), bn.bias.normal_()
+    plain = nn.Sequential(conv, bn, nn.ReLU()).cuda().to(memory_format=CL)
+    x = torch.randn(8, 64, 28, 28, device="cuda").contiguous(memory_format=CL)
+    grad_out = torch.randn(8, 64, 28 // stride, 28 // stride, device="cuda").contiguous(memory_format=CL)
+
+    def step(model, precision=None):
+        leaf = x.detach().to(precision or x.dtype).requires_grad_()
+        with torch.autocast("cuda", torch.bfloat16, enabled=precision is None):
+            y = model(leaf)
+        y.backward(grad_out.to(y.dtype))
+        return [y.detach(), leaf.grad] + [p.grad for p in model.parameters()]
+
+    profiled = copy.deepcopy(plain)
+    names = _profile_kernels(lambda: step(tcf.Conv2dBNReLU.from_modules(profiled[0], profiled[1])))
+    ours = any("depthwise_conv_dgrad" in n for n in names)
+    theirs = any("dgrad2d_c1_k1" in n for n in names)
+    assert (ours, theirs) == ((True, False) if stride == 2 else (False, True)), names
+    assert not any("depthwise_conv_forward" in n for n in names), names  # no epilogue: cuDNN's forward is faster
+
+    eager, reference = copy.deepcopy(plain), copy.deepcopy(plain).double()
+    fused = tcf.Conv2dBNReLU.from_modules(plain[0], plain[1])
+    results = [step(fused), step(eager), step(reference, torch.float64)]
+    for name, *values in zip(["y", "dx", "dweight", "dbn_weight", "dbn_bias"], *results):
+        assert_as_accurate_as_eager(name, *values, torch.bfloat16)
+    for name in ("running_mean", "running_var"):
+        values = [getattr(m[1], name) for m in (plain, eager, reference)]
+        assert_as_accurate_as_eager(name, *values, torch.bfloat16)
+    note = "conv: PyTorch's cuDNN call" + ("; its dgrad: our depthwise kernel" if stride == 2 else "")
+    assert note in fused.fusion_status.reason, fused.fusion_status
+
+
+def test_conv_bn_relu_eval_runs_the_folded_depthwise_kernel_in_a_cuda_graph(extension):
+    """Eval folds BatchNorm into the depthwise conv: one launch of our kernel (bias and ReLU in its epilogue), which a
+    CUDA graph captures and replays."""
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Conv2d(96, 96, 3, 2, 1, groups=96, bias=False), nn.BatchNorm2d(96), nn.ReLU6())
+    plain = plain.cuda().to(memory_format=CL).eval()
+    with torch.no_grad():
+        plain[1].running_mean.normal_(), plain[1].running_var.uniform_(0.5, 2.0)
+    fused = tcf.Conv2dBNReLU.from_modules(plain[0], plain[1], activation="relu6").eval()
+    x = torch.randn(16, 96, 30, 30, device="cuda").contiguous(memory_format=CL)
+    with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
+        expected = plain(x)
+        fused(x)  # decides, and folds
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = fused(x)
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        expected = plain(x)
+    torch.testing.assert_close(y.float(), expected.float(), rtol=0.02, atol=0.02)
+    assert fused.fusion_status.implementation == "depthwise_kernel", fused.fusion_status
