@@ -1,4 +1,5 @@
-"""Engine policies and plan files on a GPU: what autotune decides for a depthwise and a dense layer, the pinned
+"""Engine policies and plan files on a GPU: what autotune decides for a depthwise 7x7 layer (one our depthwise kernels
+do not take: cuDNN's fused graph or PyTorch's kernel) and a dense layer, the pinned
 engine error, the deterministic listing, and a plan file round trip. Prints what it measured.
 
     python examples/engine_policies.py
@@ -19,7 +20,7 @@ CL = torch.channels_last
 def main() -> None:
     autotune = EnginePolicy("autotune")
     model = nn.Sequential(
-        tcf.Conv2dReLU(512, 512, 3, padding=1, groups=512, policy=autotune),  # depthwise
+        tcf.Conv2dReLU(512, 512, 7, padding=3, groups=512, policy=autotune),  # depthwise 7x7
         tcf.Conv2dReLU(512, 512, 1, policy=autotune),
     ).cuda().to(dtype=torch.bfloat16, memory_format=CL)
     x = torch.randn(64, 512, 14, 14, device="cuda", dtype=torch.bfloat16).contiguous(memory_format=CL)
