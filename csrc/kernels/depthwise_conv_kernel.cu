@@ -39,6 +39,14 @@ __device__ inline void load(const T* __restrict__ p, float (&out)[V]) {
   for (int v = 0; v < V; ++v) out[v] = to_float(pack.v[v]);
 }
 
+template <int N, int V>
+__device__ inline void zero(float (&values)[N][V]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int v = 0; v < V; ++v) values[i][v] = 0.f;
+}
+
 __device__ inline float activate(float v, int activation) {
   // comparisons rather than fmaxf, so that NaN passes as through F.relu
   if (activation == kActivationRelu) return v < 0.f ? 0.f : v;
@@ -102,10 +110,7 @@ __global__ void __launch_bounds__(nhwc::kThreads) depthwise_conv_forward(
   const float* filters = w_s + threadIdx.x * V;
 
   float acc[kStrip][V];
-#pragma unroll
-  for (int i = 0; i < kStrip; ++i)
-#pragma unroll
-    for (int v = 0; v < V; ++v) acc[i][v] = 0.f;
+  zero(acc);
 #pragma unroll
   for (int kh = 0; kh < K; ++kh) {
     const int ih = oh * S - s.pad_h + kh;
@@ -185,10 +190,7 @@ __global__ void __launch_bounds__(nhwc::kThreads) depthwise_conv_dgrad(const T* 
   const float* filters = w_s + threadIdx.x * V;
 
   float acc[kStrip][V];
-#pragma unroll
-  for (int i = 0; i < kStrip; ++i)
-#pragma unroll
-    for (int v = 0; v < V; ++v) acc[i][v] = 0.f;
+  zero(acc);
 #pragma unroll
   for (int dh = 0; dh < kTaps; ++dh) {
     const int kh = rh + S * dh;

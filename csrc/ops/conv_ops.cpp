@@ -24,8 +24,6 @@ std::array<int64_t, 2> pair_arg(at::IntArrayRef values, const char* name) {
   return {values[0], values[1]};
 }
 
-std::array<int64_t, 4> size4(at::IntArrayRef size) { return {size[0], size[1], size[2], size[3]}; }
-
 
 
 

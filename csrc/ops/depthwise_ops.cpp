@@ -4,7 +4,6 @@
 
 #include <c10/core/DeviceGuard.h>
 
-#include "core/device.h"
 #include "kernels/depthwise_conv_kernel.h"
 #include "ops/kernel_launch.h"
 #include "ops/run_graph.h"
@@ -34,8 +33,6 @@ void check_launch(cudaError_t status, const char* what) {
   TORCH_CHECK(status == cudaSuccess, "cudnn_fusion: the depthwise ", what, " kernel failed to launch: ",
               cudaGetErrorString(status));
 }
-
-std::array<int64_t, 4> size4(at::IntArrayRef size) { return {size[0], size[1], size[2], size[3]}; }
 
 }  // namespace
 

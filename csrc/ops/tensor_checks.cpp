@@ -30,6 +30,8 @@ void check_same_as(const at::Tensor& t, const char* name, const at::Tensor& x) {
               "), got ", t.sizes(), ", ", t.scalar_type(), ", ", t.device());
 }
 
+std::array<int64_t, 4> size4(at::IntArrayRef size) { return {size[0], size[1], size[2], size[3]}; }
+
 bool use_channels_last(const at::Tensor& a, const at::Tensor& b) {
   return a.suggest_memory_format() == at::MemoryFormat::ChannelsLast ||
          b.suggest_memory_format() == at::MemoryFormat::ChannelsLast;

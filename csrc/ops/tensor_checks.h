@@ -2,6 +2,8 @@
 // was expected, what was given), and the small layout helpers they share.
 #pragma once
 
+#include <array>
+
 #include <ATen/ATen.h>
 
 namespace tcf {
@@ -15,6 +17,8 @@ void check_like(const at::Tensor& t, const char* name, const at::Tensor& x);
 // On x's device, in x's dtype, of x's shape.
 void check_same_as(const at::Tensor& t, const char* name, const at::Tensor& x);
 
+// The four sizes of a 4-D tensor.
+std::array<int64_t, 4> size4(at::IntArrayRef size);
 // PyTorch's rule for cuDNN convolutions (cudnn_conv_suggest_memory_format): channels_last when either operand is.
 bool use_channels_last(const at::Tensor& a, const at::Tensor& b);
 at::MemoryFormat memory_format(bool channels_last);
