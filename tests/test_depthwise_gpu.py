@@ -70,6 +70,12 @@ def test_depthwise_conv_matches_float64(extension, no_tf32, dtype, case):
         for name, fused, eager, reference in zip(names, *results):
             assert fused.dtype == dtype and fused.shape == reference.shape, name
             assert_as_accurate_as_eager(f"{case} {name}", fused, eager, reference, dtype)
+    # which kernels ran: ours for the forward (every case has a bias or ReLU to fuse), and for dgrad at stride 2
+    leaves = [t.detach().requires_grad_() if t is not None else None for t in (x, weight, bias, residual)]
+    ran = _profile_kernels(lambda: tcf.conv2d_bias_act(*leaves, stride, padding, 1, channels,
+                                                       "relu" if relu else None).backward(grad))
+    assert any("depthwise_conv_forward" in n for n in ran), ran
+    assert any("depthwise_conv_dgrad" in n for n in ran) == (stride == 2), ran
 
 
 def test_a_misaligned_input_runs_one_element_at_a_time_and_matches(extension, no_tf32):
@@ -79,6 +85,8 @@ def test_a_misaligned_input_runs_one_element_at_a_time_and_matches(extension, no
     x = storage[1:].view(2, 10, 10, 32).permute(0, 3, 1, 2)
     assert x.is_contiguous(memory_format=CL) and x.data_ptr() % 16 != 0
     weight = torch.randn(32, 1, 3, 3, device="cuda")
+    ran = _profile_kernels(lambda: tcf.conv2d_bias_act(x, weight, None, None, 1, 1, 1, 32, "relu", strict=True))
+    assert any("depthwise_conv_forward<float, 1," in n for n in ran), ran  # one element at a time
     y = tcf.conv2d_bias_act(x, weight, None, None, 1, 1, 1, 32, "relu", strict=True)
     expected = F.relu(F.conv2d(x.double(), weight.double(), None, 1, 1, 1, 32))
     torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-5)

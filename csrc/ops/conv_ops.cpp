@@ -144,7 +144,7 @@ at::Tensor conv_gradient(GraphKind kind, const at::Tensor& grad_z, const at::Ten
   if (out.numel() == 0) return out;
   if (dz.numel() == 0) return out.zero_();  // an empty batch contributes nothing to the weight gradient
   auto aten = [&]() { return dgrad ? fallback_dgrad(dz, operand_dense, p) : fallback_wgrad(dz, operand_dense, p); };
-  if (depthwise_kernel_unmet(p).empty()) {  // our kernel or PyTorch's, as depthwise_kernel_steps measured them
+  if (depthwise_kernel_takes(p)) {  // our kernel or PyTorch's, as depthwise_kernel_steps measured them
     bool ours = dgrad && depthwise_kernel_steps(false, p.stride[0]).dgrad;
     return ours ? depthwise_conv_dgrad(dz, operand_dense, p) : aten();
   }
@@ -194,7 +194,7 @@ at::Tensor conv_bias_act(const at::Tensor& x, const at::Tensor& weight, const st
   auto residual_dense = residual.has_value() ? residual->contiguous(format) : at::Tensor();
   auto y = at::empty(y_size, x.options().memory_format(format));
   if (y.numel() == 0) return y;
-  if (depthwise_kernel_unmet(p).empty()) {  // our kernel or PyTorch's, as depthwise_kernel_steps measured them
+  if (depthwise_kernel_takes(p)) {  // our kernel or PyTorch's, as depthwise_kernel_steps measured them
     if (!depthwise_kernel_steps(has_epilogue(p), p.stride[0]).forward) {
       return fallback_forward(x_dense, w_dense, bias, residual, p);
     }

@@ -36,20 +36,46 @@ void check_launch(cudaError_t status, const char* what) {
 
 }  // namespace
 
+DepthwiseUnmet depthwise_kernel_check(int64_t in_channels, at::IntArrayRef w_size, at::IntArrayRef stride,
+                                      at::IntArrayRef dilation, int64_t groups, bool channels_last) {
+  if (groups == 1 || groups != in_channels || w_size.size() != 4 || w_size[0] != groups) return DepthwiseUnmet::kGroups;
+  if (w_size[2] != w_size[3] || !depthwise_kernel_size_supported(w_size[2])) return DepthwiseUnmet::kKernelSize;
+  if (stride.size() != 2 || stride[0] != stride[1] || !depthwise_stride_supported(stride[0])) {
+    return DepthwiseUnmet::kStride;
+  }
+  if (dilation.size() != 2 || dilation[0] != 1 || dilation[1] != 1) return DepthwiseUnmet::kDilation;
+  if (!channels_last) return DepthwiseUnmet::kLayout;
+  return DepthwiseUnmet::kNone;
+}
+
+bool depthwise_kernel_takes(const ConvProblem& p) {
+  return depthwise_kernel_check(p.x_size[1], p.w_size, p.stride, p.dilation, p.groups, p.channels_last) ==
+         DepthwiseUnmet::kNone;
+}
+
 std::string depthwise_kernel_unmet(int64_t in_channels, at::IntArrayRef w_size, at::IntArrayRef stride,
                                    at::IntArrayRef dilation, int64_t groups, bool channels_last) {
   std::ostringstream out;
-  if (groups == 1 || groups != in_channels || w_size.size() != 4 || w_size[0] != groups) {
-    out << "groups=" << groups << " with " << in_channels << " input and " << (w_size.empty() ? 0 : w_size[0])
-        << " output channels: our depthwise kernels take groups == in_channels == out_channels";
-  } else if (w_size[2] != w_size[3] || !depthwise_kernel_size_supported(w_size[2])) {
-    out << "kernel_size=(" << w_size[2] << ", " << w_size[3] << "): our depthwise kernels are built for 3x3 and 5x5";
-  } else if (stride.size() != 2 || stride[0] != stride[1] || !depthwise_stride_supported(stride[0])) {
-    out << "stride=" << stride << ": our depthwise kernels are built for stride 1 and 2, equal in H and W";
-  } else if (dilation.size() != 2 || dilation[0] != 1 || dilation[1] != 1) {
-    out << "dilation=" << dilation << ": our depthwise kernels are built for dilation 1";
-  } else if (!channels_last) {
-    out << "layout NCHW: our depthwise kernels are NHWC (x.to(memory_format=torch.channels_last))";
+  switch (depthwise_kernel_check(in_channels, w_size, stride, dilation, groups, channels_last)) {
+    case DepthwiseUnmet::kNone:
+      break;
+    case DepthwiseUnmet::kGroups:
+      out << "groups=" << groups << " with " << in_channels << " input and " << (w_size.empty() ? 0 : w_size[0])
+          << " output channels: our depthwise kernels take groups == in_channels == out_channels";
+      break;
+    case DepthwiseUnmet::kKernelSize:
+      out << "kernel_size=(" << w_size[2] << ", " << w_size[3]
+          << "): our depthwise kernels are built for 3x3 and 5x5";
+      break;
+    case DepthwiseUnmet::kStride:
+      out << "stride=" << stride << ": our depthwise kernels are built for stride 1 and 2, equal in H and W";
+      break;
+    case DepthwiseUnmet::kDilation:
+      out << "dilation=" << dilation << ": our depthwise kernels are built for dilation 1";
+      break;
+    case DepthwiseUnmet::kLayout:
+      out << "layout NCHW: our depthwise kernels are NHWC (x.to(memory_format=torch.channels_last))";
+      break;
   }
   return out.str();
 }
@@ -108,7 +134,8 @@ std::optional<ConvProblem> depthwise_problem(const at::Tensor& x, const at::Tens
     return std::nullopt;  // at::convolution raises its own error, or runs what our kernels do not take
   }
   bool channels_last = use_channels_last(x, weight);
-  if (!depthwise_kernel_unmet(x.size(1), weight.sizes(), stride, dilation, groups, channels_last).empty()) {
+  if (depthwise_kernel_check(x.size(1), weight.sizes(), stride, dilation, groups, channels_last) !=
+      DepthwiseUnmet::kNone) {
     return std::nullopt;
   }
   ConvProblem p;

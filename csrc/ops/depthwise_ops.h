@@ -12,7 +12,13 @@
 
 namespace tcf {
 
-// "" when our depthwise kernels run this convolution (forward, dgrad and wgrad), else why not, naming the argument.
+// The first condition our depthwise kernels need that a convolution does not meet; kNone: they take it.
+enum class DepthwiseUnmet { kNone, kGroups, kKernelSize, kStride, kDilation, kLayout };
+DepthwiseUnmet depthwise_kernel_check(int64_t in_channels, at::IntArrayRef w_size, at::IntArrayRef stride,
+                                      at::IntArrayRef dilation, int64_t groups, bool channels_last);
+// Whether they take it: comparisons only, for the ops to ask on every call.
+bool depthwise_kernel_takes(const ConvProblem& p);
+// "" when they take it (depthwise_kernel_steps says which steps run in them), else why not, naming the argument.
 std::string depthwise_kernel_unmet(int64_t in_channels, at::IntArrayRef w_size, at::IntArrayRef stride,
                                    at::IntArrayRef dilation, int64_t groups, bool channels_last);
 std::string depthwise_kernel_unmet(const ConvProblem& p);

@@ -142,10 +142,9 @@ def _explain_batch_norm(path: str, module: nn.Module, decision: Decision, config
     activation = getattr(module, "activation", None)
     operations = ()
     if isinstance(module, Conv2dBN):
-        from ..ops.batch_norm import conv_note
+        from ..ops.batch_norm import depthwise_dgrad
 
-        channels_last = config is not None and config.channels_last
-        dgrad = conv_note(module, module.weight, channels_last).endswith("our depthwise kernel")
+        dgrad = depthwise_dgrad(module, module.weight, config is not None and config.channels_last)
         operations = ("conv (PyTorch's cuDNN call; dgrad: our depthwise kernel)" if dgrad
                       else "conv (PyTorch's cuDNN call)",)
     operations += ("batchnorm (batch statistics, running-statistics update)",)

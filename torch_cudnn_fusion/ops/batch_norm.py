@@ -283,12 +283,18 @@ def _decide_conv_batch_norm(x, conv, conv_weight, conv_bias, running_mean, weigh
     return decision, config, run
 
 
-def conv_note(conv, conv_weight, channels_last: bool) -> str:
-    """What runs the conv inside the training conv + BatchNorm op: PyTorch's own cuDNN convolution, with its dgrad in
-    our depthwise kernel where the extension's rule picks it (the conv has no epilogue there: BatchNorm follows)."""
+def depthwise_dgrad(conv, conv_weight, channels_last: bool) -> bool:
+    """Whether the training conv + BatchNorm op runs its conv's dgrad in our depthwise kernel (the extension's rule;
+    the conv has no epilogue there: BatchNorm follows). Its forward and wgrad are PyTorch's own cuDNN calls."""
     groups = int(conv.groups)
     _, dgrad = decide.depthwise_kernel_steps(int(conv_weight.shape[1]) * groups, tuple(conv_weight.shape),
                                              tuple(conv.stride), tuple(conv.dilation), groups, channels_last, False)
+    return dgrad
+
+
+def conv_note(conv, conv_weight, channels_last: bool) -> str:
+    """What runs the conv inside the training conv + BatchNorm op, for the layer's status."""
+    dgrad = depthwise_dgrad(conv, conv_weight, channels_last)
     return "conv: PyTorch's cuDNN call" + ("; its dgrad: our depthwise kernel" if dgrad else "")
 
 
