@@ -12,8 +12,10 @@
 
 namespace tcf {
 
-// The square kernel sizes and the strides the kernels are built for (dilation 1).
-constexpr bool depthwise_kernel_size_supported(int64_t size) { return size == 3 || size == 5; }
+// The square kernel size and the strides the kernels are built for (dilation 1). 5x5 ones, built the same way, ran
+// slower than PyTorch's (cuDNN's) on a 5x5 stride-2 layer of 672 channels (forward 0.207 vs 0.108 ms, dgrad 0.326 vs
+// 0.256 ms, H100, benchmarks/results/depthwise_h100_2026-11-23.txt): 5x5 layers run PyTorch's.
+constexpr bool depthwise_kernel_size_supported(int64_t size) { return size == 3; }
 constexpr bool depthwise_stride_supported(int64_t stride) { return stride == 1 || stride == 2; }
 
 // x [n, h, w, channels], y [n, out_h, out_w, channels], weight [channels, 1, kernel, kernel]; pad_h and pad_w are the

@@ -146,7 +146,9 @@ at::Tensor conv_gradient(GraphKind kind, const at::Tensor& grad_z, const at::Ten
   auto aten = [&]() { return dgrad ? fallback_dgrad(dz, operand_dense, p) : fallback_wgrad(dz, operand_dense, p); };
   if (depthwise_kernel_takes(p)) {  // our kernel or PyTorch's, as depthwise_kernel_steps measured them
     bool ours = dgrad && depthwise_kernel_steps(false, p.stride[0]).dgrad;
-    return ours ? depthwise_conv_dgrad(dz, operand_dense, p) : aten();
+    if (!ours) return aten();
+    depthwise_conv_dgrad(dz, operand_dense, p, out);
+    return out;
   }
   std::unordered_map<int64_t, void*> pointers{{kUidDz, dz.data_ptr()},
                                               {dgrad ? kUidW : kUidX, operand_dense.data_ptr()},
@@ -198,8 +200,9 @@ at::Tensor conv_bias_act(const at::Tensor& x, const at::Tensor& weight, const st
     if (!depthwise_kernel_steps(has_epilogue(p), p.stride[0]).forward) {
       return fallback_forward(x_dense, w_dense, bias, residual, p);
     }
-    return depthwise_conv_forward(x_dense, w_dense, bias_dense, residual_dense, p,
-                                  relu ? kActivationRelu : kActivationNone);
+    depthwise_conv_forward(x_dense, w_dense, bias_dense, residual_dense, p, relu ? kActivationRelu : kActivationNone,
+                           y);
+    return y;
   }
 
   std::unordered_map<int64_t, void*> pointers{{kUidX, x_dense.data_ptr()}, {kUidW, w_dense.data_ptr()}, {kUidY, y.data_ptr()}};

@@ -37,10 +37,12 @@ DepthwiseSteps depthwise_kernel_steps(bool has_epilogue, int64_t stride);
 std::string describe_depthwise_steps(const DepthwiseSteps& steps);
 
 // Our kernels on dense channels_last tensors of one dtype (bias: [channels], or undefined; residual: y's shape, or
-// undefined); activation: kActivationNone, kActivationRelu or kActivationRelu6 (kernels/element_type.h).
-at::Tensor depthwise_conv_forward(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                                  const at::Tensor& residual, const ConvShape& shape, int activation);
-at::Tensor depthwise_conv_dgrad(const at::Tensor& dz, const at::Tensor& weight, const ConvShape& shape);
+// undefined); activation: kActivationNone, kActivationRelu or kActivationRelu6 (kernels/element_type.h). They write
+// the caller's output (y, dx: dense channels_last, of the shape's output and input sizes).
+void depthwise_conv_forward(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                            const at::Tensor& residual, const ConvShape& shape, int activation, const at::Tensor& y);
+void depthwise_conv_dgrad(const at::Tensor& dz, const at::Tensor& weight, const ConvShape& shape,
+                          const at::Tensor& dx);
 
 // The conv inside the conv + BatchNorm op (symmetric padding, arguments as at::convolution's): PyTorch's convolution,
 // and its backward with dx from our dgrad kernel where depthwise_kernel_steps picks it. Returns (dx, dweight, dbias)
