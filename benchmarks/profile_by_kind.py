@@ -113,6 +113,7 @@ def main() -> None:
         for variant, make in variants.items():
             row = {"variant": variant, "mode": mode}
             model = None
+            torch.cuda.reset_peak_memory_stats()  # the peak over building the variant, its warm-up and its steps
             try:
                 model = make()
                 model.train(mode == "train")
@@ -120,24 +121,30 @@ def main() -> None:
                 row["step_ms"] = median_ms(fn, warmup=args.warmup, repeats=args.repeats)
                 row["kinds"] = by_kind(kernel_ms_per_step(fn, args.steps))
                 row["kernel_ms"] = sum(kind["ms"] for kind in row["kinds"].values())
+                row["peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
             except Exception as error:  # noqa: BLE001 — a variant that fails is reported, not fatal
                 row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
             out["rows"].append(row)
+            # as each row finishes, so that a run cut short still shows the rows it measured
+            print(f"{mode} / {variant}: " + (row.get("error") or f"step {row['step_ms']:.2f} ms, peak "
+                                            f"{row['peak_mib']:.0f} MiB"), flush=True)
             del model
             torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
     print(f"\n{args.model}, batch {args.batch}, 224x224, bf16 autocast, channels_last ({out['gpu']}, torch "
-          f"{out['torch']}, cuDNN {out['cudnn']}); GPU kernel ms per step by kind, and the step's median")
-    header = f"{'mode':<10}{'variant':<15}{'step ms':>9}{'kernels':>9}" + "".join(f"{k:>20}" for k in KIND_NAMES)
+          f"{out['torch']}, cuDNN {out['cudnn']}); GPU kernel ms per step by kind, the step's median, and the peak of "
+          "torch.cuda.max_memory_allocated over the variant (the input batch and the plain model included)")
+    header = (f"{'mode':<10}{'variant':<15}{'step ms':>9}{'kernels':>9}" + "".join(f"{k:>20}" for k in KIND_NAMES)
+              + f"{'peak MiB':>10}")
     print(header)
     for row in out["rows"]:
         if "error" in row:
             print(f"{row['mode']:<10}{row['variant']:<15} failed: {row['error']}")
             continue
         print(f"{row['mode']:<10}{row['variant']:<15}{row['step_ms']:>9.2f}{row['kernel_ms']:>9.2f}"
-              + "".join(f"{row['kinds'][k]['ms']:>20.2f}" for k in KIND_NAMES))
+              + "".join(f"{row['kinds'][k]['ms']:>20.2f}" for k in KIND_NAMES) + f"{row['peak_mib']:>10.0f}")
     print("\nheaviest kernels of each kind (ms per step):")
     for row in out["rows"]:
         if "error" in row:
