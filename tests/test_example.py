@@ -37,11 +37,22 @@ def test_synthetic_image_folder_has_one_sorted_folder_per_class(tmp_path):
         write_image_folder(str(tmp_path / "none"), 0)
 
 
+def _env(**extra) -> dict:
+    """This environment, with the directory this test imports torch_cudnn_fusion from first on PYTHONPATH: the example
+    runs in a new process, which must find the same package (an in-place build found through PYTHONPATH=. or
+    pytest's rootdir, as an installed one)."""
+    import torch_cudnn_fusion
+
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(torch_cudnn_fusion.__file__)))
+    path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)
+    return dict(os.environ, PYTHONPATH=path, **extra)
+
+
 def _train(tmp_path, *args, env=None, launcher=(), timeout=600):
     out = tmp_path / "run"
     run = subprocess.run([sys.executable, *launcher, TRAIN, "--batch-size", "4", "--image-size", "32", "--width",
                           "0.25", "--compare-eager", "--out", str(out), *args],
-                         capture_output=True, text=True, timeout=timeout, env=env)
+                         capture_output=True, text=True, timeout=timeout, env=env or _env())
     return run, out
 
 
@@ -73,7 +84,7 @@ def test_example_trains_fused_and_eager_on_synthetic_data(tmp_path):
 
 
 def test_example_help_shows_the_defaults():
-    run = subprocess.run([sys.executable, TRAIN, "--help"], capture_output=True, text=True, timeout=120)
+    run = subprocess.run([sys.executable, TRAIN, "--help"], capture_output=True, text=True, timeout=120, env=_env())
     assert run.returncode == 0, run.stderr
     text = " ".join(run.stdout.split())
     assert "(default: 0.05)" in text and "(default: mobilenet_v1_run)" in text and "(default: 0)" in text
@@ -82,7 +93,7 @@ def test_example_help_shows_the_defaults():
 def test_example_runs_under_torchrun_on_the_cpu(tmp_path):
     """Two processes, DistributedDataParallel over gloo (NCCL needs a GPU per process): the GPUs are hidden."""
     # gloo over the loopback interface: a machine's hostname may resolve to an address it cannot reach itself on
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    env = _env(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
     launcher = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
     run, out = _train(tmp_path, "--steps", "2", "--classes", "4", env=env, launcher=launcher, timeout=300)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
