@@ -74,7 +74,7 @@ def main() -> None:
         conv_args = ([stride, stride], [pad, pad], [1, 1], False, [0, 0], channels)
         steps = {
             "forward": (lambda: ops.conv_bias_act(x, w, bias, None, [stride] * 2, [pad] * 2, [pad] * 2, [1, 1],
-                                                  channels, True),
+                                                  channels, 1),
                         lambda: torch.relu(torch.convolution(x, w, bias, *conv_args))),
             "dgrad": (lambda: ops.conv_dgrad(dy, w, list(x.shape), [stride] * 2, [pad] * 2, [pad] * 2, [1, 1],
                                              channels),

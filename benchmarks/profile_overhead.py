@@ -59,7 +59,7 @@ def main():
         return F.conv2d(x, w, None, 1, pad)
 
     def op_direct():
-        return ops.conv_bias_act(x, w, b, None, [1, 1], [pad, pad], [pad, pad], [1, 1], 1, True)
+        return ops.conv_bias_act(x, w, b, None, [1, 1], [pad, pad], [pad, pad], [1, 1], 1, 1)
 
     def config_only():
         return fusion.conv_config(x, w, b, None, (1, 1), (pad, pad), (pad, pad), (1, 1), 1, True, "zeros",
@@ -86,7 +86,7 @@ def main():
 
     for name, fn in (("eager", lambda: F.relu(F.conv2d(xg, w, b, 1, pad))), ("fused module", lambda: layer(xg)),
                      ("op called directly", lambda: ops.conv_bias_act(xg, w, b, None, [1, 1], [pad, pad], [pad, pad],
-                                                                      [1, 1], 1, True))):
+                                                                      [1, 1], 1, 1))):
         rows.append((f"fwd+bwd: {name}", host_us(train(fn), calls=100), gpu_us(train(fn))))
     y = layer(x)
     gz = torch.randn_like(y)

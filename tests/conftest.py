@@ -49,8 +49,10 @@ def assert_as_accurate_as_eager(name: str, fused, eager, reference, dtype) -> No
 
 
 def reference_conv_bias_act(x, weight, bias, residual, stride, padding, dilation, groups, relu):
-    """The layer in plain PyTorch ops, in whatever dtype its inputs are."""
+    """The layer in plain PyTorch ops, in whatever dtype its inputs are; relu: True (ReLU), "relu6" or False."""
     y = F.conv2d(x, weight, bias, stride, padding, dilation, groups)
     if residual is not None:
         y = y + residual
+    if relu == "relu6":
+        return F.relu6(y)
     return F.relu(y) if relu else y

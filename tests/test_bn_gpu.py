@@ -214,18 +214,28 @@ def test_the_batch_norm_verdict_names_each_unmet_requirement(extension, x_size, 
         assert tcf.plan_cache_stats()["misses"] == misses  # no plan asked for
 
 
+@pytest.mark.parametrize("activation", ["relu", "relu6"])
 @pytest.mark.parametrize("groups", [1, 64])
-def test_conv_bn_relu_eval_runs_the_folded_fused_conv(extension, groups):
+def test_conv_bn_relu_eval_runs_the_folded_fused_conv(extension, groups, activation):
+    """Eval folds the BatchNorm into the conv and its ReLU into the epilogue; ReLU6 too in our depthwise kernel's,
+    while after cuDNN's graph (whose engines fuse identity or ReLU only) it runs as one clamp kernel."""
     torch.manual_seed(0)
+    act = torch.nn.ReLU() if activation == "relu" else torch.nn.ReLU6()
     plain = torch.nn.Sequential(torch.nn.Conv2d(64, 64, 3, padding=1, groups=groups, bias=False),
-                                torch.nn.BatchNorm2d(64), torch.nn.ReLU()).cuda().to(memory_format=torch.channels_last)
+                                torch.nn.BatchNorm2d(64), act).cuda().to(memory_format=torch.channels_last)
     with torch.no_grad():
         plain[1].running_mean.normal_(), plain[1].running_var.uniform_(0.5, 2.0)
-    fused = tcf.Conv2dBNReLU.from_modules(plain[0], plain[1])
+    fused = tcf.Conv2dBNReLU.from_modules(plain[0], plain[1], activation=activation)
     plain.eval(), fused.eval()
-    x = torch.randn(8, 64, 14, 14, device="cuda").to(memory_format=torch.channels_last)
+    x = (torch.randn(8, 64, 14, 14, device="cuda") * 4).to(memory_format=torch.channels_last)  # some clip at 6
     with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
         y, y_e = fused(x), plain(x)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            fused(x)
+            torch.cuda.synchronize()
+    ran = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    clamps = [n for n in ran if "clamp" in n or "hardtanh" in n or "threshold" in n]
+    assert len(clamps) == (groups == 1 and activation == "relu6"), ran
     with torch.no_grad():
         y_r = plain.double()(x.double())
     plain.float()

@@ -28,6 +28,7 @@ VARIANTS = {  # name: (bias, residual, activation)
     "relu": (False, False, "relu"),
     "bias+residual+relu": (True, True, "relu"),
     "bias+identity": (True, False, None),
+    "bias+relu6": (True, False, "relu6"),  # inputs scaled by 4: outputs of std about 4, some clip at 6
 }
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
@@ -37,7 +38,7 @@ def _policy_allows(dtype, cin, cout):
     return cin % multiple == 0 and cout % multiple == 0
 
 
-def _check_path(status, dtype, channels_last, cin, cout):
+def _check_path(status, dtype, channels_last, cin, cout, activation):
     """Which path must have run, and for a fallback, that its reason is the expected one."""
     if not _policy_allows(dtype, cin, cout):
         assert not status.fused and "multiple" in status.reason, status
@@ -45,6 +46,12 @@ def _check_path(status, dtype, channels_last, cin, cout):
     refusals = ([] if status.fused else [status.reason]) + [why for _, why in status.backward if why]
     if channels_last and dtype != torch.float32:
         assert status.fused and not refusals, f"NHWC {dtype} must run fused end to end: {status}"
+    if status.fused and activation == "relu6":
+        assert status.reason.startswith("ReLU6 runs as a clamp after the graph"), status
+    if activation == "relu6" and not channels_last and status.fused:  # ReLU6's backward: no cuDNN graph, eager's
+        backward = dict(status.backward)["relu_bias_backward"]
+        assert "ReLU6's backward runs in our kernel for channels_last" in backward, status
+        refusals.remove(backward)
     for reason in refusals:
         # Anything cuDNN refused must be traced to a requirement this configuration does not meet.
         expected = "layout: tensors are NCHW" if not channels_last else "allow_tf32=False"
@@ -65,7 +72,7 @@ def test_forward_and_gradients_match_eager_and_float64(extension, no_tf32, confi
     def make(*shape, scale=1.0):
         return (torch.randn(*shape, device="cuda") * scale).to(dtype)
 
-    x = make(n, cin, h, w).contiguous(memory_format=memory_format)
+    x = make(n, cin, h, w, scale=4.0 if activation == "relu6" else 1.0).contiguous(memory_format=memory_format)
     weight = make(cout, cin, kernel, kernel, scale=(cin * kernel * kernel) ** -0.5)
     weight = weight.contiguous(memory_format=memory_format)
     bias = make(cout) if has_bias else None
@@ -79,12 +86,12 @@ def test_forward_and_gradients_match_eager_and_float64(extension, no_tf32, confi
     status = call.status
     grad_y = torch.randn_like(y)
     grads = torch.autograd.grad(y, leaves, grad_y)
-    _check_path(status, dtype, channels_last, cin, cout)
+    _check_path(status, dtype, channels_last, cin, cout, activation)
     if status.fused and not any(why for _, why in status.backward):
         # The fused graphs ran: no op fell back to ATen at run time.
         assert extension.plan_cache_stats()["runtime_fallbacks"] == fallbacks_before
 
-    relu = activation == "relu"
+    relu = activation if activation == "relu6" else activation == "relu"
     eager_y = reference_conv_bias_act(x, weight, bias, residual, stride, padding, dilation, 1, relu)
     eager_grads = torch.autograd.grad(eager_y, leaves, grad_y)
     leaves64 = [t.detach().double().requires_grad_() for t in leaves]

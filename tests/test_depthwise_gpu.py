@@ -18,7 +18,7 @@ pytestmark = gpu
 CL = torch.channels_last
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
-# channels, kernel, stride, padding, height, width, bias, residual, relu
+# channels, kernel, stride, padding, height, width, bias, residual, relu (True, False or "relu6")
 CASES = {
     "3x3-s1": (32, 3, 1, 1, 14, 14, True, False, True),
     "3x3-s2-odd-channels": (13, 3, 2, 1, 15, 13, True, False, True),  # one element at a time
@@ -30,6 +30,8 @@ CASES = {
     # blocks of 63, one thread past the last channel
     "3x3-s1-576-channels": (576, 3, 1, 1, 7, 9, True, False, True),
     "3x3-s2-1000-channels": (1000, 3, 2, 1, 6, 6, True, True, True),
+    "3x3-s1-relu6": (48, 3, 1, 1, 11, 12, True, False, "relu6"),  # inputs scaled by 4: some outputs clip at 6
+    "3x3-s2-relu6-odd-channels": (21, 3, 2, 1, 9, 9, True, True, "relu6"),
 }
 
 
@@ -44,8 +46,11 @@ def test_depthwise_conv_matches_float64(extension, no_tf32, dtype, case):
     same dtype, both against float64; three calls on fresh inputs."""
     channels, kernel, stride, padding, height, width, has_bias, has_residual, relu = CASES[case]
     torch.manual_seed(0)
+    activation = relu if isinstance(relu, str) else ("relu" if relu else None)
     for _ in range(3):
         x = _leaf(3, channels, height, width, dtype=dtype)
+        if activation == "relu6":
+            x = (x.float() * 4).to(dtype)
         weight = (torch.randn(channels, 1, kernel, kernel, device="cuda") / kernel).to(dtype)
         bias = torch.randn(channels, device="cuda").to(dtype) if has_bias else None
         out_size = [(s + 2 * padding - kernel) // stride + 1 for s in (height, width)]
@@ -60,8 +65,7 @@ def test_depthwise_conv_matches_float64(extension, no_tf32, dtype, case):
                 # strict: our kernels must run (ReLU's backward is a cuDNN graph where channels do not fill our
                 # ReLU-backward kernel's vectors, which cuDNN refuses for float32 without TF32: eager then)
                 strict = not relu or channels % 8 == 0
-                y = tcf.conv2d_bias_act(*leaves, stride, padding, 1, channels, "relu" if relu else None,
-                                        strict=strict)
+                y = tcf.conv2d_bias_act(*leaves, stride, padding, 1, channels, activation, strict=strict)
                 assert y.is_contiguous(memory_format=CL)
             else:
                 y = reference_conv_bias_act(*leaves, stride, padding, 1, channels, relu)
@@ -74,7 +78,7 @@ def test_depthwise_conv_matches_float64(extension, no_tf32, dtype, case):
     # which kernels ran: ours for the forward (every case has a bias or ReLU to fuse), and for dgrad at stride 2
     leaves = [t.detach().requires_grad_() if t is not None else None for t in (x, weight, bias, residual)]
     ran = _profile_kernels(lambda: tcf.conv2d_bias_act(*leaves, stride, padding, 1, channels,
-                                                       "relu" if relu else None).backward(grad))
+                                                       activation).backward(grad))
     assert any("depthwise_conv_forward" in n for n in ran), ran
     assert any("depthwise_conv_dgrad" in n for n in ran) == (stride == 2), ran
 

@@ -392,13 +392,13 @@ def test_raw_op_errors_name_the_argument(extension):
     x = _input(1, 16, 8, 8)
     w = torch.randn(16, 16, 3, 3, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match=r"residual must have the output's shape \[1, 16, 8, 8\], got \[1, 16, 4, 4\]"):
-        ops.conv_bias_act(x, w, None, _input(1, 16, 4, 4), [1, 1], [1, 1], [1, 1], [1, 1], 1, True)
+        ops.conv_bias_act(x, w, None, _input(1, 16, 4, 4), [1, 1], [1, 1], [1, 1], [1, 1], 1, 1)
     with pytest.raises(RuntimeError, match=r"bias dtype must match x dtype \(BFloat16\), got Float"):
-        ops.conv_bias_act(x, w, torch.randn(16, device="cuda"), None, [1, 1], [1, 1], [1, 1], [1, 1], 1, True)
+        ops.conv_bias_act(x, w, torch.randn(16, device="cuda"), None, [1, 1], [1, 1], [1, 1], [1, 1], 1, 1)
     with pytest.raises(ValueError, match=r"x has 16 channels but weight of shape \[16, 8, 3, 3\] with groups=1 expects 8"):
-        ops.conv_bias_act(x, w[:, :8], None, None, [1, 1], [1, 1], [1, 1], [1, 1], 1, True)
+        ops.conv_bias_act(x, w[:, :8], None, None, [1, 1], [1, 1], [1, 1], [1, 1], 1, 1)
     with pytest.raises(RuntimeError, match=r"x must be a 4-D tensor \[N, C, H, W\], got 3-D"):
-        ops.conv_bias_act(x[0], w, None, None, [1, 1], [1, 1], [1, 1], [1, 1], 1, True)
+        ops.conv_bias_act(x[0], w, None, None, [1, 1], [1, 1], [1, 1], [1, 1], 1, 1)
 
 
 def test_raw_op_on_a_misaligned_pointer_falls_back_and_counts_it(extension):
@@ -406,7 +406,7 @@ def test_raw_op_on_a_misaligned_pointer_falls_back_and_counts_it(extension):
     x = base[1:].view(2, 8, 8, 16).permute(0, 3, 1, 2)
     w = torch.randn(16, 16, 3, 3, device="cuda", dtype=torch.bfloat16).contiguous(memory_format=CL)
     before = tcf.plan_cache_stats()["runtime_fallbacks"]
-    out = torch.ops.cudnn_fusion.conv_bias_act(x, w, None, None, [1, 1], [1, 1], [1, 1], [1, 1], 1, True)
+    out = torch.ops.cudnn_fusion.conv_bias_act(x, w, None, None, [1, 1], [1, 1], [1, 1], [1, 1], 1, 1)
     stats = tcf.plan_cache_stats()
     assert stats["runtime_fallbacks"] == before + 1
     assert "not 16-byte aligned" in stats["last_runtime_fallback"], stats["last_runtime_fallback"]

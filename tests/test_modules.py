@@ -50,6 +50,14 @@ def test_functional_identity_activation():
     assert (out < 0).any(), "identity activation must keep negative values"
 
 
+def test_functional_relu6_activation_off_cuda_is_eagers():
+    torch.manual_seed(0)
+    x, w, b = torch.randn(2, 8, 6, 6) * 4, torch.randn(4, 8, 3, 3), torch.randn(4)
+    out = tcf.conv2d_bias_act(x, w, b, stride=1, padding=1, activation="relu6")
+    torch.testing.assert_close(out, F.relu6(F.conv2d(x, w, b, 1, 1)), rtol=0, atol=0)
+    assert (out == 6).any() and (out == 0).any(), "the inputs must reach both clips"
+
+
 def test_state_dict_and_repr_are_conv2d_ones():
     conv = nn.Conv2d(8, 16, 3, stride=2, padding=1, bias=True)
     fused = tcf.Conv2dReLU(8, 16, 3, stride=2, padding=1, bias=True)
@@ -145,7 +153,7 @@ def test_strict_raises_with_the_reason():
         (lambda: tcf.Conv2dReLU(8, 4, 3, stride=(1, 0))(torch.randn(1, 8, 5, 5)),
          r"stride must be >= 1, got \(1, 0\)"),
         (lambda: tcf.conv2d_bias_act(torch.randn(1, 8, 5, 5), torch.randn(4, 8, 3, 3), activation="gelu"),
-         r"activation must be 'relu', 'identity' or None, got 'gelu'"),
+         r"activation must be 'relu', 'relu6', 'identity' or None, got 'gelu'"),
         (lambda: tcf.conv2d_bias_act(torch.randn(1, 8, 5, 5), torch.randn(4, 8, 3, 3), stride=2, padding="same"),
          r"padding='same' is not supported for strided convolutions \(stride=\(2, 2\)\)"),
     ],

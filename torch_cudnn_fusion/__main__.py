@@ -107,7 +107,7 @@ def main(argv=None) -> int:
     e.add_argument("--nchw", action="store_true", help="NCHW tensors (default: channels_last)")
     e.add_argument("--no-bias", action="store_true")
     e.add_argument("--residual", action="store_true")
-    e.add_argument("--activation", choices=["relu", "identity"], default="relu")
+    e.add_argument("--activation", choices=["relu", "relu6", "identity"], default="relu")
     e.add_argument("--graph", choices=["forward", "relu_bias_backward", "dgrad", "wgrad"], default="forward")
     e.add_argument("--time", action="store_true", help="time each candidate (median of --repeats runs)")
     e.add_argument("--repeats", type=int, default=10)

@@ -52,7 +52,7 @@ void hash_shape(size_t& seed, const ConvShape& s) {
   hash_combine(seed, s.pad_post);
   hash_combine(seed, s.dilation);
   hash_combine(seed, s.groups);
-  hash_combine(seed, (s.has_bias << 2) | (s.has_residual << 1) | s.relu);
+  hash_combine(seed, (static_cast<int64_t>(s.activation) << 2) | (s.has_bias << 1) | s.has_residual);
 }
 
 void hash_shape(size_t& seed, const ReluBiasShape& s) { hash_combine(seed, s.y_size); }

@@ -27,7 +27,7 @@ const char* graph_kind_name(GraphKind kind);
 // (EnginePolicy's engines) and the engine listing use.
 const char* graph_short_name(GraphKind kind);
 
-// The activation after a BatchNorm (and its backward).
+// The activation after a BatchNorm or a conv (and its backward).
 enum class Activation : int64_t { kNone = 0, kRelu = 1, kRelu6 = 2 };
 
 // How a plan is chosen among the candidates cuDNN's heuristics offer (torch_cudnn_fusion.EnginePolicy).
@@ -67,11 +67,11 @@ struct ConvShape {
   // The forward's epilogue; false in dgrad and wgrad keys, which do not read it.
   bool has_bias = false;
   bool has_residual = false;
-  bool relu = false;
+  Activation activation = Activation::kNone;
 
   std::array<int64_t, 4> y_size() const;
   auto tie() const {
-    return std::tie(x_size, w_size, stride, pad_pre, pad_post, dilation, groups, has_bias, has_residual, relu);
+    return std::tie(x_size, w_size, stride, pad_pre, pad_post, dilation, groups, has_bias, has_residual, activation);
   }
   bool operator==(const ConvShape& other) const { return tie() == other.tie(); }
 };

@@ -88,7 +88,7 @@ void describe_conv_bias_act(fe::graph::Graph& graph, const GraphKey& key) {
     y = graph.pointwise(y, residual,
                         fe::graph::Pointwise_attributes().set_name("add_residual").set_mode(fe::PointwiseMode_t::ADD));
   }
-  if (shape.relu) {
+  if (shape.activation == Activation::kRelu) {
     y = graph.pointwise(y, fe::graph::Pointwise_attributes().set_name("relu").set_mode(fe::PointwiseMode_t::RELU_FWD));
   }
   mark_output(y, "y", kUidY, shape.y_size(), key.channels_last, io);
@@ -188,6 +188,10 @@ GraphKey make_relu_bias_key(at::ScalarType dtype, bool channels_last, int device
   return key;
 }
 
+Activation graph_activation(Activation activation) {
+  return activation == Activation::kRelu6 ? Activation::kNone : activation;
+}
+
 GraphKey make_graph_key(GraphKind kind, const ConvProblem& p, const std::array<int8_t, 5>& alignment) {
   if (kind == GraphKind::kReluBiasBackward) {
     return make_relu_bias_key(p.dtype, p.channels_last, p.device, p.y_size(), p.policy, alignment);
@@ -195,8 +199,10 @@ GraphKey make_graph_key(GraphKind kind, const ConvProblem& p, const std::array<i
   auto key = key_common(kind, p.dtype, p.channels_last, p.device, p.policy, alignment);
   key.allow_tf32 = p.dtype == at::kFloat && at::globalContext().allowTF32CuDNN();
   ConvShape shape = p;
+  shape.activation = graph_activation(shape.activation);
   if (kind != GraphKind::kConvBiasAct) {  // dgrad and wgrad do not read the epilogue: it must not split their keys
-    shape.has_bias = shape.has_residual = shape.relu = false;
+    shape.has_bias = shape.has_residual = false;
+    shape.activation = Activation::kNone;
   }
   key.shape = shape;
   return key;

@@ -1,5 +1,7 @@
 // ReLU backward fused with the bias-gradient reduction, for dense NHWC tensors, in one pass over memory:
 //   dz = (y > 0) ? dy : 0      (y: the saved ReLU output; PyTorch's threshold_backward rule)
+//   ReLU6: dz = (0 < y < 6) ? dy : 0   (y: the saved ReLU6 output; hardtanh_backward's rule, which on the output
+//   masks what it masks on the input)
 //   dbias[c] = sum of dz[:, c] over the N*H*W rows, accumulated in float32
 // cuDNN's graph for this (pointwise RELU_BWD + reduction) ran at about half the memory bandwidth on H200 (152 us
 // against 72 us for threshold_backward alone at 128x128x56x56 bf16), so this kernel replaces it for NHWC.
@@ -18,7 +20,7 @@ using nhwc::Vec;
 // Block (bx, by): threadIdx.x walks 16-byte channel groups of a row, threadIdx.y walks rows.
 template <typename T>
 __global__ void relu_bias_backward_nhwc(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dz,
-                                        float* __restrict__ partial, int64_t rows, int64_t channels) {
+                                        float* __restrict__ partial, int64_t rows, int64_t channels, bool relu6) {
   constexpr int kVec = Vec<T>::kSize;
   extern __shared__ float shared[];  // [blockDim.y][blockDim.x * kVec]
   const int64_t groups = channels / kVec;
@@ -36,7 +38,8 @@ __global__ void relu_bias_backward_nhwc(const T* __restrict__ dy, const T* __res
       T* dz_vals = reinterpret_cast<T*>(&dz_bits);
 #pragma unroll
       for (int v = 0; v < kVec; ++v) {
-        float g = to_float(y_vals[v]) <= 0.f ? 0.f : to_float(dy_vals[v]);
+        const float out = to_float(y_vals[v]);
+        float g = out <= 0.f || (relu6 && out >= 6.f) ? 0.f : to_float(dy_vals[v]);
         dz_vals[v] = from_float<T>(g);
         sums[v] += g;
       }
@@ -75,11 +78,11 @@ __global__ void finalize_bias_grad(const float* __restrict__ partial, T* __restr
 
 template <typename T>
 cudaError_t launch(const void* dy, const void* y, void* dz, float* partial, void* dbias, int64_t rows,
-                   int64_t channels, int multiprocessors, cudaStream_t stream) {
+                   int64_t channels, bool relu6, int multiprocessors, cudaStream_t stream) {
   auto shape = nhwc::row_launch(rows, channels, Vec<T>::kSize, multiprocessors);
   size_t shared_bytes = static_cast<size_t>(shape.block.x) * Vec<T>::kSize * shape.block.y * sizeof(float);
   relu_bias_backward_nhwc<T><<<shape.grid, shape.block, shared_bytes, stream>>>(
-      static_cast<const T*>(dy), static_cast<const T*>(y), static_cast<T*>(dz), partial, rows, channels);
+      static_cast<const T*>(dy), static_cast<const T*>(y), static_cast<T*>(dz), partial, rows, channels, relu6);
   cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess) return status;
   finalize_bias_grad<T><<<static_cast<unsigned>((channels + 31) / 32), dim3(32, 32), 0, stream>>>(
@@ -94,15 +97,15 @@ int64_t relu_bias_backward_partial_rows(int64_t rows, int64_t channels, int elem
 }
 
 cudaError_t launch_relu_bias_backward_nhwc(ElementType type, const void* dy, const void* y, void* dz, float* partial,
-                                           void* dbias, int64_t rows, int64_t channels, int multiprocessors,
-                                           cudaStream_t stream) {
+                                           void* dbias, int64_t rows, int64_t channels, bool relu6,
+                                           int multiprocessors, cudaStream_t stream) {
   switch (type) {
     case ElementType::kHalf:
-      return launch<__half>(dy, y, dz, partial, dbias, rows, channels, multiprocessors, stream);
+      return launch<__half>(dy, y, dz, partial, dbias, rows, channels, relu6, multiprocessors, stream);
     case ElementType::kBFloat16:
-      return launch<__nv_bfloat16>(dy, y, dz, partial, dbias, rows, channels, multiprocessors, stream);
+      return launch<__nv_bfloat16>(dy, y, dz, partial, dbias, rows, channels, relu6, multiprocessors, stream);
     case ElementType::kFloat:
-      return launch<float>(dy, y, dz, partial, dbias, rows, channels, multiprocessors, stream);
+      return launch<float>(dy, y, dz, partial, dbias, rows, channels, relu6, multiprocessors, stream);
   }
   return cudaErrorInvalidValue;
 }

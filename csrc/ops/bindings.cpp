@@ -11,6 +11,7 @@
 #include "ops/conv_ops.h"
 #include "ops/depthwise_ops.h"
 #include "ops/run_graph.h"
+#include "ops/tensor_checks.h"
 #include "graphs/engine_listing.h"
 #include "core/engine_policy.h"
 #include "core/requirements.h"
@@ -38,7 +39,7 @@ ConvProblem problem_from(const std::string& dtype, bool channels_last, int64_t d
                          const std::vector<int64_t>& w_size, const std::vector<int64_t>& stride,
                          const std::vector<int64_t>& padding_pre, const std::vector<int64_t>& padding_post,
                          const std::vector<int64_t>& dilation, int64_t groups, bool has_bias, bool has_residual,
-                         bool relu, int64_t policy) {
+                         int64_t activation, int64_t policy) {
   ConvProblem p;
   p.dtype = dtype_from_name(dtype);
   p.channels_last = channels_last;
@@ -52,7 +53,7 @@ ConvProblem problem_from(const std::string& dtype, bool channels_last, int64_t d
   p.groups = groups;
   p.has_bias = has_bias;
   p.has_residual = has_residual;
-  p.relu = relu;
+  p.activation = activation_from(activation);
   p.policy = policy;
   check_conv_problem(p);  // before any arithmetic on the sizes (a stride of 0 would divide by zero)
   return p;
@@ -62,9 +63,9 @@ std::unordered_map<std::string, std::string> check_conv_layer_py(
     const std::string& dtype, bool channels_last, int64_t device, const std::vector<int64_t>& x_size,
     const std::vector<int64_t>& w_size, const std::vector<int64_t>& stride, const std::vector<int64_t>& padding_pre,
     const std::vector<int64_t>& padding_post, const std::vector<int64_t>& dilation, int64_t groups, bool has_bias,
-    bool has_residual, bool relu, bool backward, const std::vector<int64_t>& alignment, int64_t policy) {
+    bool has_residual, int64_t activation, bool backward, const std::vector<int64_t>& alignment, int64_t policy) {
   auto p = problem_from(dtype, channels_last, device, x_size, w_size, stride, padding_pre, padding_post, dilation,
-                        groups, has_bias, has_residual, relu, policy);
+                        groups, has_bias, has_residual, activation, policy);
   auto a = fixed<4>(alignment, "alignment");
   return check_conv_layer(p, backward, {static_cast<int8_t>(a[0]), static_cast<int8_t>(a[1]),
                                         static_cast<int8_t>(a[2]), static_cast<int8_t>(a[3])});
@@ -83,10 +84,10 @@ pybind11::dict plan_in_use_py(const std::string& graph, const std::string& dtype
                               const std::vector<int64_t>& x_size, const std::vector<int64_t>& w_size,
                               const std::vector<int64_t>& stride, const std::vector<int64_t>& padding_pre,
                               const std::vector<int64_t>& padding_post, const std::vector<int64_t>& dilation,
-                              int64_t groups, bool has_bias, bool has_residual, bool relu,
+                              int64_t groups, bool has_bias, bool has_residual, int64_t activation,
                               const std::vector<int64_t>& alignment, int64_t policy) {
   auto p = problem_from(dtype, channels_last, device, x_size, w_size, stride, padding_pre, padding_post, dilation,
-                        groups, has_bias, has_residual, relu, policy);
+                        groups, has_bias, has_residual, activation, policy);
   auto a = fixed<5>(alignment, "alignment");
   c10::DeviceGuard guard(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
   auto info = plan_in_use(make_graph_key(
@@ -110,10 +111,11 @@ pybind11::dict list_engines_py(const std::string& graph, const std::string& dtyp
                                const std::vector<int64_t>& x_size, const std::vector<int64_t>& w_size,
                                const std::vector<int64_t>& stride, const std::vector<int64_t>& padding_pre,
                                const std::vector<int64_t>& padding_post, const std::vector<int64_t>& dilation,
-                               int64_t groups, bool has_bias, bool has_residual, bool relu, bool time, int64_t repeats,
+                               int64_t groups, bool has_bias, bool has_residual, int64_t activation, bool time,
+                               int64_t repeats,
                                int64_t policy) {
   auto p = problem_from(dtype, channels_last, device, x_size, w_size, stride, padding_pre, padding_post, dilation,
-                        groups, has_bias, has_residual, relu, policy);
+                        groups, has_bias, has_residual, activation, policy);
   auto listing = list_engines(graph_kind_from_name(graph), p, time, static_cast<int>(repeats));
   pybind11::list candidates;
   for (const auto& c : listing.candidates) {
@@ -151,9 +153,7 @@ std::unordered_map<std::string, std::string> check_batch_norm_layer_py(const std
   p.x_size = fixed<4>(x_size, "x_size");
   p.running_stats = running_stats;
   p.has_residual = has_residual;
-  TORCH_CHECK(activation >= 0 && activation <= 2, "cudnn_fusion: activation must be 0 (none), 1 (ReLU) or 2 (ReLU6), "
-              "got ", activation);
-  p.activation = static_cast<Activation>(activation);
+  p.activation = activation_from(activation);
   return check_batch_norm_layer(p, eps);
 }
 
@@ -206,7 +206,7 @@ struct ShapeToDict {
     d["pad_post"] = to_list(s.pad_post);
     d["dilation"] = to_list(s.dilation);
     d["groups"] = s.groups;
-    d["epilogue"] = pybind11::make_tuple(s.has_bias, s.has_residual, s.relu);
+    d["epilogue"] = pybind11::make_tuple(s.has_bias, s.has_residual, static_cast<int64_t>(s.activation));
   }
   void operator()(const ReluBiasShape& s) const { d["y_size"] = to_list(s.y_size); }
   void operator()(const BatchNormShape& s) const {
@@ -262,11 +262,14 @@ std::variant<ConvShape, ReluBiasShape, BatchNormShape> shape_from_dict(GraphKind
       s.pad_post = from_list<2, int64_t>(d["pad_post"], "pad_post");
       s.dilation = from_list<2, int64_t>(d["dilation"], "dilation");
       s.groups = d["groups"].cast<int64_t>();
-      auto epilogue = d["epilogue"].cast<std::vector<bool>>();
+      // (has_bias, has_residual, activation); files written before ReLU6 hold a bool for ReLU: 1 or 0, the same
+      auto epilogue = d["epilogue"].cast<std::vector<int64_t>>();
       TORCH_CHECK_VALUE(epilogue.size() == 3, "cudnn_fusion: saved plan field epilogue must have 3 values");
-      s.has_bias = epilogue[0];
-      s.has_residual = epilogue[1];
-      s.relu = epilogue[2];
+      TORCH_CHECK_VALUE(epilogue[2] >= 0 && epilogue[2] <= 2, "cudnn_fusion: saved plan activation ", epilogue[2],
+                        " is unknown");
+      s.has_bias = epilogue[0] != 0;
+      s.has_residual = epilogue[1] != 0;
+      s.activation = static_cast<Activation>(epilogue[2]);
       return s;
     }
   }
@@ -360,8 +363,8 @@ pybind11::dict plan_cache_stats() {
 TORCH_LIBRARY(cudnn_fusion, m) {
   m.def(
       "conv_bias_act(Tensor x, Tensor weight, Tensor? bias, Tensor? residual, int[2] stride, int[2] padding_pre, "
-      "int[2] padding_post, int[2] dilation, int groups, bool relu, int policy=0) -> Tensor");
-  m.def("relu_bias_backward(Tensor grad_out, Tensor out, int policy=0) -> (Tensor, Tensor)");
+      "int[2] padding_post, int[2] dilation, int groups, int activation, int policy=0) -> Tensor");
+  m.def("relu_bias_backward(Tensor grad_out, Tensor out, int activation=1, int policy=0) -> (Tensor, Tensor)");
   m.def(
       "conv_dgrad(Tensor grad_z, Tensor weight, int[4] x_size, int[2] stride, int[2] padding_pre, "
       "int[2] padding_post, int[2] dilation, int groups, int policy=0) -> Tensor");

@@ -23,15 +23,6 @@ namespace tcf {
 
 namespace {
 
-static_assert(kActivationRelu == static_cast<int>(Activation::kRelu) &&
-              kActivationRelu6 == static_cast<int>(Activation::kRelu6));
-
-Activation activation_from(int64_t value) {
-  TORCH_CHECK(value >= 0 && value <= 2, "cudnn_fusion: activation must be 0 (none), 1 (ReLU) or 2 (ReLU6), got ",
-              value);
-  return static_cast<Activation>(value);
-}
-
 BatchNormImplementation implementation_from(int64_t value) {
   TORCH_CHECK(value == 0 || value == 1, "cudnn_fusion: implementation must be 0 (cuDNN graph) or 1 (legacy cuDNN "
               "BatchNorm), got ", value);
@@ -68,17 +59,6 @@ bool run_batch_norm_graph(GraphKind kind, const BatchNormProblem& p, const std::
                           std::unordered_map<int64_t, void*> pointers, std::initializer_list<at::Tensor> outputs,
                           const at::Device& device, const std::function<void()>& aten) {
   return run_cached_graph(make_batch_norm_key(kind, p, alignment), std::move(pointers), outputs, device, aten);
-}
-
-void apply_activation_(at::Tensor& y, Activation activation) {
-  if (activation == Activation::kRelu) y.relu_();
-  if (activation == Activation::kRelu6) y.clamp_(0, 6);
-}
-
-at::Tensor activation_backward(const at::Tensor& grad_y, const at::Tensor& y, Activation activation) {
-  if (activation == Activation::kRelu) return at::threshold_backward(grad_y, y, 0);
-  if (activation == Activation::kRelu6) return at::hardtanh_backward(grad_y, y, 0, 6);
-  return grad_y;
 }
 
 // BatchNorm's backward after ReLU/ReLU6 in one kernel: dx, dweight, dbias (float32), and dz (the masked gradient)

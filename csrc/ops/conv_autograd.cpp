@@ -1,6 +1,6 @@
 // Autograd for cudnn_fusion::conv_bias_act, in C++ (a Python autograd.Function cost ~185 us of host time per
 // training step of one layer, more than the layer's GPU time on small shapes). Saves only x, the weight and, with
-// ReLU, the output y: ReLU backward takes its mask from y. Every op is called through the dispatcher, so
+// ReLU or ReLU6, the output y: the activation's backward takes its mask from y. Every op is called through the dispatcher, so
 // torch.compile traces the backward graph through the fake kernels.
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -16,19 +16,19 @@ using torch::autograd::variable_list;
 at::Tensor call_conv_bias_act(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                               const std::optional<at::Tensor>& residual, at::IntArrayRef stride,
                               at::IntArrayRef padding_pre, at::IntArrayRef padding_post, at::IntArrayRef dilation,
-                              int64_t groups, bool relu, int64_t policy) {
+                              int64_t groups, int64_t activation, int64_t policy) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("cudnn_fusion::conv_bias_act", "")
                        .typed<decltype(conv_bias_act)>();
-  return op.call(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, relu, policy);
+  return op.call(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, activation, policy);
 }
 
 std::tuple<at::Tensor, at::Tensor> call_relu_bias_backward(const at::Tensor& grad_out, const at::Tensor& out,
-                                                           int64_t policy) {
+                                                           int64_t activation, int64_t policy) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("cudnn_fusion::relu_bias_backward", "")
                        .typed<decltype(relu_bias_backward)>();
-  return op.call(grad_out, out, policy);
+  return op.call(grad_out, out, activation, policy);
 }
 
 at::Tensor call_conv_dgrad(const at::Tensor& grad_z, const at::Tensor& weight, at::IntArrayRef x_size,
@@ -52,17 +52,17 @@ class ConvBiasActFunction : public torch::autograd::Function<ConvBiasActFunction
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                                const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& residual,
                                at::IntArrayRef stride, at::IntArrayRef padding_pre, at::IntArrayRef padding_post,
-                               at::IntArrayRef dilation, int64_t groups, bool relu, int64_t policy) {
+                               at::IntArrayRef dilation, int64_t groups, int64_t activation, int64_t policy) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto y = call_conv_bias_act(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, relu,
-                                policy);
-    ctx->save_for_backward({x, weight, relu ? y : at::Tensor()});
+    auto y = call_conv_bias_act(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups,
+                                activation, policy);
+    ctx->save_for_backward({x, weight, activation != 0 ? y : at::Tensor()});
     ctx->saved_data["stride"] = stride.vec();
     ctx->saved_data["padding_pre"] = padding_pre.vec();
     ctx->saved_data["padding_post"] = padding_post.vec();
     ctx->saved_data["dilation"] = dilation.vec();
     ctx->saved_data["groups"] = groups;
-    ctx->saved_data["relu"] = relu;
+    ctx->saved_data["activation"] = activation;
     ctx->saved_data["policy"] = policy;
     ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
     ctx->saved_data["has_residual"] = residual.has_value() && residual->defined();
@@ -77,7 +77,7 @@ class ConvBiasActFunction : public torch::autograd::Function<ConvBiasActFunction
     const auto& grad_out = grad_outputs[0];
     at::Tensor none;
     if (!grad_out.defined()) return {none, none, none, none, none, none, none, none, none, none, none};
-    bool relu = ctx->saved_data["relu"].toBool();
+    int64_t activation = ctx->saved_data["activation"].toInt();
     bool has_bias = ctx->saved_data["has_bias"].toBool();
     bool has_residual = ctx->saved_data["has_residual"].toBool();
     auto stride = ctx->saved_data["stride"].toIntVector();
@@ -95,9 +95,9 @@ class ConvBiasActFunction : public torch::autograd::Function<ConvBiasActFunction
     bool need_residual = has_residual && ctx->needs_input_grad(edge++);
 
     at::Tensor grad_z, grad_bias;
-    if (relu) {
-      // One graph: ReLU backward with the mask from y, fused with the bias-gradient reduction.
-      std::tie(grad_z, grad_bias) = call_relu_bias_backward(grad_out, y, policy);
+    if (activation != 0) {
+      // One pass: ReLU's (ReLU6's) backward with the mask from y, fused with the bias-gradient reduction.
+      std::tie(grad_z, grad_bias) = call_relu_bias_backward(grad_out, y, activation, policy);
     } else {
       grad_z = grad_out;
       if (need_bias) grad_bias = grad_out.sum({0, 2, 3}, false, at::kFloat).to(grad_out.scalar_type());
@@ -117,17 +117,17 @@ class ConvBiasActFunction : public torch::autograd::Function<ConvBiasActFunction
 at::Tensor conv_bias_act_autograd(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                                   const std::optional<at::Tensor>& residual, at::IntArrayRef stride,
                                   at::IntArrayRef padding_pre, at::IntArrayRef padding_post, at::IntArrayRef dilation,
-                                  int64_t groups, bool relu, int64_t policy) {
+                                  int64_t groups, int64_t activation, int64_t policy) {
   auto requires_grad = [](const std::optional<at::Tensor>& t) { return t.has_value() && t->requires_grad(); };
   if (!at::GradMode::is_enabled() ||
       !(x.requires_grad() || weight.requires_grad() || requires_grad(bias) || requires_grad(residual))) {
     // Nothing to record (inference): skip the autograd node and its saved state.
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return call_conv_bias_act(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, relu,
-                              policy);
+    return call_conv_bias_act(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups,
+                              activation, policy);
   }
   return ConvBiasActFunction::apply(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups,
-                                    relu, policy)[0];
+                                    activation, policy)[0];
 }
 
 }  // namespace

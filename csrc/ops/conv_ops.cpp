@@ -65,7 +65,7 @@ at::Tensor fallback_forward(const at::Tensor& x, const at::Tensor& w, const std:
   auto input = symmetric(p) ? x : pad_input(x, p);
   auto y = at::convolution(input, w, bias, p.stride, aten_padding(p), p.dilation, false, {0, 0}, p.groups);
   if (residual.has_value()) y.add_(*residual);
-  if (p.relu) y.relu_();
+  apply_activation_(y, p.activation);
   return y.contiguous(memory_format(p.channels_last));
 }
 
@@ -94,7 +94,7 @@ at::Tensor fallback_wgrad(const at::Tensor& dz, const at::Tensor& x, const ConvP
   return dw.contiguous(memory_format(p.channels_last));
 }
 
-bool has_epilogue(const ConvShape& p) { return p.has_bias || p.has_residual || p.relu; }
+bool has_epilogue(const ConvShape& p) { return p.has_bias || p.has_residual || p.activation != Activation::kNone; }
 
 // Our NHWC kernel takes ReLU backward + bias gradient when the channels fill 16-byte vectors.
 bool use_relu_bias_kernel(bool channels_last, at::ScalarType dtype, int64_t channels) {
@@ -102,7 +102,8 @@ bool use_relu_bias_kernel(bool channels_last, at::ScalarType dtype, int64_t chan
 }
 
 // Our NHWC kernel: writes dz and returns the bias gradient (in out's dtype).
-at::Tensor relu_bias_backward_with_kernel(const at::Tensor& dy, const at::Tensor& y, const at::Tensor& dz) {
+at::Tensor relu_bias_backward_with_kernel(const at::Tensor& dy, const at::Tensor& y, const at::Tensor& dz,
+                                          Activation activation) {
   int64_t k = y.size(1);
   int device = y.device().index();
   int multiprocessors = multiprocessor_count(device);
@@ -114,7 +115,7 @@ at::Tensor relu_bias_backward_with_kernel(const at::Tensor& dy, const at::Tensor
   poison_output(dbias);
   auto status = launch_relu_bias_backward_nhwc(element_type(y.scalar_type()), dy.data_ptr(), y.data_ptr(),
                                                dz.data_ptr(), partial.data_ptr<float>(), dbias.data_ptr(), rows, k,
-                                               multiprocessors, current_stream());
+                                               activation == Activation::kRelu6, multiprocessors, current_stream());
   TORCH_CHECK(status == cudaSuccess, "cudnn_fusion: the relu_bias_backward kernel failed to launch: ",
               cudaGetErrorString(status));
   return dbias;
@@ -165,7 +166,7 @@ at::Tensor conv_gradient(GraphKind kind, const at::Tensor& grad_z, const at::Ten
 at::Tensor conv_bias_act(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                          const std::optional<at::Tensor>& residual, at::IntArrayRef stride,
                          at::IntArrayRef padding_pre, at::IntArrayRef padding_post, at::IntArrayRef dilation,
-                         int64_t groups, bool relu, int64_t policy) {
+                         int64_t groups, int64_t activation, int64_t policy) {
   check_4d_cuda(x, "x", "[N, C, H, W]");
   check_4d_cuda(weight, "weight", "[out_channels, in_channels / groups, kH, kW]");
   check_like(weight, "weight", x);
@@ -174,7 +175,7 @@ at::Tensor conv_bias_act(const at::Tensor& x, const at::Tensor& weight, const st
                         channels_last);
   p.has_bias = bias.has_value();
   p.has_residual = residual.has_value();
-  p.relu = relu;
+  p.activation = activation_from(activation);
   p.policy = policy;
   auto y_size = p.y_size();
   if (bias.has_value()) {
@@ -200,8 +201,7 @@ at::Tensor conv_bias_act(const at::Tensor& x, const at::Tensor& weight, const st
     if (!depthwise_kernel_steps(has_epilogue(p), p.stride[0]).forward) {
       return fallback_forward(x_dense, w_dense, bias, residual, p);
     }
-    depthwise_conv_forward(x_dense, w_dense, bias_dense, residual_dense, p, relu ? kActivationRelu : kActivationNone,
-                           y);
+    depthwise_conv_forward(x_dense, w_dense, bias_dense, residual_dense, p, static_cast<int>(p.activation), y);
     return y;
   }
 
@@ -214,11 +214,15 @@ at::Tensor conv_bias_act(const at::Tensor& x, const at::Tensor& weight, const st
   if (!run_graph(GraphKind::kConvBiasAct, p, alignment, std::move(pointers), {y}, x.device(), aten)) {
     return fallback_forward(x_dense, w_dense, bias, residual, p);
   }
+  if (graph_activation(p.activation) != p.activation) apply_activation_(y, p.activation);  // ReLU6: after the graph
   return y;
 }
 
 std::tuple<at::Tensor, at::Tensor> relu_bias_backward(const at::Tensor& grad_out, const at::Tensor& out,
-                                                      int64_t policy) {
+                                                      int64_t activation, int64_t policy) {
+  auto act = activation_from(activation);
+  TORCH_CHECK(act != Activation::kNone, "cudnn_fusion: relu_bias_backward's activation must be 1 (ReLU) or 2 (ReLU6), "
+              "got 0");
   check_4d_cuda(out, "out", "[N, K, H, W]");
   check_like(grad_out, "grad_out", out);
   TORCH_CHECK(grad_out.sizes() == out.sizes(), "cudnn_fusion: grad_out must have out's shape ", out.sizes(),
@@ -234,7 +238,11 @@ std::tuple<at::Tensor, at::Tensor> relu_bias_backward(const at::Tensor& grad_out
 
   if (use_relu_bias_kernel(channels_last, out.scalar_type(), k) && alignment_of(dy) == 16 && alignment_of(y) == 16 &&
       alignment_of(dz) == 16) {
-    return {dz, relu_bias_backward_with_kernel(dy, y, dz)};
+    return {dz, relu_bias_backward_with_kernel(dy, y, dz, act)};
+  }
+  if (act == Activation::kRelu6) {  // no cuDNN graph for ReLU6's backward: eager's composition
+    auto grad_z = activation_backward(dy, y, act);
+    return {grad_z, grad_z.sum({0, 2, 3}, false, at::kFloat).to(out.scalar_type())};
   }
 
   auto dbias = at::empty({k}, out.options().dtype(at::kFloat));
@@ -285,17 +293,23 @@ std::unordered_map<std::string, std::string> check_conv_layer(const ConvProblem&
   auto refusal = [&](GraphKind kind, const std::array<int8_t, 5>& operands) {
     return get_plan(make_graph_key(kind, problem, operands))->refusal;
   };
+  // ReLU's / ReLU6's backward with the bias gradient: our kernel where the channels fill its vectors, else for ReLU
+  // the cuDNN graph (its refusal), for ReLU6 eager's composition
+  auto activation_backward_refusal = [&](const ConvProblem& p) -> std::string {
+    if (use_relu_bias_kernel(p.channels_last, p.dtype, p.w_size[0])) return "";
+    if (p.activation == Activation::kRelu6) {
+      return "ReLU6's backward runs in our kernel for channels_last with channels a multiple of " +
+             std::to_string(16 / c10::elementSize(p.dtype)) + " (no cuDNN graph for it): eager's composition";
+    }
+    return refusal(GraphKind::kReluBiasBackward, {fresh, fresh, fresh, fresh, 0});
+  };
   auto depthwise = depthwise_kernel_unmet(problem);
   if (depthwise.empty()) {  // our kernels or PyTorch's (depthwise_kernel_steps); no graph but ReLU backward's
     refusals["forward"] = "";
     refusals["depthwise_kernel"] = describe_depthwise_steps(depthwise_kernel_steps(has_epilogue(problem),
                                                                                    problem.stride[0]));
     if (backward) {
-      if (problem.relu) {
-        bool kernel = use_relu_bias_kernel(problem.channels_last, problem.dtype, problem.w_size[0]);
-        refusals["relu_bias_backward"] =
-            kernel ? "" : refusal(GraphKind::kReluBiasBackward, {fresh, fresh, fresh, fresh, 0});
-      }
+      if (problem.activation != Activation::kNone) refusals["relu_bias_backward"] = activation_backward_refusal(problem);
       refusals["dgrad"] = "";
       refusals["wgrad"] = "";
     }
@@ -311,12 +325,11 @@ std::unordered_map<std::string, std::string> check_conv_layer(const ConvProblem&
     return refusals;
   }
   refusals["forward"] = refusal(GraphKind::kConvBiasAct, {alignment[0], alignment[1], alignment[2], alignment[3], fresh});
+  if (refusals["forward"].empty() && graph_activation(problem.activation) != problem.activation) {
+    refusals["note"] = "ReLU6 runs as a clamp after the graph (cuDNN's conv + bias engines fuse identity or ReLU only)";
+  }
   if (backward) {
-    if (problem.relu) {
-      bool kernel = use_relu_bias_kernel(problem.channels_last, problem.dtype, problem.w_size[0]);
-      refusals["relu_bias_backward"] =
-          kernel ? "" : refusal(GraphKind::kReluBiasBackward, {fresh, fresh, fresh, fresh, 0});
-    }
+    if (problem.activation != Activation::kNone) refusals["relu_bias_backward"] = activation_backward_refusal(problem);
     refusals["dgrad"] = refusal(GraphKind::kConvDgrad, {fresh, alignment[1], fresh, 0, 0});
     refusals["wgrad"] = refusal(GraphKind::kConvWgrad, {fresh, alignment[0], fresh, 0, 0});
   }

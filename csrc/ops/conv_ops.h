@@ -20,16 +20,17 @@ namespace tcf {
 
 // Every op takes `policy`, a registered engine policy's id (engine_policy.h; 0: the heuristic's choice).
 
-// y = act(conv(x, weight) + bias + residual), act = ReLU or identity.
+// y = act(conv(x, weight) + bias + residual), act: `activation` 0 (identity), 1 (ReLU) or 2 (ReLU6).
 at::Tensor conv_bias_act(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                          const std::optional<at::Tensor>& residual, at::IntArrayRef stride,
                          at::IntArrayRef padding_pre, at::IntArrayRef padding_post, at::IntArrayRef dilation,
-                         int64_t groups, bool relu, int64_t policy);
+                         int64_t groups, int64_t activation, int64_t policy);
 
-// grad_z = grad_out * (out > 0); grad_bias = sum of grad_z over N, H, W. Dense NHWC: our one-pass CUDA kernel
-// (cuDNN's graph for it ran at half the memory bandwidth); otherwise the cuDNN graph, or ATen where refused.
+// grad_z = grad_out * (out > 0) (activation 2, ReLU6: (0 < out < 6)); grad_bias = sum of grad_z over N, H, W. Dense
+// NHWC: our one-pass CUDA kernel (cuDNN's graph for it ran at half the memory bandwidth); otherwise, for ReLU, the
+// cuDNN graph, or ATen where refused; for ReLU6, ATen.
 std::tuple<at::Tensor, at::Tensor> relu_bias_backward(const at::Tensor& grad_out, const at::Tensor& out,
-                                                      int64_t policy);
+                                                      int64_t activation, int64_t policy);
 
 // grad_x of the convolution, given grad_z (the gradient at the conv output).
 at::Tensor conv_dgrad(const at::Tensor& grad_z, const at::Tensor& weight, at::IntArrayRef x_size,
@@ -45,7 +46,8 @@ at::Tensor conv_wgrad(const at::Tensor& grad_z, const at::Tensor& x, at::IntArra
 // For Python's fusion decision: the layer's verdict (core/requirements.h) and, where it meets every requirement,
 // the plans it would use built (or found) from metadata alone; returns each graph's refusal ("" when cuDNN built
 // it). Keys: "forward" (the unmet requirements, joined, where the verdict is not empty), and with `backward` also
-// "relu_bias_backward" (when relu), "dgrad", "wgrad".
+// "relu_bias_backward" (with an activation), "dgrad", "wgrad"; "depthwise_kernel" (the steps our depthwise kernels
+// run) for a depthwise layer they take; "note" where a fused layer runs part of it outside the graph (ReLU6).
 std::unordered_map<std::string, std::string> check_conv_layer(const ConvProblem& problem, bool backward,
                                                               const std::array<int8_t, 4>& alignment);
 

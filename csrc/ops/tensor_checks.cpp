@@ -1,8 +1,29 @@
 #include "ops/tensor_checks.h"
 
 #include "core/device.h"
+#include "kernels/element_type.h"
 
 namespace tcf {
+
+static_assert(kActivationRelu == static_cast<int>(Activation::kRelu) &&
+              kActivationRelu6 == static_cast<int>(Activation::kRelu6));
+
+Activation activation_from(int64_t value) {
+  TORCH_CHECK(value >= 0 && value <= 2, "cudnn_fusion: activation must be 0 (none), 1 (ReLU) or 2 (ReLU6), got ",
+              value);
+  return static_cast<Activation>(value);
+}
+
+void apply_activation_(at::Tensor& y, Activation activation) {
+  if (activation == Activation::kRelu) y.relu_();
+  if (activation == Activation::kRelu6) y.clamp_(0, 6);
+}
+
+at::Tensor activation_backward(const at::Tensor& grad_y, const at::Tensor& y, Activation activation) {
+  if (activation == Activation::kRelu) return at::threshold_backward(grad_y, y, 0);
+  if (activation == Activation::kRelu6) return at::hardtanh_backward(grad_y, y, 0, 6);
+  return grad_y;
+}
 
 void check_supported_dtype(const at::Tensor& t, const char* name) {
   auto dtype = t.scalar_type();

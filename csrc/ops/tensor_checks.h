@@ -6,7 +6,16 @@
 
 #include <ATen/ATen.h>
 
+#include "core/graph_key.h"
+
 namespace tcf {
+
+// The activation argument of the ops: 0 (none), 1 (ReLU) or 2 (ReLU6), else an error naming it.
+Activation activation_from(int64_t value);
+// y = activation(y) in place, and the gradient through it from its output y, as eager computes them (F.relu:
+// threshold_backward; F.relu6: hardtanh_backward, whose mask on the output is the one on the input).
+void apply_activation_(at::Tensor& y, Activation activation);
+at::Tensor activation_backward(const at::Tensor& grad_y, const at::Tensor& y, Activation activation);
 
 // float16, bfloat16 or float32.
 void check_supported_dtype(const at::Tensor& t, const char* name);

@@ -12,6 +12,7 @@ from typing import Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
+from .._cpp_enums import ACTIVATION_NAMES, Activation
 from .. import _extension
 from ..ops.conv import conv_padding, int_pair
 from ..ops.decide import SUPPORTED_DTYPES
@@ -71,7 +72,7 @@ def _median_ms(fn, repeats: int) -> float:
 
 
 def _eager_candidate(graph, x_shape, w_shape, stride, pre, post, dilation, groups, dtype, memory_format, bias,
-                     residual, relu, repeats) -> float:
+                     residual, activation, repeats) -> float:
     """Median time of what eager PyTorch runs for the same step, on random data."""
     def rand(*shape):
         return torch.randn(*shape, device="cuda", dtype=dtype).contiguous(memory_format=memory_format)
@@ -87,7 +88,9 @@ def _eager_candidate(graph, x_shape, w_shape, stride, pre, post, dilation, group
     def forward():
         y = F.conv2d(padded, w, b, stride, 0, dilation, groups)
         y = y + r if r is not None else y
-        return F.relu(y) if relu else y
+        if activation == Activation.RELU:
+            return F.relu(y)
+        return F.relu6(y) if activation == Activation.RELU6 else y
 
     steps = {
         "forward": forward,
@@ -136,16 +139,16 @@ def engines(
     if x_shape[1] != weight_shape[1] * groups:
         raise ValueError(f"x has {x_shape[1]} channels but weight of shape {list(weight_shape)} with groups={groups} "
                          f"expects {weight_shape[1] * groups}")
-    if activation not in ("relu", "identity", None):
-        raise ValueError(f"activation must be 'relu', 'identity' or None, got {activation!r}")
+    if activation not in ACTIVATION_NAMES:
+        raise ValueError(f"activation must be 'relu', 'relu6', 'identity' or None, got {activation!r}")
     stride_, dilation_ = int_pair(stride, "stride", 1), int_pair(dilation, "dilation", 1)
     pre, post = conv_padding(padding, weight_shape[2:], dilation_, stride_)
     module = _extension.require()
     cuda = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-    relu = activation == "relu"
+    act = int(Activation.from_name(activation))
     listing = module.list_engines(graph, SUPPORTED_DTYPES[dtype], channels_last, cuda.index, list(x_shape),
                                   list(weight_shape), list(stride_), list(pre), list(post), list(dilation_), groups,
-                                  bias, residual, relu, time, repeats, policy_id(resolve(policy).key))
+                                  bias, residual, act, time, repeats, policy_id(resolve(policy).key))
     table = EngineTable(
         EngineCandidate(row["index"], row["name"], tuple(row["behaviour_notes"]), row["workspace_bytes"],
                         row["error"], row["median_ms"], row["index"] == listing["heuristic_choice"])
@@ -155,6 +158,6 @@ def engines(
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     with torch.cuda.device(cuda):
         eager_ms = (_eager_candidate(graph, x_shape, weight_shape, stride_, pre, post, dilation_, groups, dtype,
-                                     memory_format, bias, residual, relu, repeats) if time else None)
+                                     memory_format, bias, residual, act, repeats) if time else None)
     table.append(EngineCandidate(None, EAGER, median_ms=eager_ms))
     return table

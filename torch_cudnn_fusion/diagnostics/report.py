@@ -10,7 +10,11 @@ from typing import Optional
 import torch
 from torch import nn
 
+from .._cpp_enums import Activation
 from ..ops.decide import TRACED, BatchNormConfig, ConvConfig, Decision, FusionStatus, autotune_note, plan_in_use
+
+# The operation a conv graph's activation adds, by ConvConfig.activation.
+_ACTIVATION_OPERATION = {Activation.IDENTITY: (), Activation.RELU: ("relu",), Activation.RELU6: ("relu6",)}
 
 
 class restoring_buffers:  # noqa: N801 — a context manager, named like torch.no_grad
@@ -110,7 +114,7 @@ def _median_forward_ms(module: nn.Module, inputs: tuple, repeats: int) -> Option
 def _explain_fused(path: str, module: nn.Module, config: ConvConfig, implementation: str) -> ExplainRow:
     x_size = config.x_size
     operations = ("conv_fprop",) + (("add bias",) if config.has_bias else ())
-    operations += (("add residual",) if config.has_residual else ()) + (("relu",) if config.relu else ())
+    operations += (("add residual",) if config.has_residual else ()) + _ACTIVATION_OPERATION[config.activation]
     name = type(module).__name__
     if implementation == "depthwise_kernel":  # no cuDNN plan: our kernel or PyTorch's (the decision's note says)
         return ExplainRow(path, name, True, operations, "our NHWC depthwise kernel or PyTorch's", 0, False)

@@ -47,7 +47,7 @@ PATTERNS: dict[tuple[bool, bool, Optional[str]], type] = {
 }
 # Chains that match no pattern, and why.
 NOT_FUSED: dict[tuple[bool, bool, Optional[str]], str] = {
-    (False, False, "relu6"): "Conv2d -> ReLU6 without a BatchNorm: the fused conv graph applies ReLU only",
+    (False, False, "relu6"): "Conv2d -> ReLU6 without a BatchNorm: Conv2dReLU applies ReLU only",
     (False, False, None): "nothing fusable follows it (patterns: Conv2d -> BatchNorm2d / ReLU / add -> ReLU)",
 }
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch._prims_common import suggest_memory_format
 
@@ -113,11 +112,9 @@ class Conv2dBN(FusedConv2d):
             return _eager_batch_norm_act(z, running_mean, running_var, bn.weight, bn.bias, False, momentum, bn.eps,
                                          self.activation, residual)
         weight, bias = self._folded_weight_and_bias()
-        relu = self.activation == "relu"
-        y = conv2d_bias_act(x, weight, bias, residual, self.stride, self.padding, self.dilation, self.groups,
-                            "relu" if relu else None, padding_mode=self.padding_mode, strict=self.strict,
-                            policy=self.policy, call=call)
-        return F.relu6(y) if self.activation == "relu6" else y
+        return conv2d_bias_act(x, weight, bias, residual, self.stride, self.padding, self.dilation, self.groups,
+                               self.activation, padding_mode=self.padding_mode, strict=self.strict,
+                               policy=self.policy, call=call)
 
     def _folded_weight_and_bias(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The conv's weight and bias with the BatchNorm's running statistics, scale and shift folded in. Cached

@@ -8,6 +8,7 @@ from typing import Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
+from .._cpp_enums import ACTIVATION_NAMES, Activation
 from ..policy import EnginePolicy, policy_id, resolve
 from . import decide
 from .decide import Decision
@@ -80,8 +81,9 @@ def _autocast(tensors: Sequence[Optional[torch.Tensor]], device_type: str) -> li
     return [t.to(dtype) if t is not None and t.is_floating_point() else t for t in tensors]
 
 
-def _eager(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, relu, padding_mode):
-    """The composition the fused graph stands for, as nn.Conv2d + add + ReLU compute it."""
+def _eager(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, activation, padding_mode):
+    """The composition the fused graph stands for, as nn.Conv2d + add + ReLU / ReLU6 compute it (activation: an
+    Activation value)."""
     if padding_mode != "zeros":
         pads = (padding_pre[1], padding_post[1], padding_pre[0], padding_post[0])
         x = F.pad(x, pads, mode=padding_mode)
@@ -93,7 +95,9 @@ def _eager(x, weight, bias, residual, stride, padding_pre, padding_post, dilatio
         y = F.conv2d(x, weight, bias, stride, 0, dilation, groups)
     if residual is not None:
         y = y + residual
-    return F.relu(y) if relu else y
+    if activation == Activation.RELU:
+        return F.relu(y)
+    return F.relu6(y) if activation == Activation.RELU6 else y
 
 
 def odd_residual(residual: torch.Tensor, shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> str:
@@ -143,7 +147,7 @@ def conv2d_bias_act(
 ) -> torch.Tensor:
     """activation(conv2d(x, weight, bias, ...) + residual), arguments as F.conv2d's.
 
-    activation: "relu", or None / "identity". Runs as one cuDNN graph when the configuration allows (see
+    activation: "relu", "relu6", or None / "identity". Runs as one cuDNN graph when the configuration allows (see
     torch_cudnn_fusion.ops.decide); otherwise as the eager composition. strict=True (or global strict mode) raises
     FusionError instead of running eager. policy: the EnginePolicy that chooses the cuDNN plans (None: the global
     one, see torch_cudnn_fusion.set_engine_policy). call: the LayerCall of the layer making the call (a module passes
@@ -168,9 +172,9 @@ def conv2d_bias_act(
                 x, weight, bias = _autocast((x, weight, bias), device_type)
             return _run(call.run, x, weight, bias, residual, padding_mode)
 
-    if activation not in ("relu", "identity", None):
-        raise ValueError(f"activation must be 'relu', 'identity' or None, got {activation!r}")
-    relu = activation == "relu"
+    if activation not in ACTIVATION_NAMES:
+        raise ValueError(f"activation must be 'relu', 'relu6', 'identity' or None, got {activation!r}")
+    act = int(Activation.from_name(activation))
     if autocast:
         x, weight, bias = _autocast((x, weight, bias), device_type)
     _check_args(x, weight, bias, groups)
@@ -188,10 +192,10 @@ def conv2d_bias_act(
         decision = Decision.eager(odd)
     else:
         config = decide.conv_config(x, weight, bias, residual, stride_, padding_pre, padding_post, dilation_, groups,
-                                    relu, padding_mode, policy.key)
+                                    act, padding_mode, policy.key)
         decision = decide.decide_conv(config)
     decide.raise_if_strict(decision, strict, where)
-    run = (decision.fused, (list(stride_), list(padding_pre), list(padding_post), list(dilation_), groups, relu,
+    run = (decision.fused, (list(stride_), list(padding_pre), list(padding_post), list(dilation_), groups, act,
                             policy_id(policy.key) if decision.fused else 0))
     if call is not None:
         call.remember(decision, config, signature if not odd else None, run)
@@ -202,12 +206,14 @@ _fused_op = None  # torch.ops.cudnn_fusion.conv_bias_act.default, looked up once
 
 
 def _run(run: tuple, x, weight, bias, residual, padding_mode):
-    """The call as decided: run = (fused, (stride, padding_pre, padding_post, dilation, groups, relu, policy id))."""
+    """The call as decided: run = (fused, (stride, padding_pre, padding_post, dilation, groups, activation, policy
+    id))."""
     global _fused_op
     fused, args = run
     if fused:
         if _fused_op is None:
             _fused_op = torch.ops.cudnn_fusion.conv_bias_act.default
         return _fused_op(x, weight, bias, residual, *args)
-    stride, padding_pre, padding_post, dilation, groups, relu, _ = args
-    return _eager(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, relu, padding_mode)
+    stride, padding_pre, padding_post, dilation, groups, activation, _ = args
+    return _eager(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, activation,
+                  padding_mode)

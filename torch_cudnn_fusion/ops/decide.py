@@ -63,7 +63,7 @@ class ConvConfig(NamedTuple):
     groups: int
     has_bias: bool
     has_residual: bool
-    relu: bool
+    activation: int  # an Activation value: 0 identity, 1 ReLU, 2 ReLU6
     needs_grad: bool
     padding_mode: str
     allow_tf32: bool
@@ -180,7 +180,7 @@ def _device_index(device: torch.device) -> int:
     return device.index if device.index is not None else -1
 
 
-def conv_config(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, relu,
+def conv_config(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, activation: int,
                 padding_mode: str, policy: tuple) -> ConvConfig:
     memory_format = conv_memory_format(x, weight)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias, residual))
@@ -188,7 +188,7 @@ def conv_config(x, weight, bias, residual, stride, padding_pre, padding_post, di
         x.device.type, _device_index(x.device), x.dtype, memory_format == torch.channels_last, _sizes(x.shape),
         tuple(weight.shape),  # parameters keep static shapes under torch.compile
         tuple(stride), tuple(padding_pre), tuple(padding_post), tuple(dilation), groups, bias is not None,
-        residual is not None, relu, needs_grad, padding_mode, torch.backends.cudnn.allow_tf32,
+        residual is not None, int(activation), needs_grad, padding_mode, torch.backends.cudnn.allow_tf32,
         tuple(_alignment(t, memory_format) for t in (x, weight, bias, residual)), policy,
         torch.are_deterministic_algorithms_enabled(),
     )
@@ -256,7 +256,7 @@ def _decide_conv(values: tuple) -> Decision:
     c = config
     refusals = module.check_conv_layer(
         SUPPORTED_DTYPES[c.dtype], c.channels_last, c.device_index, list(c.x_size), list(c.w_size), list(c.stride),
-        list(c.padding_pre), list(c.padding_post), list(c.dilation), c.groups, c.has_bias, c.has_residual, c.relu,
+        list(c.padding_pre), list(c.padding_post), list(c.dilation), c.groups, c.has_bias, c.has_residual, c.activation,
         c.needs_grad, list(c.alignment), policy_id(c.policy),
     )
     if refusals["forward"]:
@@ -264,7 +264,7 @@ def _decide_conv(values: tuple) -> Decision:
     backward = tuple((name, refusals[name]) for name in ("relu_bias_backward", "dgrad", "wgrad") if name in refusals)
     if "depthwise_kernel" in refusals:  # which steps our depthwise kernels run, in C++'s words
         return Decision(True, refusals["depthwise_kernel"], backward, "depthwise_kernel")
-    return Decision(True, "", backward, "cudnn_graph")
+    return Decision(True, refusals.get("note", ""), backward, "cudnn_graph")
 
 
 @constant_under_compile
@@ -321,7 +321,7 @@ def plan_in_use(config: ConvConfig, graph: str = "forward") -> Optional[dict]:
         return None
     return module.plan_in_use(graph, SUPPORTED_DTYPES[c.dtype], c.channels_last, c.device_index, list(c.x_size),
                               list(c.w_size), list(c.stride), list(c.padding_pre), list(c.padding_post),
-                              list(c.dilation), c.groups, c.has_bias, c.has_residual, c.relu,
+                              list(c.dilation), c.groups, c.has_bias, c.has_residual, c.activation,
                               _graph_alignment(graph, c.alignment), policy_id(c.policy))
 
 

@@ -40,7 +40,7 @@ def _empty(size, like: torch.Tensor, memory_format: torch.memory_format, dtype=N
     return torch.empty(size, dtype=dtype or like.dtype, device=like.device, memory_format=memory_format)
 
 
-def _fake_conv_bias_act(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, relu,
+def _fake_conv_bias_act(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, activation,
                         policy=0):
     torch._check(x.dim() == 4, lambda: f"cudnn_fusion: x must be a 4-D tensor [N, C, H, W], got {x.dim()}-D")
     torch._check(
@@ -52,7 +52,7 @@ def _fake_conv_bias_act(x, weight, bias, residual, stride, padding_pre, padding_
     return _empty(size, x, conv_memory_format(x, weight))
 
 
-def _fake_relu_bias_backward(grad_out, out, policy=0):
+def _fake_relu_bias_backward(grad_out, out, activation=1, policy=0):
     return _empty(out.shape, out, suggest_memory_format(out)), out.new_empty(out.shape[1])
 
 
@@ -90,7 +90,7 @@ def _fake_batch_norm_act_backward(grad_y, x, y, weight, bias, save_mean, save_in
 def _fake_conv_batch_norm_act(x, conv_weight, conv_bias, stride, padding, dilation, groups, weight, bias, running_mean,
                               running_var, num_batches_tracked, residual, momentum, eps, activation, implementation,
                               conv_dtype=None, policy=0):
-    z = _fake_conv_bias_act(x, conv_weight, conv_bias, None, stride, padding, padding, dilation, groups, False)
+    z = _fake_conv_bias_act(x, conv_weight, conv_bias, None, stride, padding, padding, dilation, groups, 0)
     z = z.to(conv_dtype) if conv_dtype is not None else z
     y, save_mean, save_invstd, _, _, reserve = _fake_batch_norm_act(z, weight, bias, running_mean, running_var,
                                                                     residual, momentum, eps, activation,
