@@ -1,5 +1,6 @@
 #include "core/requirements.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include <c10/core/ScalarType.h>
@@ -135,10 +136,48 @@ std::vector<std::string> unmet_requirements(const GraphKey& key) {
   return unmet;
 }
 
+namespace {
+
+// The lines cuDNN repeats under every engine it tried, which say nothing about why.
+bool generic_reason(const std::string& reason) {
+  static const char* const kGeneric[] = {"finalize_internal()", "engine.finalize()", "status", "core_engine.getStatus()",
+                                         "engine_iface->getStatus()", "ptr->isSupported()",
+                                         "core_engine.isSupported()"};
+  for (const char* generic : kGeneric) {
+    if (reason == generic) return true;
+  }
+  return reason.find("CUDNN_STATUS_NOT_INITIALIZED == status") != std::string::npos ||
+         reason.find("global index -1") != std::string::npos;
+}
+
+}  // namespace
+
+std::string condense_cudnn_message(const std::string& message) {
+  if (message.find('\n') == std::string::npos) return message;
+  std::istringstream lines(message);
+  std::string line, first;
+  std::vector<std::string> reasons;
+  constexpr size_t kMaxReasons = 6;
+  while (std::getline(lines, line)) {
+    auto at = line.find("Reason: ");
+    if (at == std::string::npos) {
+      if (first.empty() && !line.empty() && line[0] != '{') first = line;
+      continue;
+    }
+    auto reason = line.substr(at + 8);
+    if (generic_reason(reason) || reasons.size() == kMaxReasons) continue;
+    if (std::find(reasons.begin(), reasons.end(), reason) == reasons.end()) reasons.push_back(reason);
+  }
+  if (reasons.empty()) return first.empty() ? message : first;
+  std::string out = first + " (the engines' reasons: ";
+  for (size_t i = 0; i < reasons.size(); ++i) out += (i ? "; " : "") + reasons[i];
+  return out + ")";
+}
+
 std::string describe_refusal(const GraphKey& key, const std::string& stage, const std::string& message) {
   std::ostringstream out;
   out << "cuDNN refused the " << graph_kind_name(key.kind) << " graph (" << describe_problem(key) << ") at "
-      << stage << ": " << message;
+      << stage << ": " << condense_cudnn_message(message);
   auto unmet = unmet_requirements(key);
   if (unmet.empty()) {
     out << ". The configuration meets every requirement this library knows of (NHWC, channel and pointer "

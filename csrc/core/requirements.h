@@ -38,7 +38,12 @@ std::string describe_problem(const GraphKey& key);
 // pointer alignment, compute capability, TF32, policy limits), so that a refusal names what to change.
 std::vector<std::string> unmet_requirements(const GraphKey& key);
 
-// "cuDNN refused the <graph> graph (<configuration>) at <stage>: <message>. Requirements not met: [...]".
+// cuDNN's message for a refused graph, condensed: it lists every engine tried, each with the same chain of generic
+// lines (about 10 KB for one conv layer); kept are its first line and the distinct specific reasons (at most six,
+// e.g. "(act.mode != CUDNN_ACTIVATION_IDENTITY) && (act.mode != CUDNN_ACTIVATION_RELU)"). One-line messages as given.
+std::string condense_cudnn_message(const std::string& message);
+
+// "cuDNN refused the <graph> graph (<configuration>) at <stage>: <message, condensed>. Requirements not met: [...]".
 std::string describe_refusal(const GraphKey& key, const std::string& stage, const std::string& message);
 
 }  // namespace tcf
