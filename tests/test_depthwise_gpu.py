@@ -196,3 +196,68 @@ def test_conv_bn_relu_eval_runs_the_folded_depthwise_kernel_in_a_cuda_graph(exte
         expected = plain(x)
     torch.testing.assert_close(y.float(), expected.float(), rtol=0.02, atol=0.02)
     assert fused.fusion_status.implementation == "depthwise_kernel", fused.fusion_status
+
+
+def _depthwise_model():
+    """Our forward and our stride-2 dgrad (first layer), our forward and PyTorch's stride-1 dgrad (second), and a
+    depthwise conv + BatchNorm + ReLU6 in training (PyTorch's conv, our stride-2 dgrad)."""
+    conv_bn = tcf.Conv2dBNReLU(32, 32, 3, stride=2, padding=1, groups=32, bias=False, activation="relu6")
+    return nn.Sequential(tcf.Conv2dReLU(32, 32, 3, stride=2, padding=1, groups=32),
+                         tcf.Conv2dReLU(32, 32, 3, padding=1, groups=32), conv_bn).cuda().to(memory_format=CL)
+
+
+def test_depthwise_layers_under_torch_compile_fullgraph(extension):
+    """torch.compile(fullgraph=True) of depthwise layers in training under bf16 autocast: our kernels run inside the
+    compiled graph, and the output and every gradient are eager's."""
+    torch.manual_seed(0)
+    model = _depthwise_model()
+    x = torch.randn(4, 32, 20, 20, device="cuda").contiguous(memory_format=CL).requires_grad_()
+
+    def step(fn):
+        with torch.autocast("cuda", torch.bfloat16):
+            out = fn(x)
+        return [out] + list(torch.autograd.grad(out.float().sum(), [x, *model.parameters()]))
+
+    eager = step(model)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    step(compiled)  # compiles
+    ran = _profile_kernels(lambda: step(compiled))
+    assert sum("depthwise_conv_forward" in n for n in ran) == 2, ran
+    assert sum("depthwise_conv_dgrad" in n for n in ran) == 2, ran  # the first layer's and the conv + BN's
+    for got, want in zip(step(compiled), eager):
+        torch.testing.assert_close(got, want)
+
+
+def test_depthwise_training_step_captured_in_a_cuda_graph(extension):
+    """Forward and backward of depthwise layers under bf16 autocast captured in one CUDA graph: each replay on fresh
+    input gives what eager gives on it."""
+    torch.manual_seed(0)
+    model = _depthwise_model()
+    static_x = torch.randn(4, 32, 20, 20, device="cuda").contiguous(memory_format=CL)
+
+    def forward(x):  # autocast's cast cache off: a captured graph must not keep casts made outside it
+        with torch.autocast("cuda", torch.bfloat16, cache_enabled=False):
+            return model(x)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up: decisions made, plans built before capture
+        for _ in range(3):
+            forward(static_x).float().sum().backward()
+    torch.cuda.current_stream().wait_stream(side)
+    model.zero_grad(set_to_none=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = forward(static_x)
+        static_y.float().sum().backward()
+    for _ in range(2):
+        fresh = torch.randn_like(static_x)
+        static_x.copy_(fresh)
+        graph.replay()
+        torch.cuda.synchronize()
+        replay = [static_y.clone()] + [p.grad.clone() for p in model.parameters()]
+        expected = forward(fresh)
+        expected = [expected] + list(torch.autograd.grad(expected.float().sum(), list(model.parameters())))
+        for got, want in zip(replay, expected):
+            torch.testing.assert_close(got, want)
