@@ -162,6 +162,133 @@ __global__ void __launch_bounds__(nhwc::kThreads) depthwise_conv_forward(
   }
 }
 
+// The forward for 16-byte channel vectors, from a tile of the input staged in shared memory. A block takes an output
+// tile of TH rows x TW columns x kTileGroups vectors of channels of one image: its threads first copy the input tile
+// ((TH-1)*S + 3 rows x (TW-1)*S + 3 columns, zeros outside the image and past the last channel) into shared memory
+// with asynchronous 16-byte copies, all in flight at once, then each thread computes a strip of kStrip outputs along
+// W for one vector of channels from shared memory, adding the taps in depthwise_conv_forward's order (taps over
+// the padding add zeros here, where that kernel skips them). Threads: kTileGroups (fastest) x TH x TW / kStrip, so that each quarter-warp reads 128 contiguous bytes.
+constexpr int kTileGroups = 8;
+
+template <int S, int TH, int TW>
+struct ForwardTile {
+  static constexpr int kRows = (TH - 1) * S + 3;
+  static constexpr int kColumns = (TW - 1) * S + 3;
+  static constexpr int kStrips = TW / kStrip;
+  static constexpr int kThreads = kTileGroups * TH * kStrips;
+  static constexpr int kInputBytes = kRows * kColumns * kTileGroups * 16;
+};
+
+__device__ inline void copy_async_16(void* shared, const void* global, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(global), "r"(valid ? 16 : 0));
+#else
+  *reinterpret_cast<uint4*>(shared) = valid ? *reinterpret_cast<const uint4*>(global) : make_uint4(0, 0, 0, 0);
+#endif
+}
+
+__device__ inline void wait_async_copies() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
+
+template <typename T, int S, int TH, int TW>
+__global__ void __launch_bounds__(ForwardTile<S, TH, TW>::kThreads) depthwise_conv_forward_tiled(
+    const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, const T* __restrict__ residual,
+    T* __restrict__ y, DepthwiseShape s, int tiles_w, int activation) {
+  constexpr int V = nhwc::Vec<T>::kSize;
+  constexpr int K = 3;
+  constexpr int kWidth = kTileGroups * V;  // channels per block
+  using Tile = ForwardTile<S, TH, TW>;
+  extern __shared__ __align__(16) unsigned char shared[];
+  auto* tile = reinterpret_cast<Pack<T, V>*>(shared);  // [kRows][kColumns][kTileGroups]
+  float* w_s = reinterpret_cast<float*>(shared + Tile::kInputBytes);  // [K*K][kWidth]
+  const int64_t n = blockIdx.z;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * kWidth;
+  const int oh0 = static_cast<int>(blockIdx.x / tiles_w) * TH;
+  const int ow0 = static_cast<int>(blockIdx.x % tiles_w) * TW;
+  const int ih0 = oh0 * S - s.pad_h;
+  const int iw0 = ow0 * S - s.pad_w;
+  for (int i = threadIdx.x; i < Tile::kRows * Tile::kColumns * kTileGroups; i += Tile::kThreads) {
+    const int group = i % kTileGroups;
+    const int cell = i / kTileGroups;
+    const int ih = ih0 + cell / Tile::kColumns;
+    const int iw = iw0 + cell % Tile::kColumns;
+    const int64_t c = c0 + group * V;
+    const bool valid = ih >= 0 && ih < s.h && iw >= 0 && iw < s.w && c < s.channels;
+    copy_async_16(tile + i, valid ? x + ((n * s.h + ih) * s.w + iw) * s.channels + c : x, valid);
+  }
+  for (int i = threadIdx.x; i < K * K * kWidth; i += Tile::kThreads) {
+    const int local = i / (K * K);
+    const int tap = i - local * (K * K);
+    const int64_t c = c0 + local;
+    w_s[tap * kWidth + local] = c < s.channels ? to_float(w[c * K * K + tap]) : 0.f;
+  }
+  wait_async_copies();
+  __syncthreads();
+
+  const int group = threadIdx.x % kTileGroups;
+  const int position = threadIdx.x / kTileGroups;
+  const int row = position / Tile::kStrips;           // in the tile
+  const int column0 = position % Tile::kStrips * kStrip;
+  const int64_t c = c0 + group * V;
+  const int oh = oh0 + row;
+  const int ow0_strip = ow0 + column0;
+  if (c >= s.channels || oh >= s.out_h || ow0_strip >= s.out_w) return;
+  const float* filters = w_s + group * V;
+
+  float acc[kStrip][V];
+  zero(acc);
+#pragma unroll
+  for (int kh = 0; kh < K; ++kh) {
+    float wr[K][V];
+#pragma unroll
+    for (int kw = 0; kw < K; ++kw)
+#pragma unroll
+      for (int v = 0; v < V; ++v) wr[kw][v] = filters[(kh * K + kw) * kWidth + v];
+    const Pack<T, V>* in = tile + ((row * S + kh) * Tile::kColumns + column0 * S) * kTileGroups + group;
+    constexpr int kColumns = (kStrip - 1) * S + K;
+#pragma unroll
+    for (int e = 0; e < kColumns; ++e) {
+      const Pack<T, V> pack = in[e * kTileGroups];
+      float xv[V];
+#pragma unroll
+      for (int v = 0; v < V; ++v) xv[v] = to_float(pack.v[v]);
+#pragma unroll
+      for (int i = 0; i < kStrip; ++i) {
+        const int kw = e - i * S;
+        if (kw >= 0 && kw < K) {
+#pragma unroll
+          for (int v = 0; v < V; ++v) acc[i][v] = fmaf(xv[v], wr[kw][v], acc[i][v]);
+        }
+      }
+    }
+  }
+  float b[V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) b[v] = bias != nullptr ? to_float(bias[c + v]) : 0.f;
+  const int64_t base = ((n * s.out_h + oh) * s.out_w) * s.channels + c;
+#pragma unroll
+  for (int i = 0; i < kStrip; ++i) {
+    const int ow = ow0_strip + i;
+    if (ow >= s.out_w) break;
+    const int64_t offset = base + static_cast<int64_t>(ow) * s.channels;
+    float r[V];
+    if (residual != nullptr) {
+      load<T, V>(residual + offset, r);
+    } else {
+#pragma unroll
+      for (int v = 0; v < V; ++v) r[v] = 0.f;
+    }
+    Pack<T, V> out;
+#pragma unroll
+    for (int v = 0; v < V; ++v) out.v[v] = from_float<T>(activate(acc[i][v] + b[v] + r[v], activation));
+    *reinterpret_cast<Pack<T, V>*>(y + offset) = out;
+  }
+}
+
 template <typename T, int V, int K, int S>
 __global__ void __launch_bounds__(nhwc::kThreads) depthwise_conv_dgrad(const T* __restrict__ dy,
                                                                        const T* __restrict__ w, T* __restrict__ dx,
@@ -271,9 +398,32 @@ cudaError_t dispatch(const DepthwiseShape& s, bool vectors, Fn&& fn) {
   return by_kernel(std::integral_constant<int, 1>{});
 }
 
+template <typename T, int S, int TH, int TW>
+cudaError_t forward_tiled(const DepthwiseShape& s, const void* x, const void* w, const void* bias,
+                          const void* residual, void* y, int activation, cudaStream_t stream) {
+  using Tile = ForwardTile<S, TH, TW>;
+  const int64_t tiles_h = (s.out_h + TH - 1) / TH;
+  const int64_t tiles_w = (s.out_w + TW - 1) / TW;
+  const int64_t width = kTileGroups * vector_size<T>();
+  const size_t shared_bytes = Tile::kInputBytes + 9 * width * sizeof(float);
+  depthwise_conv_forward_tiled<T, S, TH, TW><<<dim3(static_cast<unsigned>(tiles_h * tiles_w),
+                                                     static_cast<unsigned>((s.channels + width - 1) / width),
+                                                     static_cast<unsigned>(s.n)),
+                                                dim3(Tile::kThreads), shared_bytes, stream>>>(
+      static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(bias),
+      static_cast<const T*>(residual), static_cast<T*>(y), s, static_cast<int>(tiles_w), activation);
+  return cudaGetLastError();
+}
+
 template <typename T>
 cudaError_t forward_typed(const DepthwiseShape& s, const void* x, const void* w, const void* bias,
                           const void* residual, void* y, int activation, bool vectors, cudaStream_t stream) {
+  // 16-byte vectors: the tiled kernel (a grid of images x channel blocks x tiles within CUDA's limits)
+  if (vectors && s.kernel == 3 && s.n <= 65535 && (s.out_h + 7) / 8 * ((s.out_w + 7) / 8) <= 0x7fffffff) {
+    if (s.stride == 1 && s.out_w >= 16) return forward_tiled<T, 1, 8, 16>(s, x, w, bias, residual, y, activation, stream);
+    if (s.stride == 1) return forward_tiled<T, 1, 8, 8>(s, x, w, bias, residual, y, activation, stream);
+    if (s.stride == 2) return forward_tiled<T, 2, 8, 8>(s, x, w, bias, residual, y, activation, stream);
+  }
   return dispatch<T>(s, vectors, [&](auto v, auto k, auto stride) {
     constexpr int V = decltype(v)::value, K = decltype(k)::value, S = decltype(stride)::value;
     const int64_t strips = (s.out_w + kStrip - 1) / kStrip;
