@@ -34,6 +34,8 @@ CASES = {
     "3x3-s2-relu6-odd-channels": (21, 3, 2, 1, 9, 9, True, True, "relu6"),
     # the forward's 8 x 16 tiles, partial in both directions, and a channel block with five vectors past the last channel
     "3x3-s1-wide-tiles": (24, 3, 1, 1, 13, 37, True, True, True),
+    # the stride-2 dgrad's 8 x 16 tiles of dx, partial in both directions
+    "3x3-s2-wide-dgrad-tiles": (24, 3, 2, 1, 19, 35, True, False, True),
 }
 
 

@@ -289,6 +289,100 @@ __global__ void __launch_bounds__(ForwardTile<S, TH, TW>::kThreads) depthwise_co
   }
 }
 
+// dgrad at stride 2 for 16-byte channel vectors, from a tile of dy staged in shared memory as the tiled forward
+// does. A block takes a dx tile of kDgradRows x kDgradColumns positions x kTileGroups vectors of channels; the dy rows
+// it reads are oh = (ih + pad_h - kh) / 2 for the even ones among ih + pad_h - kh: floor((ih0 + pad_h - 2) / 2) and
+// the kDgradRows / 2 + 1 after it (the same along W). Each thread takes a strip of kStrip dx positions along W of one
+// row for one vector of channels; which taps a position uses depends on the parity of ih + pad_h - kh and of
+// iw + pad_w - kw, the same across a warp (one row, strips starting on multiples of kStrip).
+constexpr int kDgradRows = 8;
+constexpr int kDgradColumns = 16;
+
+struct DgradTile {
+  static constexpr int kRows = kDgradRows / 2 + 2;
+  static constexpr int kColumns = kDgradColumns / 2 + 2;
+  static constexpr int kStrips = kDgradColumns / kStrip;
+  static constexpr int kThreads = kTileGroups * kDgradRows * kStrips;
+  static constexpr int kInputBytes = kRows * kColumns * kTileGroups * 16;
+};
+
+__host__ __device__ inline int floor_half(int v) { return v >= 0 ? v / 2 : -((1 - v) / 2); }
+
+template <typename T>
+__global__ void __launch_bounds__(DgradTile::kThreads) depthwise_conv_dgrad_tiled(
+    const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ dx, DepthwiseShape s, int tiles_w) {
+  constexpr int V = nhwc::Vec<T>::kSize;
+  constexpr int K = 3;
+  constexpr int kWidth = kTileGroups * V;
+  using Tile = DgradTile;
+  extern __shared__ __align__(16) unsigned char shared[];
+  auto* tile = reinterpret_cast<Pack<T, V>*>(shared);  // [kRows][kColumns][kTileGroups]
+  float* w_s = reinterpret_cast<float*>(shared + Tile::kInputBytes);  // [K*K][kWidth]
+  const int64_t n = blockIdx.z;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * kWidth;
+  const int ih0 = static_cast<int>(blockIdx.x / tiles_w) * kDgradRows;
+  const int iw0 = static_cast<int>(blockIdx.x % tiles_w) * kDgradColumns;
+  const int oh_lo = floor_half(ih0 + s.pad_h - (K - 1));
+  const int ow_lo = floor_half(iw0 + s.pad_w - (K - 1));
+  for (int i = threadIdx.x; i < Tile::kRows * Tile::kColumns * kTileGroups; i += Tile::kThreads) {
+    const int group = i % kTileGroups;
+    const int cell = i / kTileGroups;
+    const int oh = oh_lo + cell / Tile::kColumns;
+    const int ow = ow_lo + cell % Tile::kColumns;
+    const int64_t c = c0 + group * V;
+    const bool valid = oh >= 0 && oh < s.out_h && ow >= 0 && ow < s.out_w && c < s.channels;
+    copy_async_16(tile + i, valid ? dy + ((n * s.out_h + oh) * s.out_w + ow) * s.channels + c : dy, valid);
+  }
+  for (int i = threadIdx.x; i < K * K * kWidth; i += Tile::kThreads) {
+    const int local = i / (K * K);
+    const int tap = i - local * (K * K);
+    const int64_t c = c0 + local;
+    w_s[tap * kWidth + local] = c < s.channels ? to_float(w[c * K * K + tap]) : 0.f;
+  }
+  wait_async_copies();
+  __syncthreads();
+
+  const int group = threadIdx.x % kTileGroups;
+  const int position = threadIdx.x / kTileGroups;
+  const int row = position / Tile::kStrips;
+  const int column0 = position % Tile::kStrips * kStrip;
+  const int64_t c = c0 + group * V;
+  const int ih = ih0 + row;
+  const int iw_first = iw0 + column0;
+  if (c >= s.channels || ih >= s.h || iw_first >= s.w) return;
+  const float* filters = w_s + group * V;
+
+  float acc[kStrip][V];
+  zero(acc);
+#pragma unroll
+  for (int kh = 0; kh < K; ++kh) {
+    const int t = ih + s.pad_h - kh;
+    if (t & 1) continue;  // no dy row reaches this dx row through tap kh
+    const Pack<T, V>* in = tile + (floor_half(t) - oh_lo) * Tile::kColumns * kTileGroups + group;
+#pragma unroll
+    for (int i = 0; i < kStrip; ++i) {
+#pragma unroll
+      for (int kw = 0; kw < K; ++kw) {
+        const int u = iw_first + i + s.pad_w - kw;
+        if (u & 1) continue;
+        const Pack<T, V> pack = in[(floor_half(u) - ow_lo) * kTileGroups];
+#pragma unroll
+        for (int v = 0; v < V; ++v) acc[i][v] = fmaf(to_float(pack.v[v]), filters[(kh * K + kw) * kWidth + v], acc[i][v]);
+      }
+    }
+  }
+  const int64_t base = ((n * s.h + ih) * s.w) * s.channels + c;
+#pragma unroll
+  for (int i = 0; i < kStrip; ++i) {
+    const int iw = iw_first + i;
+    if (iw >= s.w) break;
+    Pack<T, V> out;
+#pragma unroll
+    for (int v = 0; v < V; ++v) out.v[v] = from_float<T>(acc[i][v]);
+    *reinterpret_cast<Pack<T, V>*>(dx + base + static_cast<int64_t>(iw) * s.channels) = out;
+  }
+}
+
 template <typename T, int V, int K, int S>
 __global__ void __launch_bounds__(nhwc::kThreads) depthwise_conv_dgrad(const T* __restrict__ dy,
                                                                        const T* __restrict__ w, T* __restrict__ dx,
@@ -439,6 +533,18 @@ cudaError_t forward_typed(const DepthwiseShape& s, const void* x, const void* w,
 template <typename T>
 cudaError_t dgrad_typed(const DepthwiseShape& s, const void* dy, const void* w, void* dx, bool vectors,
                         cudaStream_t stream) {
+  const int64_t tiles = (s.h + kDgradRows - 1) / kDgradRows * ((s.w + kDgradColumns - 1) / kDgradColumns);
+  if (vectors && s.kernel == 3 && s.stride == 2 && s.n <= 65535 && tiles <= 0x7fffffff) {
+    const int64_t width = kTileGroups * nhwc::Vec<T>::kSize;
+    const size_t shared_bytes = DgradTile::kInputBytes + 9 * width * sizeof(float);
+    depthwise_conv_dgrad_tiled<T><<<dim3(static_cast<unsigned>(tiles),
+                                         static_cast<unsigned>((s.channels + width - 1) / width),
+                                         static_cast<unsigned>(s.n)),
+                                    dim3(DgradTile::kThreads), shared_bytes, stream>>>(
+        static_cast<const T*>(dy), static_cast<const T*>(w), static_cast<T*>(dx), s,
+        static_cast<int>((s.w + kDgradColumns - 1) / kDgradColumns));
+    return cudaGetLastError();
+  }
   return dispatch<T>(s, vectors, [&](auto v, auto k, auto stride) {
     constexpr int V = decltype(v)::value, K = decltype(k)::value, S = decltype(stride)::value;
     const int64_t rows_t = (s.h - 1 + s.pad_h) / S - s.pad_h / S + 1;
