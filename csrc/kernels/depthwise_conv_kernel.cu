@@ -11,6 +11,10 @@
 //            dy[n, oh, ow, c] * w[c, kh, kw]. With ih + pad_h = th*S + rh, the taps are kh = rh + S*dh at oh = th - dh:
 //            a block takes one class (rh, rw) (blockIdx.z), so that which taps a thread uses is the same across the
 //            block and the strip's columns share their loads as in the forward.
+// With 16-byte vectors the forward and the stride-2 dgrad run tiled instead (depthwise_conv_forward_tiled,
+// depthwise_conv_dgrad_tiled): a block first copies its whole input tile into shared memory with asynchronous copies,
+// all in flight at once, then computes from there (the kernels above stay for one element at a time, stride-1 dgrad
+// and batches over 65535).
 // No wgrad: one written as these (per-thread sums of a strip's taps, fixed-order partial sums) ran 2.7-26x slower
 // than PyTorch's (cuDNN's) depthwise wgrad on MobileNet layers (benchmarks/bench_depthwise.py, H100, 2026-11-23).
 #include "kernels/depthwise_conv_kernel.h"
