@@ -13,8 +13,8 @@
 //            block and the strip's columns share their loads as in the forward.
 // With 16-byte vectors the forward and the stride-2 dgrad run tiled instead (depthwise_conv_forward_tiled,
 // depthwise_conv_dgrad_tiled): a block first copies its whole input tile into shared memory with asynchronous copies,
-// all in flight at once, then computes from there (the kernels above stay for one element at a time, stride-1 dgrad
-// and batches over 65535).
+// all in flight at once, then computes from there (the kernels above stay for one element at a time and batches over
+// 65535). dgrad is built for stride 2 only: at stride 1 PyTorch's kernel runs (depthwise_kernel_steps).
 // No wgrad: one written as these (per-thread sums of a strip's taps, fixed-order partial sums) ran 2.7-26x slower
 // than PyTorch's (cuDNN's) depthwise wgrad on MobileNet layers (benchmarks/bench_depthwise.py, H100, 2026-11-23).
 #include "kernels/depthwise_conv_kernel.h"
@@ -480,12 +480,15 @@ nhwc::Launch tile_launch(int64_t n, int64_t rows, int64_t strips, int64_t channe
           dim3(bx, by)};
 }
 
-// Calls fn(V, K, S) with the three as std::integral_constant, for the shape's kernel size and stride.
-template <typename T, typename Fn>
+// Calls fn(V, K, S) with the three as std::integral_constant, for the shape's kernel size and stride; kStrideOne:
+// whether stride 1 is built (dgrad runs in our kernels at stride 2 only: depthwise_kernel_steps).
+template <typename T, bool kStrideOne, typename Fn>
 cudaError_t dispatch(const DepthwiseShape& s, bool vectors, Fn&& fn) {
   auto by_kernel = [&](auto v) -> cudaError_t {
     auto by_stride = [&](auto k) -> cudaError_t {
-      if (s.stride == 1) return fn(v, k, std::integral_constant<int, 1>{});
+      if constexpr (kStrideOne) {
+        if (s.stride == 1) return fn(v, k, std::integral_constant<int, 1>{});
+      }
       if (s.stride == 2) return fn(v, k, std::integral_constant<int, 2>{});
       return cudaErrorInvalidValue;
     };
@@ -522,7 +525,7 @@ cudaError_t forward_typed(const DepthwiseShape& s, const void* x, const void* w,
     if (s.stride == 1) return forward_tiled<T, 1, 8, 8>(s, x, w, bias, residual, y, activation, stream);
     if (s.stride == 2) return forward_tiled<T, 2, 8, 8>(s, x, w, bias, residual, y, activation, stream);
   }
-  return dispatch<T>(s, vectors, [&](auto v, auto k, auto stride) {
+  return dispatch<T, true>(s, vectors, [&](auto v, auto k, auto stride) {
     constexpr int V = decltype(v)::value, K = decltype(k)::value, S = decltype(stride)::value;
     const int64_t strips = (s.out_w + kStrip - 1) / kStrip;
     auto shape = tile_launch(s.n, s.out_h, strips, s.channels, V, 1);
@@ -549,7 +552,7 @@ cudaError_t dgrad_typed(const DepthwiseShape& s, const void* dy, const void* w, 
         static_cast<int>((s.w + kDgradColumns - 1) / kDgradColumns));
     return cudaGetLastError();
   }
-  return dispatch<T>(s, vectors, [&](auto v, auto k, auto stride) {
+  return dispatch<T, false>(s, vectors, [&](auto v, auto k, auto stride) {
     constexpr int V = decltype(v)::value, K = decltype(k)::value, S = decltype(stride)::value;
     const int64_t rows_t = (s.h - 1 + s.pad_h) / S - s.pad_h / S + 1;
     const int64_t columns_t = (s.w - 1 + s.pad_w) / S - s.pad_w / S + 1;
