@@ -192,6 +192,9 @@ def test_conv_bn_relu_eval_runs_the_folded_depthwise_kernel_in_a_cuda_graph(exte
     with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
         expected = plain(x)
         fused(x)  # decides, and folds
+        ran = _profile_kernels(lambda: fused(x))
+        assert sum("depthwise_conv_forward" in n for n in ran) == 1, ran  # the call the graph captures: ours, once
+        assert not any("clamp" in n or "hardtanh" in n for n in ran), ran  # ReLU6 in its epilogue
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             y = fused(x)

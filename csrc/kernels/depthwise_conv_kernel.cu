@@ -59,6 +59,34 @@ __device__ inline float activate(float v, int activation) {
   return v;
 }
 
+// The forward's epilogue for a thread's strip: y at row offset `base` (the strip's row, channel c), columns ow0 ...
+// ow0 + kStrip - 1 below out_w, = act(acc + bias[c] + residual), rounded once.
+template <typename T, int V>
+__device__ inline void store_forward_strip(const float (&acc)[kStrip][V], const T* __restrict__ bias,
+                                           const T* __restrict__ residual, T* __restrict__ y, int64_t base, int64_t c,
+                                           int ow0, int64_t out_w, int64_t channels, int activation) {
+  float b[V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) b[v] = bias != nullptr ? to_float(bias[c + v]) : 0.f;
+#pragma unroll
+  for (int i = 0; i < kStrip; ++i) {
+    const int ow = ow0 + i;
+    if (ow >= out_w) break;
+    const int64_t offset = base + static_cast<int64_t>(ow) * channels;
+    float r[V];
+    if (residual != nullptr) {
+      load<T, V>(residual + offset, r);
+    } else {
+#pragma unroll
+      for (int v = 0; v < V; ++v) r[v] = 0.f;
+    }
+    Pack<T, V> out;
+#pragma unroll
+    for (int v = 0; v < V; ++v) out.v[v] = from_float<T>(activate(acc[i][v] + b[v] + r[v], activation));
+    *reinterpret_cast<Pack<T, V>*>(y + offset) = out;
+  }
+}
+
 // The block's filters ([channels, K*K] in memory) as float in shared memory, [K*K][width], width = blockDim.x * V.
 template <typename T, int K>
 __device__ inline void stage_filters(const T* __restrict__ w, float* w_s, int64_t c0, int width, int64_t channels) {
@@ -143,27 +171,8 @@ __global__ void __launch_bounds__(nhwc::kThreads) depthwise_conv_forward(
       }
     }
   }
-  float b[V];
-#pragma unroll
-  for (int v = 0; v < V; ++v) b[v] = bias != nullptr ? to_float(bias[c + v]) : 0.f;
-  const int64_t base = row * s.out_w * s.channels + c;
-#pragma unroll
-  for (int i = 0; i < kStrip; ++i) {
-    const int ow = ow0 + i;
-    if (ow >= s.out_w) break;
-    const int64_t offset = base + static_cast<int64_t>(ow) * s.channels;
-    float r[V];
-    if (residual != nullptr) {
-      load<T, V>(residual + offset, r);
-    } else {
-#pragma unroll
-      for (int v = 0; v < V; ++v) r[v] = 0.f;
-    }
-    Pack<T, V> out;
-#pragma unroll
-    for (int v = 0; v < V; ++v) out.v[v] = from_float<T>(activate(acc[i][v] + b[v] + r[v], activation));
-    *reinterpret_cast<Pack<T, V>*>(y + offset) = out;
-  }
+  store_forward_strip<T, V>(acc, bias, residual, y, row * s.out_w * s.channels + c, c, ow0, s.out_w, s.channels,
+                            activation);
 }
 
 // The forward for 16-byte channel vectors, from a tile of the input staged in shared memory. A block takes an output
@@ -270,27 +279,8 @@ __global__ void __launch_bounds__(ForwardTile<S, TH, TW>::kThreads) depthwise_co
       }
     }
   }
-  float b[V];
-#pragma unroll
-  for (int v = 0; v < V; ++v) b[v] = bias != nullptr ? to_float(bias[c + v]) : 0.f;
-  const int64_t base = ((n * s.out_h + oh) * s.out_w) * s.channels + c;
-#pragma unroll
-  for (int i = 0; i < kStrip; ++i) {
-    const int ow = ow0_strip + i;
-    if (ow >= s.out_w) break;
-    const int64_t offset = base + static_cast<int64_t>(ow) * s.channels;
-    float r[V];
-    if (residual != nullptr) {
-      load<T, V>(residual + offset, r);
-    } else {
-#pragma unroll
-      for (int v = 0; v < V; ++v) r[v] = 0.f;
-    }
-    Pack<T, V> out;
-#pragma unroll
-    for (int v = 0; v < V; ++v) out.v[v] = from_float<T>(activate(acc[i][v] + b[v] + r[v], activation));
-    *reinterpret_cast<Pack<T, V>*>(y + offset) = out;
-  }
+  store_forward_strip<T, V>(acc, bias, residual, y, ((n * s.out_h + oh) * s.out_w) * s.channels + c, c, ow0_strip,
+                            s.out_w, s.channels, activation);
 }
 
 // dgrad at stride 2 for 16-byte channel vectors, from a tile of dy staged in shared memory as the tiled forward

@@ -141,13 +141,15 @@ at::Tensor conv_gradient(GraphKind kind, const at::Tensor& grad_z, const at::Ten
   auto format = memory_format(p.channels_last);
   auto dz = grad_z.contiguous(format);
   auto operand_dense = operand.contiguous(format);
-  auto out = at::empty(out_size, grad_z.options().memory_format(format));
-  if (out.numel() == 0) return out;
-  if (dz.numel() == 0) return out.zero_();  // an empty batch contributes nothing to the weight gradient
+  auto options = grad_z.options().memory_format(format);
+  if (c10::multiply_integers(out_size) == 0) return at::empty(out_size, options);
+  if (dz.numel() == 0) return at::zeros(out_size, options);  // an empty batch contributes nothing to the weight gradient
   auto aten = [&]() { return dgrad ? fallback_dgrad(dz, operand_dense, p) : fallback_wgrad(dz, operand_dense, p); };
-  if (depthwise_kernel_takes(p)) {  // our kernel or PyTorch's, as depthwise_kernel_steps measured them
-    bool ours = dgrad && depthwise_kernel_steps(false, p.stride[0]).dgrad;
-    if (!ours) return aten();
+  // our kernel or PyTorch's, as depthwise_kernel_steps measured them; PyTorch's allocates its own output
+  bool depthwise = depthwise_kernel_takes(p);
+  if (depthwise && !(dgrad && depthwise_kernel_steps(false, p.stride[0]).dgrad)) return aten();
+  auto out = at::empty(out_size, options);
+  if (depthwise) {
     depthwise_conv_dgrad(dz, operand_dense, p, out);
     return out;
   }
@@ -195,12 +197,15 @@ at::Tensor conv_bias_act(const at::Tensor& x, const at::Tensor& weight, const st
   auto w_dense = weight.contiguous(format);
   auto bias_dense = bias.has_value() ? bias->contiguous() : at::Tensor();
   auto residual_dense = residual.has_value() ? residual->contiguous(format) : at::Tensor();
-  auto y = at::empty(y_size, x.options().memory_format(format));
-  if (y.numel() == 0) return y;
-  if (depthwise_kernel_takes(p)) {  // our kernel or PyTorch's, as depthwise_kernel_steps measured them
-    if (!depthwise_kernel_steps(has_epilogue(p), p.stride[0]).forward) {
-      return fallback_forward(x_dense, w_dense, bias, residual, p);
-    }
+  auto options = x.options().memory_format(format);
+  if (c10::multiply_integers(y_size) == 0) return at::empty(y_size, options);
+  // our kernel or PyTorch's, as depthwise_kernel_steps measured them; PyTorch's allocates its own output
+  bool depthwise = depthwise_kernel_takes(p);
+  if (depthwise && !depthwise_kernel_steps(has_epilogue(p), p.stride[0]).forward) {
+    return fallback_forward(x_dense, w_dense, bias, residual, p);
+  }
+  auto y = at::empty(y_size, options);
+  if (depthwise) {
     depthwise_conv_forward(x_dense, w_dense, bias_dense, residual_dense, p, static_cast<int>(p.activation), y);
     return y;
   }
