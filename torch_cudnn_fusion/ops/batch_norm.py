@@ -274,8 +274,9 @@ def _decide_conv_batch_norm(x, conv, conv_weight, conv_bias, running_mean, weigh
                                           eps, needs_grad, policy.key)
         decision = decide.decide_batch_norm(config)
         if decision.fused:
-            decision = decision._replace(reason="; ".join(
-                filter(None, (conv_note(conv, conv_weight, channels_last), decision.reason))))
+            # a new Decision, not decision._replace: dynamo cannot trace namedtuple._replace (torch 2.11)
+            reason = "; ".join(filter(None, (conv_note(conv, conv_weight, channels_last), decision.reason)))
+            decision = Decision(decision.fused, reason, decision.backward, decision.implementation)
     decide.raise_if_strict(decision, strict, where)
     identity = _identity_affine(weight, bias, conv_weight.shape[0], x.device) if decision.fused else None
     run = (decision.fused, _implementation(decision), update, policy_id(policy.key) if decision.fused else 0,
