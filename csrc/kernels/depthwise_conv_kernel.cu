@@ -11,9 +11,10 @@
 //            dy[n, oh, ow, c] * w[c, kh, kw]. With ih + pad_h = th*S + rh, the taps are kh = rh + S*dh at oh = th - dh:
 //            a block takes one class (rh, rw) (blockIdx.z), so that which taps a thread uses is the same across the
 //            block and the strip's columns share their loads as in the forward.
-// With 16-byte vectors the forward and the stride-2 dgrad run tiled instead (depthwise_conv_forward_tiled,
-// depthwise_conv_dgrad_tiled): a block first copies its whole input tile into shared memory with asynchronous copies,
-// all in flight at once, then computes from there (the kernels above stay for one element at a time and batches over
+// With 16-byte vectors the stride-2 forward and dgrad, and the stride-1 forward where the channels fill the tiled
+// kernel's channel blocks, run tiled instead (depthwise_conv_forward_tiled, depthwise_conv_dgrad_tiled): a block
+// first copies its whole input tile into shared memory with asynchronous copies, all in flight at once, then computes
+// from there (the kernels above stay for one element at a time, other stride-1 channel counts and batches over
 // 65535). dgrad is built for stride 2 only: at stride 1 PyTorch's kernel runs (depthwise_kernel_steps).
 // No wgrad: one written as these (per-thread sums of a strip's taps, fixed-order partial sums) ran 2.7-26x slower
 // than PyTorch's (cuDNN's) depthwise wgrad on MobileNet layers (benchmarks/bench_depthwise.py, H100, 2026-11-23).
@@ -509,11 +510,18 @@ cudaError_t forward_tiled(const DepthwiseShape& s, const void* x, const void* w,
 template <typename T>
 cudaError_t forward_typed(const DepthwiseShape& s, const void* x, const void* w, const void* bias,
                           const void* residual, void* y, int activation, bool vectors, cudaStream_t stream) {
-  // 16-byte vectors: the tiled kernel (a grid of images x channel blocks x tiles within CUDA's limits)
+  // 16-byte vectors: the tiled kernel (a grid of images x channel blocks x tiles within CUDA's limits) at stride 2,
+  // and at stride 1 where the channels fill every block's kTileGroups vectors. At stride 1 with part of a block idle
+  // the strip kernel was faster on the H100: 32 channels @112 (half idle) 0.374 vs 0.459 ms, 144 @56 (a quarter
+  // idle) 0.412 vs 0.583; with full blocks the tiled one was as fast or faster (512 @14: 0.089 vs 0.123 ms)
+  // (bench_depthwise, batch 256, bf16).
+  const bool full_blocks = s.channels % (kTileGroups * vector_size<T>()) == 0;
   if (vectors && s.kernel == 3 && s.n <= 65535 && (s.out_h + 7) / 8 * ((s.out_w + 7) / 8) <= 0x7fffffff) {
-    if (s.stride == 1 && s.out_w >= 16) return forward_tiled<T, 1, 8, 16>(s, x, w, bias, residual, y, activation, stream);
-    if (s.stride == 1) return forward_tiled<T, 1, 8, 8>(s, x, w, bias, residual, y, activation, stream);
     if (s.stride == 2) return forward_tiled<T, 2, 8, 8>(s, x, w, bias, residual, y, activation, stream);
+    if (s.stride == 1 && full_blocks && s.out_w >= 16) {
+      return forward_tiled<T, 1, 8, 16>(s, x, w, bias, residual, y, activation, stream);
+    }
+    if (s.stride == 1 && full_blocks) return forward_tiled<T, 1, 8, 8>(s, x, w, bias, residual, y, activation, stream);
   }
   return dispatch<T, true>(s, vectors, [&](auto v, auto k, auto stride) {
     constexpr int V = decltype(v)::value, K = decltype(k)::value, S = decltype(stride)::value;
