@@ -4,6 +4,10 @@ kernel times over a few steps after warm-up, per step, grouped as dense conv, de
 ReLU/elementwise and other; the step's CUDA-event median beside them. Each kind lists its heaviest kernels, so a
 kernel put in the wrong kind shows in the output.
 
+Two more times tell the host's share: "loop ms", a step's median among back-to-back steps (the host runs ahead, as
+in a training loop), and "host ms", the host's time to issue one step from an idle GPU. "step ms" times one step
+from an idle GPU: where the host issues kernels slower than they run, it waits on the host.
+
     python benchmarks/profile_by_kind.py [--model mobilenet_v1|mobilenet_v2|resnet50] [--batch 256] [--no-compile]
                                          [--json out.json]
 """
@@ -15,7 +19,9 @@ import copy
 import json
 import os
 import re
+import statistics
 import sys
+import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -23,7 +29,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_cudnn_fusion as tcf  # noqa: E402
 from bench_mobilenet import inference_fn, train_step_fn  # noqa: E402
-from timing import median_ms  # noqa: E402
+from timing import interleaved_median_ms, median_ms  # noqa: E402
 
 # Patterns in the order a kernel's name is tested against them (the first that matches gives its kind): a
 # BatchNorm kernel that also applies ReLU (Triton's fused ones, cuDNN's) counts as BatchNorm; cuDNN names its kernels
@@ -78,6 +84,18 @@ def kernel_ms_per_step(fn, steps: int) -> dict[str, float]:
     return out
 
 
+def host_ms(fn, repeats: int) -> float:
+    """The host's median time to issue one call of `fn` (its wall time from an idle GPU, not waiting for it)."""
+    samples = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1000.0)
+    torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
 def by_kind(kernels: dict[str, float]) -> dict[str, dict]:
     kinds = {name: {"ms": 0.0, "kernels": []} for name in KIND_NAMES}
     for kernel, ms in sorted(kernels.items(), key=lambda item: -item[1]):
@@ -119,6 +137,8 @@ def main() -> None:
                 model.train(mode == "train")
                 fn = train_step_fn(model, x, target) if mode == "train" else inference_fn(model, x)
                 row["step_ms"] = median_ms(fn, warmup=args.warmup, repeats=args.repeats)
+                row["loop_ms"] = interleaved_median_ms({"fn": fn}, warmup=1, repeats=args.repeats, calls=5)["fn"]
+                row["host_ms"] = host_ms(fn, args.repeats)
                 row["kinds"] = by_kind(kernel_ms_per_step(fn, args.steps))
                 row["kernel_ms"] = sum(kind["ms"] for kind in row["kinds"].values())
                 row["peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
@@ -135,15 +155,17 @@ def main() -> None:
             json.dump(out, f, indent=1)
     print(f"\n{args.model}, batch {args.batch}, 224x224, bf16 autocast, channels_last ({out['gpu']}, torch "
           f"{out['torch']}, cuDNN {out['cudnn']}); GPU kernel ms per step by kind, the step's median, and the peak of "
-          "torch.cuda.max_memory_allocated over the variant (the input batch and the plain model included)")
-    header = (f"{'mode':<10}{'variant':<15}{'step ms':>9}{'kernels':>9}" + "".join(f"{k:>20}" for k in KIND_NAMES)
-              + f"{'peak MiB':>10}")
+          "torch.cuda.max_memory_allocated over the variant (the input batch and the plain model included); loop ms: "
+          "a step among 5 back-to-back, host ms: the host's time to issue a step")
+    header = (f"{'mode':<10}{'variant':<15}{'step ms':>9}{'loop ms':>9}{'host ms':>9}{'kernels':>9}"
+              + "".join(f"{k:>20}" for k in KIND_NAMES) + f"{'peak MiB':>10}")
     print(header)
     for row in out["rows"]:
         if "error" in row:
             print(f"{row['mode']:<10}{row['variant']:<15} failed: {row['error']}")
             continue
-        print(f"{row['mode']:<10}{row['variant']:<15}{row['step_ms']:>9.2f}{row['kernel_ms']:>9.2f}"
+        print(f"{row['mode']:<10}{row['variant']:<15}{row['step_ms']:>9.2f}{row['loop_ms']:>9.2f}{row['host_ms']:>9.2f}"
+              f"{row['kernel_ms']:>9.2f}"
               + "".join(f"{row['kinds'][k]['ms']:>20.2f}" for k in KIND_NAMES) + f"{row['peak_mib']:>10.0f}")
     print("\nheaviest kernels of each kind (ms per step):")
     for row in out["rows"]:
