@@ -181,7 +181,8 @@ __global__ void __launch_bounds__(nhwc::kThreads) depthwise_conv_forward(
 // ((TH-1)*S + 3 rows x (TW-1)*S + 3 columns, zeros outside the image and past the last channel) into shared memory
 // with asynchronous 16-byte copies, all in flight at once, then each thread computes a strip of kStrip outputs along
 // W for one vector of channels from shared memory, adding the taps in depthwise_conv_forward's order (taps over
-// the padding add zeros here, where that kernel skips them). Threads: kTileGroups (fastest) x TH x TW / kStrip, so that each quarter-warp reads 128 contiguous bytes.
+// the padding add zeros here, where that kernel skips them). Threads: kTileGroups (fastest) x TH x TW / kStrip, so
+// that each quarter-warp reads 128 contiguous bytes.
 constexpr int kTileGroups = 8;
 
 template <int S, int TH, int TW>
@@ -208,6 +209,36 @@ __device__ inline void wait_async_copies() {
 #endif
 }
 
+// What both tiled kernels do first: the block's Tile::kRows x Tile::kColumns positions of src ([n][height][width]
+// [channels], dense NHWC) from (row0, col0), kTileGroups vectors of channels from c0, copied into `tile`
+// ([kRows][kColumns][kTileGroups]) with asynchronous 16-byte copies, zeros outside the image and past the last
+// channel; and the block's 3 x 3 filters as float into w_s ([9][kTileGroups * V]). Returns once both are in place.
+template <typename T, typename Tile>
+__device__ inline void stage_tile(Pack<T, nhwc::Vec<T>::kSize>* tile, float* w_s, const T* __restrict__ src,
+                                  const T* __restrict__ w, int64_t n, int row0, int col0, int64_t height, int64_t width,
+                                  int64_t channels, int64_t c0) {
+  constexpr int V = nhwc::Vec<T>::kSize;
+  constexpr int K = 3;
+  constexpr int kWidth = kTileGroups * V;
+  for (int i = threadIdx.x; i < Tile::kRows * Tile::kColumns * kTileGroups; i += Tile::kThreads) {
+    const int group = i % kTileGroups;
+    const int cell = i / kTileGroups;
+    const int row = row0 + cell / Tile::kColumns;
+    const int col = col0 + cell % Tile::kColumns;
+    const int64_t c = c0 + group * V;
+    const bool valid = row >= 0 && row < height && col >= 0 && col < width && c < channels;
+    copy_async_16(tile + i, valid ? src + ((n * height + row) * width + col) * channels + c : src, valid);
+  }
+  for (int i = threadIdx.x; i < K * K * kWidth; i += Tile::kThreads) {
+    const int local = i / (K * K);
+    const int tap = i - local * (K * K);
+    const int64_t c = c0 + local;
+    w_s[tap * kWidth + local] = c < channels ? to_float(w[c * K * K + tap]) : 0.f;
+  }
+  wait_async_copies();
+  __syncthreads();
+}
+
 template <typename T, int S, int TH, int TW>
 __global__ void __launch_bounds__(ForwardTile<S, TH, TW>::kThreads) depthwise_conv_forward_tiled(
     const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, const T* __restrict__ residual,
@@ -225,23 +256,7 @@ __global__ void __launch_bounds__(ForwardTile<S, TH, TW>::kThreads) depthwise_co
   const int ow0 = static_cast<int>(blockIdx.x % tiles_w) * TW;
   const int ih0 = oh0 * S - s.pad_h;
   const int iw0 = ow0 * S - s.pad_w;
-  for (int i = threadIdx.x; i < Tile::kRows * Tile::kColumns * kTileGroups; i += Tile::kThreads) {
-    const int group = i % kTileGroups;
-    const int cell = i / kTileGroups;
-    const int ih = ih0 + cell / Tile::kColumns;
-    const int iw = iw0 + cell % Tile::kColumns;
-    const int64_t c = c0 + group * V;
-    const bool valid = ih >= 0 && ih < s.h && iw >= 0 && iw < s.w && c < s.channels;
-    copy_async_16(tile + i, valid ? x + ((n * s.h + ih) * s.w + iw) * s.channels + c : x, valid);
-  }
-  for (int i = threadIdx.x; i < K * K * kWidth; i += Tile::kThreads) {
-    const int local = i / (K * K);
-    const int tap = i - local * (K * K);
-    const int64_t c = c0 + local;
-    w_s[tap * kWidth + local] = c < s.channels ? to_float(w[c * K * K + tap]) : 0.f;
-  }
-  wait_async_copies();
-  __syncthreads();
+  stage_tile<T, Tile>(tile, w_s, x, w, n, ih0, iw0, s.h, s.w, s.channels, c0);
 
   const int group = threadIdx.x % kTileGroups;
   const int position = threadIdx.x / kTileGroups;
@@ -319,23 +334,7 @@ __global__ void __launch_bounds__(DgradTile::kThreads) depthwise_conv_dgrad_tile
   const int iw0 = static_cast<int>(blockIdx.x % tiles_w) * kDgradColumns;
   const int oh_lo = floor_half(ih0 + s.pad_h - (K - 1));
   const int ow_lo = floor_half(iw0 + s.pad_w - (K - 1));
-  for (int i = threadIdx.x; i < Tile::kRows * Tile::kColumns * kTileGroups; i += Tile::kThreads) {
-    const int group = i % kTileGroups;
-    const int cell = i / kTileGroups;
-    const int oh = oh_lo + cell / Tile::kColumns;
-    const int ow = ow_lo + cell % Tile::kColumns;
-    const int64_t c = c0 + group * V;
-    const bool valid = oh >= 0 && oh < s.out_h && ow >= 0 && ow < s.out_w && c < s.channels;
-    copy_async_16(tile + i, valid ? dy + ((n * s.out_h + oh) * s.out_w + ow) * s.channels + c : dy, valid);
-  }
-  for (int i = threadIdx.x; i < K * K * kWidth; i += Tile::kThreads) {
-    const int local = i / (K * K);
-    const int tap = i - local * (K * K);
-    const int64_t c = c0 + local;
-    w_s[tap * kWidth + local] = c < s.channels ? to_float(w[c * K * K + tap]) : 0.f;
-  }
-  wait_async_copies();
-  __syncthreads();
+  stage_tile<T, Tile>(tile, w_s, dy, w, n, oh_lo, ow_lo, s.out_h, s.out_w, s.channels, c0);
 
   const int group = threadIdx.x % kTileGroups;
   const int position = threadIdx.x / kTileGroups;
@@ -362,7 +361,9 @@ __global__ void __launch_bounds__(DgradTile::kThreads) depthwise_conv_dgrad_tile
         if (u & 1) continue;
         const Pack<T, V> pack = in[(floor_half(u) - ow_lo) * kTileGroups];
 #pragma unroll
-        for (int v = 0; v < V; ++v) acc[i][v] = fmaf(to_float(pack.v[v]), filters[(kh * K + kw) * kWidth + v], acc[i][v]);
+        for (int v = 0; v < V; ++v) {
+          acc[i][v] = fmaf(to_float(pack.v[v]), filters[(kh * K + kw) * kWidth + v], acc[i][v]);
+        }
       }
     }
   }
