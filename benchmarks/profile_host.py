@@ -1,0 +1,96 @@
+"""The host's side of a training step, by operator: torch.profiler's CPU time per step of the heaviest operators
+(self time, and time including what they call), and the CUDA runtime calls, for eager and fused (tcf.fuse) in one
+run, beside each step's kernel time. Where a step's host time exceeds its kernels' (profile_by_kind.py's "host ms"
+and "loop ms"), this shows where the host spends it and whether it waits on the GPU (synchronizing calls, allocations).
+The profiler adds its own cost to every operator: compare the variants with one another, not with untraced timings.
+
+    python benchmarks/profile_host.py [--model mobilenet_v1|mobilenet_v2|resnet50] [--batch 256] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import re
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_cudnn_fusion as tcf  # noqa: E402
+from bench_mobilenet import train_step_fn  # noqa: E402
+from profile_by_kind import host_ms, load_model  # noqa: E402
+
+RUNTIME_CALL = re.compile(r"cu(da)?[A-Z]")  # cudaLaunchKernel, cuLaunchKernelEx, ... (not cudnn_fusion::...)
+
+
+def host_profile(fn, steps: int) -> dict:
+    """Per step: CPU operators (self and total microseconds, calls), CUDA runtime calls, and kernel milliseconds."""
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    operators, runtime, kernel_us = {}, {}, 0.0
+    for event in prof.key_averages():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            kernel_us += getattr(event, "self_device_time_total", 0.0)
+            continue
+        entry = {"self_us": event.self_cpu_time_total / steps, "total_us": event.cpu_time_total / steps,
+                 "calls": event.count / steps}
+        (runtime if RUNTIME_CALL.match(event.key) else operators)[event.key] = entry
+    return {"operators": operators, "runtime": runtime, "kernel_ms": kernel_us / 1000.0 / steps}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default="mobilenet_v2", choices=["mobilenet_v1", "mobilenet_v2", "resnet50"])
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--steps", type=int, default=3, help="profiled steps per variant")
+    p.add_argument("--repeats", type=int, default=10, help="untraced steps timed for the host time")
+    p.add_argument("--top", type=int, default=20, help="operators listed per variant")
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    torch.backends.cudnn.benchmark = True
+    torch.manual_seed(0)
+    x = torch.randn(args.batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+    target = torch.randint(0, 1000, (args.batch,), device="cuda")
+    plain = load_model(args.model).cuda().to(memory_format=torch.channels_last).train()
+    variants = {"eager": lambda: copy.deepcopy(plain), "fused": lambda: tcf.fuse(copy.deepcopy(plain))[0]}
+    out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
+           "model": args.model, "batch": args.batch, "variants": {}}
+    for name, make in variants.items():
+        model = make()
+        fn = train_step_fn(model, x, target)
+        for _ in range(args.warmup):
+            fn()
+        row = host_profile(fn, args.steps)
+        row["host_ms"] = host_ms(fn, args.repeats)
+        out["variants"][name] = row
+        del model, fn
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    print(f"{args.model}, batch {args.batch}, training step, bf16 autocast, channels_last ({out['gpu']}, torch "
+          f"{out['torch']}, cuDNN {out['cudnn']}); per step, under the profiler")
+    for name, row in out["variants"].items():
+        self_ms = sum(o["self_us"] for o in row["operators"].values()) / 1000.0
+        runtime_ms = sum(r["self_us"] for r in row["runtime"].values()) / 1000.0
+        print(f"\n{name}: host {row['host_ms']:.2f} ms untraced; traced: operators' self time {self_ms:.2f} ms, CUDA "
+              f"runtime calls {runtime_ms:.2f} ms; kernels {row['kernel_ms']:.2f} ms")
+        print(f"  {'operator (by self time)':<70}{'self us':>10}{'total us':>10}{'calls':>8}")
+        for key, o in sorted(row["operators"].items(), key=lambda item: -item[1]["self_us"])[: args.top]:
+            print(f"  {key[:68]:<70}{o['self_us']:>10.0f}{o['total_us']:>10.0f}{o['calls']:>8.1f}")
+        print(f"  {'CUDA runtime call':<70}{'self us':>10}{'':>10}{'calls':>8}")
+        for key, r in sorted(row["runtime"].items(), key=lambda item: -item[1]["self_us"]):
+            print(f"  {key[:68]:<70}{r['self_us']:>10.0f}{'':>10}{r['calls']:>8.1f}")
+
+
+if __name__ == "__main__":
+    main()
