@@ -105,6 +105,18 @@ def by_kind(kernels: dict[str, float]) -> dict[str, dict]:
     return kinds
 
 
+def setup(model: str, batch: int):
+    """(plain model, input batch, targets, {"eager": ..., "fused": ...} makers of fresh variants), as every profile
+    here takes them: cudnn.benchmark on, seed 0, channels_last, a 224x224 batch on the GPU."""
+    torch.backends.cudnn.benchmark = True
+    torch.manual_seed(0)
+    x = torch.randn(batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+    target = torch.randint(0, 1000, (batch,), device="cuda")
+    plain = load_model(model).cuda().to(memory_format=torch.channels_last)
+    variants = {"eager": lambda: copy.deepcopy(plain), "fused": lambda: tcf.fuse(copy.deepcopy(plain))[0]}
+    return plain, x, target, variants
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -117,12 +129,7 @@ def main() -> None:
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--json", default=None)
     args = p.parse_args()
-    torch.backends.cudnn.benchmark = True
-    torch.manual_seed(0)
-    x = torch.randn(args.batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
-    target = torch.randint(0, 1000, (args.batch,), device="cuda")
-    plain = load_model(args.model).cuda().to(memory_format=torch.channels_last)
-    variants = {"eager": lambda: copy.deepcopy(plain), "fused": lambda: tcf.fuse(copy.deepcopy(plain))[0]}
+    plain, x, target, variants = setup(args.model, args.batch)
     if not args.no_compile:
         variants["torch.compile"] = lambda: torch.compile(copy.deepcopy(plain))
     out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),

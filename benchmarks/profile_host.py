@@ -10,7 +10,6 @@ The profiler adds its own cost to every operator: compare the variants with one 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import re
@@ -20,9 +19,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torch_cudnn_fusion as tcf  # noqa: E402
 from bench_mobilenet import train_step_fn  # noqa: E402
-from profile_by_kind import host_ms, load_model  # noqa: E402
+from profile_by_kind import host_ms, setup  # noqa: E402
 
 RUNTIME_CALL = re.compile(r"cu(da)?[A-Z]")  # cudaLaunchKernel, cuLaunchKernelEx, ... (not cudnn_fusion::...)
 
@@ -56,16 +54,11 @@ def main() -> None:
     p.add_argument("--top", type=int, default=20, help="operators listed per variant")
     p.add_argument("--json", default=None)
     args = p.parse_args()
-    torch.backends.cudnn.benchmark = True
-    torch.manual_seed(0)
-    x = torch.randn(args.batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
-    target = torch.randint(0, 1000, (args.batch,), device="cuda")
-    plain = load_model(args.model).cuda().to(memory_format=torch.channels_last).train()
-    variants = {"eager": lambda: copy.deepcopy(plain), "fused": lambda: tcf.fuse(copy.deepcopy(plain))[0]}
+    _, x, target, variants = setup(args.model, args.batch)
     out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
            "model": args.model, "batch": args.batch, "variants": {}}
     for name, make in variants.items():
-        model = make()
+        model = make().train()
         fn = train_step_fn(model, x, target)
         for _ in range(args.warmup):
             fn()

@@ -48,6 +48,24 @@ def assert_as_accurate_as_eager(name: str, fused, eager, reference, dtype) -> No
     )
 
 
+def capture_training_step(forward, model, static_x):
+    """(graph, static_y): forward(static_x) and the backward of its sum captured in one CUDA graph, after three warm-up
+    steps on a side stream (decisions made, plans built before capture) and with the model's gradients cleared, so
+    that each replay writes them afresh."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            forward(static_x).float().sum().backward()
+    torch.cuda.current_stream().wait_stream(side)
+    model.zero_grad(set_to_none=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = forward(static_x)
+        static_y.float().sum().backward()
+    return graph, static_y
+
+
 def without_ambiguous_relu6_gradient(grad_y, pre_activation, dtype):
     """grad_y with zeros where the float64 pre-activation lies within a few of dtype's roundings of ReLU6's clip at 6.
     There the mask (0 < y < 6) depends on how an implementation rounded its output, not on its accuracy: eager's

@@ -12,7 +12,8 @@ from torch import nn
 
 import torch_cudnn_fusion as tcf
 
-from conftest import assert_as_accurate_as_eager, gpu, reference_conv_bias_act, without_ambiguous_relu6_gradient
+from conftest import (assert_as_accurate_as_eager, capture_training_step, gpu, reference_conv_bias_act,
+                      without_ambiguous_relu6_gradient)
 
 pytestmark = gpu
 CL = torch.channels_last
@@ -252,17 +253,7 @@ def test_depthwise_training_step_captured_in_a_cuda_graph(extension):
         with torch.autocast("cuda", torch.bfloat16, cache_enabled=False):
             return model(x)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm up: decisions made, plans built before capture
-        for _ in range(3):
-            forward(static_x).float().sum().backward()
-    torch.cuda.current_stream().wait_stream(side)
-    model.zero_grad(set_to_none=True)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_y = forward(static_x)
-        static_y.float().sum().backward()
+    graph, static_y = capture_training_step(forward, model, static_x)
     for _ in range(2):
         fresh = torch.randn_like(static_x)
         static_x.copy_(fresh)

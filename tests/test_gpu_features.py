@@ -15,7 +15,7 @@ from torch import nn
 
 import torch_cudnn_fusion as tcf
 
-from conftest import gpu, rel_err
+from conftest import capture_training_step, gpu, rel_err
 
 pytestmark = gpu
 CL = torch.channels_last
@@ -95,17 +95,7 @@ def test_cuda_graph_capture_and_replay_forward_backward(extension):
     model = nn.Sequential(tcf.Conv2dReLU(16, 32, 3, padding=1), tcf.Conv2dReLU(32, 32, 1))
     model = model.cuda().to(dtype=torch.bfloat16, memory_format=CL)
     static_x = _input(4, 16, 12, 12)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm up: plans are built before capture
-        for _ in range(3):
-            model(static_x).float().sum().backward()
-    torch.cuda.current_stream().wait_stream(side)
-    model.zero_grad(set_to_none=True)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_y = model(static_x)
-        static_y.float().sum().backward()
+    graph, static_y = capture_training_step(model, model, static_x)
     for _ in range(2):
         fresh = _input(4, 16, 12, 12)
         static_x.copy_(fresh)
