@@ -239,6 +239,18 @@ __device__ inline void stage_tile(Pack<T, nhwc::Vec<T>::kSize>* tile, float* w_s
   __syncthreads();
 }
 
+// A tiled kernel's thread after staging: its vector of channels in the block (group, fastest across threads), its row
+// in the tile and the first column of its strip of kStrip positions.
+struct TileThread {
+  int group, row, column0;
+};
+
+template <typename Tile>
+__device__ inline TileThread tile_thread() {
+  const int position = threadIdx.x / kTileGroups;
+  return {static_cast<int>(threadIdx.x % kTileGroups), position / Tile::kStrips, position % Tile::kStrips * kStrip};
+}
+
 template <typename T, int S, int TH, int TW>
 __global__ void __launch_bounds__(ForwardTile<S, TH, TW>::kThreads) depthwise_conv_forward_tiled(
     const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, const T* __restrict__ residual,
@@ -258,10 +270,7 @@ __global__ void __launch_bounds__(ForwardTile<S, TH, TW>::kThreads) depthwise_co
   const int iw0 = ow0 * S - s.pad_w;
   stage_tile<T, Tile>(tile, w_s, x, w, n, ih0, iw0, s.h, s.w, s.channels, c0);
 
-  const int group = threadIdx.x % kTileGroups;
-  const int position = threadIdx.x / kTileGroups;
-  const int row = position / Tile::kStrips;           // in the tile
-  const int column0 = position % Tile::kStrips * kStrip;
+  const auto [group, row, column0] = tile_thread<Tile>();
   const int64_t c = c0 + group * V;
   const int oh = oh0 + row;
   const int ow0_strip = ow0 + column0;
@@ -336,10 +345,7 @@ __global__ void __launch_bounds__(DgradTile::kThreads) depthwise_conv_dgrad_tile
   const int ow_lo = floor_half(iw0 + s.pad_w - (K - 1));
   stage_tile<T, Tile>(tile, w_s, dy, w, n, oh_lo, ow_lo, s.out_h, s.out_w, s.channels, c0);
 
-  const int group = threadIdx.x % kTileGroups;
-  const int position = threadIdx.x / kTileGroups;
-  const int row = position / Tile::kStrips;
-  const int column0 = position % Tile::kStrips * kStrip;
+  const auto [group, row, column0] = tile_thread<Tile>();
   const int64_t c = c0 + group * V;
   const int ih = ih0 + row;
   const int iw_first = iw0 + column0;
