@@ -283,6 +283,32 @@ def test_decisions_stay_constant_under_compile(monkeypatch):
     assert all(layer.fusion_status.reason.startswith("x is on cpu") for layer in model)
 
 
+def test_training_conv_batch_norm_decision_traces_where_it_fuses(monkeypatch):
+    """The training conv + BatchNorm decision traces under torch.compile(fullgraph=True) also where it fuses: it once
+    used namedtuple._replace, which dynamo cannot trace, and compiling any model with a training Conv2dBN* failed on a
+    GPU. On the CPU the layer never fuses, so the extension's verdicts are stood in for."""
+    from torch_cudnn_fusion._compile import constant_under_compile
+    from torch_cudnn_fusion.ops import batch_norm, decide
+
+    monkeypatch.setattr(batch_norm, "_eager_reason", lambda *args: "")
+    monkeypatch.setattr(batch_norm, "policy_id", lambda key: 0)
+    # as the real verdict: a Decision from a function marked constant under compile
+    verdict = constant_under_compile(lambda values: decide.Decision(True, "", (), "cudnn_graph"))
+    monkeypatch.setattr(decide, "_decide_batch_norm", verdict)
+    conv, bn = nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
+
+    def decide_and_scale(x):
+        decision, _, run = batch_norm._decide_conv_batch_norm(
+            x, conv, conv.weight, None, bn.running_mean, bn.weight, bn.bias, bn.eps, "relu", None, None,
+            tcf.policy.resolve(None))
+        assert decision.fused and decision.reason == "conv: PyTorch's cuDNN call"
+        return x * 2 if run[0] else x
+
+    x = torch.randn(2, 8, 6, 6)
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(decide_and_scale, fullgraph=True, backend="eager")(x), x * 2)
+
+
 def test_compiles_fullgraph_with_dynamic_shapes_on_cpu():
     torch.manual_seed(0)
     model = nn.Sequential(tcf.Conv2dReLU(8, 8, 3, padding=1), tcf.Conv2dReLU(8, 4, 1))
