@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from .._cpp_enums import ACTIVATION_NAMES, Activation
 from .. import _extension
-from ..ops.conv import conv_padding, int_pair
+from ..ops.conv import conv_padding, eager_activation, int_pair
 from ..ops.decide import SUPPORTED_DTYPES
 from ..ops.library import conv_output_size
 from ..policy import EnginePolicy, policy_id, resolve
@@ -87,14 +87,13 @@ def _eager_candidate(graph, x_shape, w_shape, stride, pre, post, dilation, group
 
     def forward():
         y = F.conv2d(padded, w, b, stride, 0, dilation, groups)
-        y = y + r if r is not None else y
-        if activation == Activation.RELU:
-            return F.relu(y)
-        return F.relu6(y) if activation == Activation.RELU6 else y
+        return eager_activation(y + r if r is not None else y, activation)
 
     steps = {
         "forward": forward,
-        "relu_bias_backward": lambda: torch.ops.aten.threshold_backward(g, saved_y, 0).sum((0, 2, 3)),
+        "relu_bias_backward": lambda: (torch.ops.aten.hardtanh_backward(g, saved_y, 0, 6)
+                                       if activation == Activation.RELU6
+                                       else torch.ops.aten.threshold_backward(g, saved_y, 0)).sum((0, 2, 3)),
         "dgrad": lambda: torch.ops.aten.convolution_backward(g, padded, w, None, stride, [0, 0], dilation, False,
                                                              [0, 0], groups, [True, False, False]),
         "wgrad": lambda: torch.ops.aten.convolution_backward(g, padded, w, None, stride, [0, 0], dilation, False,

@@ -12,7 +12,7 @@ from .. import _extension
 from .._cpp_enums import ACTIVATION_NAMES, Activation, BatchNormImplementation
 from ..policy import EnginePolicy, policy_id, resolve
 from . import decide
-from .conv import odd_residual, tensor_signature
+from .conv import eager_activation, odd_residual, tensor_signature
 from .decide import Decision
 from .layer_call import LayerCall
 from .library import conv_memory_format, conv_output_size
@@ -23,11 +23,7 @@ def _eager_batch_norm_act(x, running_mean, running_var, weight, bias, training, 
     y = F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
     if residual is not None:
         y = y + residual
-    if activation == "relu":
-        return F.relu(y)
-    if activation == "relu6":
-        return F.relu6(y)
-    return y
+    return eager_activation(y, Activation.from_name(activation))
 
 
 def _eager_reason(x_size, dtype, device, residual: Optional[torch.Tensor], batch_stats: bool) -> str:

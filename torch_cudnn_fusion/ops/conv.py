@@ -95,6 +95,11 @@ def _eager(x, weight, bias, residual, stride, padding_pre, padding_post, dilatio
         y = F.conv2d(x, weight, bias, stride, 0, dilation, groups)
     if residual is not None:
         y = y + residual
+    return eager_activation(y, activation)
+
+
+def eager_activation(y: torch.Tensor, activation: int) -> torch.Tensor:
+    """F.relu or F.relu6 of y, or y, by an Activation value: the activation of every eager composition here."""
     if activation == Activation.RELU:
         return F.relu(y)
     return F.relu6(y) if activation == Activation.RELU6 else y
