@@ -671,3 +671,49 @@ def test_an_in_place_activation_after_a_fused_conv_bn_trains_as_eager(extension,
     assert_as_accurate_as_eager("y", y, y_e, y_r, dtype)
     for i, (g, g_e, g_r) in enumerate(zip(grads, grads_e, grads_r, strict=True)):
         assert_as_accurate_as_eager(f"gradient {i}", g, g_e, g_r, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("variant", ["relu", "relu6-conv_bias-momentum_none", "residual"])
+def test_a_training_conv_bn_layer_peaks_no_higher_than_eager(extension, no_tf32, dtype, variant):
+    """Peak GPU memory over a training forward and backward of one Conv2dBN* layer, above what was allocated before,
+    is not above eager's (conv, BatchNorm2d, add, ReLU / ReLU6). The layer's output is dropped after the forward, as
+    a next layer's input would be once used: eager's ReLU keeps it saved, the fused node only where its backward
+    reads it; and the node frees its incoming gradient before the conv's backward allocates its own."""
+    cls, activation, conv_bias, _, momentum, _, _, has_residual = CONV_BN_VARIANTS[variant]
+    torch.manual_seed(0)
+    conv = nn.Conv2d(64, 64, 3, padding=1, bias=conv_bias).cuda().to(memory_format=torch.channels_last)
+    bn = nn.BatchNorm2d(64, momentum=momentum).cuda()
+    conv_e, bn_e = copy.deepcopy(conv), copy.deepcopy(bn)
+    fused = cls.from_modules(conv, bn, activation=activation)
+    act = {"relu": F.relu, "relu6": F.relu6}[activation]
+    shape = (32, 64, 56, 56)
+    x = torch.randn(shape, device="cuda").to(dtype).to(memory_format=torch.channels_last).requires_grad_()
+    residual = x.detach().clone().requires_grad_() if has_residual else None
+
+    def eager(x, r):
+        z = bn_e(conv_e(x))
+        return act(z + r if r is not None else z)
+
+    def peak_above_start(forward) -> int:
+        for t in (x, residual, *conv.parameters(), *bn.parameters(), *conv_e.parameters(), *bn_e.parameters()):
+            if t is not None:
+                t.grad = None
+        torch.cuda.synchronize()
+        start = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        with torch.autocast("cuda", dtype, enabled=dtype != torch.float32):
+            y = forward(x, residual)
+        loss = (y * 2).sum()  # the gradient reaching the layer is a fresh tensor that only autograd holds
+        del y
+        loss.backward()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - start
+
+    for _ in range(2):  # the first calls decide, build plans and pick cuDNN's algorithms
+        fused_peak = peak_above_start(lambda x, r: fused(x, r) if has_residual else fused(x))
+        eager_peak = peak_above_start(eager)
+    assert fused.fusion_status.fused, fused.fusion_status
+    activation_bytes = x.numel() * x.element_size()
+    assert fused_peak <= eager_peak, (f"fused peak {fused_peak / activation_bytes:.2f} activations, eager's "
+                                      f"{eager_peak / activation_bytes:.2f} ({activation_bytes} bytes each)")

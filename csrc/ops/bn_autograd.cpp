@@ -1,6 +1,6 @@
 // Autograd for cudnn_fusion::batch_norm_act, in C++ as the conv op's is: the Python register_autograd version cost
 // ~180 us of host time per training step of one layer (profiled on H200), more than the layer's GPU time at 7x7 and
-// 14x14. Saves x, y (the activation's mask comes from it; not saved without an activation), weight, bias, the saved
+// 14x14. Saves x, y (only where the backward reads it: batch_norm_backward_reads_y), weight, bias, the saved
 // statistics and the legacy API's reserve. Only y is differentiable; the statistics outputs are not. Below it, the autograd of
 // cudnn_fusion::conv_batch_norm_act: a training Conv2d + BatchNorm layer as one node.
 #include <torch/autograd.h>
@@ -54,9 +54,13 @@ class BatchNormActFunction : public torch::autograd::Function<BatchNormActFuncti
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     auto out = as_list(call_forward(x, weight, bias, running_mean, running_var, residual, momentum, eps, activation,
                                     implementation, policy));
-    // y only for the activation's mask: saving it without one would make an in-place op on the output (a following
-    // SiLU(inplace=True)) fail backward, where eager BatchNorm, which saves no output, works
-    const auto y = activation != 0 ? out[0] : at::Tensor();
+    // y only where the backward reads it for the activation's mask: saving it otherwise would make an in-place op
+    // on the output (a following SiLU(inplace=True)) fail backward, where eager BatchNorm, which saves no output,
+    // works; and it would keep y alive until this node's backward
+    bool channels_last = x.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
+    bool has_residual = residual.has_value() && residual->defined();
+    const auto y = batch_norm_backward_reads_y(activation, has_residual, implementation, channels_last) ? out[0]
+                                                                                                     : at::Tensor();
     ctx->save_for_backward({x, y, weight, bias, out[1], out[2], out[5]});
     ctx->mark_non_differentiable({out[1], out[2], out[3], out[4], out[5]});
     // The five statistics outputs never get a gradient: materializing zeros for them cost five allocations and
@@ -67,7 +71,7 @@ class BatchNormActFunction : public torch::autograd::Function<BatchNormActFuncti
     ctx->saved_data["implementation"] = implementation;
     ctx->saved_data["policy"] = policy;
     ctx->saved_data["has_running_stats"] = running_mean.has_value() && running_mean->defined();
-    ctx->saved_data["has_residual"] = residual.has_value() && residual->defined();
+    ctx->saved_data["has_residual"] = has_residual;
     return out;
   }
 
@@ -144,8 +148,9 @@ ConvForwardOutputs call_conv_forward(const at::Tensor& x, const at::Tensor& conv
 // One autograd node for the whole training layer, where eager records five under autocast (the casts of the input
 // and weight, convolution, batch_norm, relu): fewer nodes, less host time per backward. The casts to conv_dtype are
 // done here so that their backward (the gradients cast back to x's and the weight's dtypes) is part of this node.
-// Saves what eager saves: the cast x and weight (the conv's backward), z (BatchNorm's input), y (the activation's
-// mask; with no activation, none), BatchNorm's scale, shift and saved statistics, and the legacy API's reserve.
+// Saves what eager saves, or less: the cast x and weight (the conv's backward), z (BatchNorm's input), y (the
+// activation's mask, only where the backward reads it: batch_norm_backward_reads_y; eager's ReLU saves it always),
+// BatchNorm's scale, shift and saved statistics, and the legacy API's reserve.
 class ConvBatchNormActFunction : public torch::autograd::Function<ConvBatchNormActFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& conv_weight,
@@ -166,8 +171,11 @@ class ConvBatchNormActFunction : public torch::autograd::Function<ConvBatchNormA
         call_conv_forward(x_cast, weight_cast, bias_cast, stride, padding, dilation, groups, weight, bias,
                           running_mean, running_var, num_batches_tracked, residual, momentum, eps, activation,
                           implementation, dtype, policy);
-    ctx->save_for_backward({x_cast, weight_cast, z, activation != 0 ? y : at::Tensor(), weight, bias, save_mean,
-                            save_invstd, reserve});  // y for the activation's mask only (see BatchNormActFunction)
+    bool has_residual = residual.has_value() && residual->defined();
+    bool reads_y = batch_norm_backward_reads_y(activation, has_residual, implementation,
+                                               z.suggest_memory_format() == at::MemoryFormat::ChannelsLast);
+    ctx->save_for_backward({x_cast, weight_cast, z, reads_y ? y : at::Tensor(), weight, bias, save_mean, save_invstd,
+                            reserve});  // y: see BatchNormActFunction
     ctx->mark_non_differentiable({z, save_mean, save_invstd, reserve});
     ctx->set_materialize_grads(false);  // only y has a gradient
     ctx->saved_data["stride"] = stride.vec();
@@ -185,11 +193,14 @@ class ConvBatchNormActFunction : public torch::autograd::Function<ConvBatchNormA
     auto passed = [](const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); };
     ctx->saved_data["statistics_passed"] =  // tensors between BatchNorm's bias and the residual
         static_cast<int64_t>(passed(running_mean) + passed(running_var) + passed(num_batches_tracked));
-    ctx->saved_data["has_residual"] = passed(residual);
+    ctx->saved_data["has_residual"] = has_residual;
     return {y, z, save_mean, save_invstd, reserve};
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+  // grad_outputs by reference: CppNode::apply passes its own list (torch/csrc/autograd/custom_function.h), which
+  // holds the engine's only reference to grad_y. Dropping it once BatchNorm's backward has read it frees grad_y before
+  // the conv's backward allocates its gradients, as eager frees the ReLU's incoming gradient after its node.
+  static variable_list backward(AutogradContext* ctx, variable_list& grad_outputs) {
     bool has_conv_bias = ctx->saved_data["has_conv_bias"].toBool();
     bool has_residual = ctx->saved_data["has_residual"].toBool();
     // needs_input_grad counts only the tensors that were passed (see BatchNormActFunction).
@@ -202,7 +213,7 @@ class ConvBatchNormActFunction : public torch::autograd::Function<ConvBatchNormA
     edge += ctx->saved_data["statistics_passed"].toInt();
     bool need_residual = has_residual && ctx->needs_input_grad(edge);
     variable_list grads(19);  // one per forward argument; undefined where there is none
-    const auto& grad_y = grad_outputs[0];
+    auto grad_y = std::move(grad_outputs[0]);  // the only reference: reset below
     bool need_conv = need_x || need_conv_weight || need_conv_bias;
     if (!grad_y.defined() || !(need_conv || need_weight || need_bias || need_residual)) return grads;
     auto saved = ctx->get_saved_variables();
@@ -211,6 +222,7 @@ class ConvBatchNormActFunction : public torch::autograd::Function<ConvBatchNormA
         call_backward(grad_y, z, y, saved[4], saved[5], saved[6], saved[7], saved[8],
                       ctx->saved_data["eps"].toDouble(), ctx->saved_data["activation"].toInt(), has_residual,
                       ctx->saved_data["implementation"].toInt(), ctx->saved_data["policy"].toInt());
+    grad_y.reset();
     if (need_conv) {
       auto [grad_x, grad_conv_weight, grad_conv_bias] = batch_norm_conv_backward(
           grad_z, x, conv_weight, has_conv_bias, ctx->saved_data["stride"].toIntVector(),

@@ -342,6 +342,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
           running_stats ? var_copy : next_var, at::empty({0}, x.options().dtype(at::kByte))};
 }
 
+bool batch_norm_backward_reads_y(int64_t activation, bool has_residual, int64_t implementation, bool channels_last) {
+  if (activation_from(activation) == Activation::kNone) return false;
+  return implementation_from(implementation) == BatchNormImplementation::kLegacy || has_residual || !channels_last;
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward(
     const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& y, const at::Tensor& weight,
     const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd, const at::Tensor& reserve,
@@ -349,18 +354,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
   check_4d_cuda(x, "x");
   check_same_as(grad_y, "grad_y", x);
   auto activation = activation_from(activation_value);
+  auto implementation = implementation_from(implementation_value);
+  bool channels_last = x.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
   bool has_y = y.has_value() && y->defined();
-  TORCH_CHECK(has_y || activation == Activation::kNone, "cudnn_fusion: y (the forward output) is needed for the "
-              "activation's backward, got none");
+  TORCH_CHECK(has_y || !batch_norm_backward_reads_y(activation_value, has_residual, implementation_value,
+                                                    channels_last),
+              "cudnn_fusion: y (the forward output) is needed for the activation's backward here (legacy API, a "
+              "residual or a layout other than NHWC), got none");
   if (has_y) check_same_as(*y, "y", x);
   check_per_channel(weight, "weight", x);
   check_per_channel(bias, "bias", x);
   check_per_channel(save_mean, "save_mean", x);
   check_per_channel(save_invstd, "save_invstd", x);
-  auto implementation = implementation_from(implementation_value);
 
   c10::DeviceGuard guard(x.device());
-  bool channels_last = x.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
   auto format = memory_format(channels_last);
   auto p = problem_of(x, channels_last, false, has_residual, activation, policy);
   auto x_dense = x.contiguous(format);
@@ -389,6 +396,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
   }
   // NCHW: the activation's backward, then BatchNorm's. (cuDNN refused a graph with ReLU backward reading a saved,
   // non-virtual tensor, and BN-inference -> ReLU backward -> BN backward with half-precision gradients.)
+  TORCH_CHECK(has_y || activation == Activation::kNone, "cudnn_fusion: y (the forward output) is needed for the "
+              "activation's backward of an empty x, got none");
   auto dz = activation_backward(dy, y_dense, activation).contiguous(format);
   auto dresidual = has_residual ? dz : at::empty({0}, x.options());
   auto aten_backward = [&]() {

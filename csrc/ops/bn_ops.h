@@ -28,13 +28,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     double eps, int64_t activation, int64_t implementation, int64_t policy);
 
 // Gradients of batch_norm_act_forward: grad_x, grad_residual (empty without a residual), grad_weight, grad_bias.
-// The activation's mask comes from the saved output y (y > 0, and y < 6 for ReLU6); without an activation y is not
-// needed, and the autograd node does not save it (eager BatchNorm saves no output either, so an in-place op on it
-// afterwards is fine).
+// The activation's mask comes from the saved output y (y > 0, and y < 6 for ReLU6), or, where our NHWC kernel runs
+// it without a residual, from x (the normalized x, recomputed as the kernel reads it). y may be undefined wherever
+// batch_norm_backward_reads_y says it is not read; the autograd nodes save it only where it is (eager BatchNorm
+// saves no output either, so an in-place op on it afterwards is fine, and a y not kept alive by the node is freed
+// as soon as the layers after it are done with it).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward(
     const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& y, const at::Tensor& weight,
     const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd, const at::Tensor& reserve,
     double eps, int64_t activation, bool has_residual, int64_t implementation, int64_t policy);
+
+// Whether batch_norm_act_backward reads y for a layer run with this activation, residual and implementation, on an
+// x that is NHWC (channels_last) or not: with an activation, where the legacy API runs it, where a residual was added
+// before the activation (the mask is not the normalized x's) or where the layout is not NHWC (ATen's activation
+// backward first).
+bool batch_norm_backward_reads_y(int64_t activation, bool has_residual, int64_t implementation, bool channels_last);
 
 // The training Conv2d + BatchNorm2d (+ residual) (+ activation) layer as one op, for the host time of one call
 // instead of several: z = conv2d(x, conv_weight, conv_bias) as ATen computes it (at::convolution: PyTorch's own
