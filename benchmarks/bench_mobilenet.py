@@ -25,14 +25,20 @@ from timing import graph_replay_ms, interleaved_samples_ms, median_ms, quartiles
 from torch_cudnn_fusion.models import mobilenet_v1  # noqa: E402
 
 
-def train_step_fn(model, x, target):
+def train_step_fn(model, x, target, between=None):
+    """A training step of `model` (SGD with momentum, bf16 autocast); `between(phase)`, when given, is called with
+    "start" (after zero_grad), "forward" (after the loss) and "backward" (after backward, before the SGD step)."""
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    mark = between or (lambda phase: None)
 
     def step():
         opt.zero_grad(set_to_none=True)
+        mark("start")
         with torch.autocast("cuda", torch.bfloat16):
             loss = F.cross_entropy(model(x), target)
+        mark("forward")
         loss.backward()
+        mark("backward")
         opt.step()
 
     return step
