@@ -334,6 +334,13 @@ CONV_BN_VARIANTS = {
 }
 
 
+def assert_conv_bn_nodes(y, step=None):
+    """y's autograd node is the fused BatchNorm's, and the node before it the fused conv's (no cast or conv of
+    ATen's between them)."""
+    names = [y.grad_fn.name()] + [f.name() for f, _ in y.grad_fn.next_functions if f is not None]
+    assert "BatchNormActFunction" in names[0] and any("ConvFunction" in n for n in names[1:]), (step, names)
+
+
 def compare_stats(name, b, b_e, b_r, var_r):
     if name.endswith("running_mean"):  # means are near 0: measure the difference in standard deviations
         error, eager_error = ((b - b_r).abs() / var_r.sqrt()).max().item(), ((b_e - b_r).abs() / var_r.sqrt()).max().item()
@@ -345,7 +352,8 @@ def compare_stats(name, b, b_e, b_r, var_r):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("variant", list(CONV_BN_VARIANTS))
 def test_conv_bn_training_steps_run_as_one_op_and_match_eager(extension, no_tf32, dtype, variant):
-    """From its first call on, a training Conv2dBN* layer runs conv and BatchNorm as one op with one autograd node.
+    """From its first call on, a training Conv2dBN* layer runs conv and BatchNorm as one op with two autograd nodes
+    (BatchNorm's, then the conv's: as eager's, so that BatchNorm's saved tensors are freed before the conv's backward).
     Three calls on fresh inputs: the output, every gradient and the running statistics of each against eager and a
     float64 reference (bf16 and fp16 under autocast, float32 without TF32)."""
     cls, activation, conv_bias, groups, momentum, affine, track, has_residual = CONV_BN_VARIANTS[variant]
@@ -391,8 +399,7 @@ def test_conv_bn_training_steps_run_as_one_op_and_match_eager(extension, no_tf32
             params = [p.grad for m in modules for p in m.parameters()]
             results.append((y.detach(), [t.grad for t in leaves if t is not None] + params))
             if label == "fused":
-                node = y.grad_fn.name()
-                assert "ConvBatchNormActFunction" in node, f"step {step}: {node}"
+                assert_conv_bn_nodes(y, step)
         (y, grads), (y_e, grads_e), (y_r, grads_r) = results
         assert_as_accurate_as_eager(f"step {step} y", y, y_e, y_r, dtype)
         assert len(grads) == len(grads_e) == len(grads_r) == 1 + has_residual + 1 + conv_bias + 2 * affine
@@ -587,7 +594,7 @@ def test_conv_bn_relu_training_runs_the_legacy_api_where_the_graph_is_refused(ex
                 with torch.autocast("cuda", dtype, enabled=autocast and precision is None):
                     y = forward(leaf)
                 if forward is fused:  # from the first call on, conv and the legacy BatchNorm run as one op
-                    assert "ConvBatchNormActFunction" in y.grad_fn.name(), y.grad_fn.name()
+                    assert_conv_bn_nodes(y)
                 y.backward(grad.to(y.dtype))
                 results.append((y.detach(), [leaf.grad] + [p.grad for m in modules for p in m.parameters()]))
                 for m in modules:
@@ -678,8 +685,9 @@ def test_an_in_place_activation_after_a_fused_conv_bn_trains_as_eager(extension,
 def test_a_training_conv_bn_layer_peaks_no_higher_than_eager(extension, no_tf32, dtype, variant):
     """Peak GPU memory over a training forward and backward of one Conv2dBN* layer, above what was allocated before,
     is not above eager's (conv, BatchNorm2d, add, ReLU / ReLU6). The layer's output is dropped after the forward, as
-    a next layer's input would be once used: eager's ReLU keeps it saved, the fused node only where its backward
-    reads it; and the node frees its incoming gradient before the conv's backward allocates its own."""
+    a next layer's input would be once used: eager's ReLU keeps it saved, the fused BatchNorm node only where its
+    backward reads it; and BatchNorm's saved tensors and incoming gradient are freed before the conv's backward
+    allocates its own (two autograd nodes, as eager's)."""
     cls, activation, conv_bias, _, momentum, _, _, has_residual = CONV_BN_VARIANTS[variant]
     torch.manual_seed(0)
     conv = nn.Conv2d(64, 64, 3, padding=1, bias=conv_bias).cuda().to(memory_format=torch.channels_last)
@@ -690,6 +698,8 @@ def test_a_training_conv_bn_layer_peaks_no_higher_than_eager(extension, no_tf32,
     shape = (32, 64, 56, 56)
     x = torch.randn(shape, device="cuda").to(dtype).to(memory_format=torch.channels_last).requires_grad_()
     residual = x.detach().clone().requires_grad_() if has_residual else None
+    # the gradient that reaches the layer: a fresh channels_last tensor only autograd holds, as a next conv's dgrad
+    scale = torch.randn(shape, device="cuda").to(dtype).to(memory_format=torch.channels_last)
 
     def eager(x, r):
         z = bn_e(conv_e(x))
@@ -704,7 +714,7 @@ def test_a_training_conv_bn_layer_peaks_no_higher_than_eager(extension, no_tf32,
         torch.cuda.reset_peak_memory_stats()
         with torch.autocast("cuda", dtype, enabled=dtype != torch.float32):
             y = forward(x, residual)
-        loss = (y * 2).sum()  # the gradient reaching the layer is a fresh tensor that only autograd holds
+        loss = (y * scale).sum()
         del y
         loss.backward()
         torch.cuda.synchronize()

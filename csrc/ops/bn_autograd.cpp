@@ -1,8 +1,9 @@
 // Autograd for cudnn_fusion::batch_norm_act, in C++ as the conv op's is: the Python register_autograd version cost
 // ~180 us of host time per training step of one layer (profiled on H200), more than the layer's GPU time at 7x7 and
 // 14x14. Saves x, y (only where the backward reads it: batch_norm_backward_reads_y), weight, bias, the saved
-// statistics and the legacy API's reserve. Only y is differentiable; the statistics outputs are not. Below it, the autograd of
-// cudnn_fusion::conv_batch_norm_act: a training Conv2d + BatchNorm layer as one node.
+// statistics and the legacy API's reserve. Only y is differentiable; the statistics outputs are not. Below it, the
+// autograd of cudnn_fusion::conv_batch_norm_act: a training Conv2d + BatchNorm layer as one op call with two nodes,
+// the conv's (ConvFunction) and BatchNorm's (BatchNormActFunction, handed the op's results).
 #include <torch/autograd.h>
 #include <torch/library.h>
 
@@ -46,14 +47,17 @@ variable_list as_list(ForwardOutputs&& out) {
 
 class BatchNormActFunction : public torch::autograd::Function<BatchNormActFunction> {
  public:
+  // computed: the forward's outputs where the caller ran it already (the conv + BatchNorm op, whose one call
+  // computes both layers); nullptr: run cudnn_fusion::batch_norm_act here.
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                                const at::Tensor& bias, const std::optional<at::Tensor>& running_mean,
                                const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& residual,
                                double momentum, double eps, int64_t activation, int64_t implementation,
-                               int64_t policy) {
+                               int64_t policy, const variable_list* computed) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto out = as_list(call_forward(x, weight, bias, running_mean, running_var, residual, momentum, eps, activation,
-                                    implementation, policy));
+    auto out = computed != nullptr ? *computed
+                                   : as_list(call_forward(x, weight, bias, running_mean, running_var, residual,
+                                                          momentum, eps, activation, implementation, policy));
     // y only where the backward reads it for the activation's mask: saving it otherwise would make an in-place op
     // on the output (a following SiLU(inplace=True)) fail backward, where eager BatchNorm, which saves no output,
     // works; and it would keep y alive until this node's backward
@@ -88,7 +92,7 @@ class BatchNormActFunction : public torch::autograd::Function<BatchNormActFuncti
     bool need_residual = has_residual && ctx->needs_input_grad(edge);
     const auto& grad_y = grad_outputs[0];
     if (!grad_y.defined() || !(need_x || need_weight || need_bias || need_residual)) {
-      return {none, none, none, none, none, none, none, none, none, none, none};
+      return variable_list(12);  // one per forward argument, all undefined
     }
     auto saved = ctx->get_saved_variables();
     auto [grad_x, grad_residual, grad_weight, grad_bias] =
@@ -101,6 +105,7 @@ class BatchNormActFunction : public torch::autograd::Function<BatchNormActFuncti
             none,
             none,
             need_residual ? grad_residual : none,
+            none,
             none,
             none,
             none,
@@ -122,7 +127,7 @@ ForwardOutputs batch_norm_act_autograd(const at::Tensor& x, const at::Tensor& we
                         implementation, policy);
   }
   auto out = BatchNormActFunction::apply(x, weight, bias, running_mean, running_var, residual, momentum, eps,
-                                         activation, implementation, policy);
+                                         activation, implementation, policy, nullptr);
   return {out[0], out[1], out[2], out[3], out[4], out[5]};
 }
 
@@ -145,97 +150,49 @@ ConvForwardOutputs call_conv_forward(const at::Tensor& x, const at::Tensor& conv
                  num_batches_tracked, residual, momentum, eps, activation, implementation, conv_dtype, policy);
 }
 
-// One autograd node for the whole training layer, where eager records five under autocast (the casts of the input
-// and weight, convolution, batch_norm, relu): fewer nodes, less host time per backward. The casts to conv_dtype are
-// done here so that their backward (the gradients cast back to x's and the weight's dtypes) is part of this node.
-// Saves what eager saves, or less: the cast x and weight (the conv's backward), z (BatchNorm's input), y (the
-// activation's mask, only where the backward reads it: batch_norm_backward_reads_y; eager's ReLU saves it always),
-// BatchNorm's scale, shift and saved statistics, and the legacy API's reserve.
-class ConvBatchNormActFunction : public torch::autograd::Function<ConvBatchNormActFunction> {
+// The conv's autograd node in a training Conv2d + BatchNorm layer: its inputs are x, the conv weight and bias, its
+// output the conv's output z (computed by the op below autograd, passed in as `computed` = {x cast, weight cast, z}).
+// The casts to conv_dtype happen in the op's autograd kernel, so that their backward (the gradients cast back to x's
+// and the weight's dtypes) is part of this node. Saves the cast x and weight, as eager's conv does.
+class ConvFunction : public torch::autograd::Function<ConvFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& conv_weight,
                                const std::optional<at::Tensor>& conv_bias, at::IntArrayRef stride,
                                at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
-                               const at::Tensor& weight, const at::Tensor& bias,
-                               const std::optional<at::Tensor>& running_mean,
-                               const std::optional<at::Tensor>& running_var,
-                               const std::optional<at::Tensor>& num_batches_tracked,
-                               const std::optional<at::Tensor>& residual, double momentum, double eps,
-                               int64_t activation, int64_t implementation, std::optional<at::ScalarType> conv_dtype,
-                               int64_t policy) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
+                               const variable_list* computed) {
     bool has_conv_bias = conv_bias.has_value() && conv_bias->defined();
-    auto dtype = conv_dtype.value_or(x.scalar_type());
-    auto [x_cast, weight_cast, bias_cast] = cast_conv_operands(x, conv_weight, conv_bias, dtype);
-    auto [y, z, save_mean, save_invstd, reserve] =
-        call_conv_forward(x_cast, weight_cast, bias_cast, stride, padding, dilation, groups, weight, bias,
-                          running_mean, running_var, num_batches_tracked, residual, momentum, eps, activation,
-                          implementation, dtype, policy);
-    bool has_residual = residual.has_value() && residual->defined();
-    bool reads_y = batch_norm_backward_reads_y(activation, has_residual, implementation,
-                                               z.suggest_memory_format() == at::MemoryFormat::ChannelsLast);
-    ctx->save_for_backward({x_cast, weight_cast, z, reads_y ? y : at::Tensor(), weight, bias, save_mean, save_invstd,
-                            reserve});  // y: see BatchNormActFunction
-    ctx->mark_non_differentiable({z, save_mean, save_invstd, reserve});
-    ctx->set_materialize_grads(false);  // only y has a gradient
+    const auto& z = (*computed)[2];
+    ctx->save_for_backward({(*computed)[0], (*computed)[1]});
+    ctx->set_materialize_grads(false);
     ctx->saved_data["stride"] = stride.vec();
     ctx->saved_data["padding"] = padding.vec();
     ctx->saved_data["dilation"] = dilation.vec();
     ctx->saved_data["groups"] = groups;
-    ctx->saved_data["eps"] = eps;
-    ctx->saved_data["activation"] = activation;
-    ctx->saved_data["implementation"] = implementation;
-    ctx->saved_data["policy"] = policy;
     ctx->saved_data["x_dtype"] = x.scalar_type();
     ctx->saved_data["weight_dtype"] = conv_weight.scalar_type();
-    ctx->saved_data["bias_dtype"] = has_conv_bias ? conv_bias->scalar_type() : dtype;
+    ctx->saved_data["bias_dtype"] = has_conv_bias ? conv_bias->scalar_type() : z.scalar_type();
     ctx->saved_data["has_conv_bias"] = has_conv_bias;
-    auto passed = [](const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); };
-    ctx->saved_data["statistics_passed"] =  // tensors between BatchNorm's bias and the residual
-        static_cast<int64_t>(passed(running_mean) + passed(running_var) + passed(num_batches_tracked));
-    ctx->saved_data["has_residual"] = has_residual;
-    return {y, z, save_mean, save_invstd, reserve};
+    return {z};
   }
 
-  // grad_outputs by reference: CppNode::apply passes its own list (torch/csrc/autograd/custom_function.h), which
-  // holds the engine's only reference to grad_y. Dropping it once BatchNorm's backward has read it frees grad_y before
-  // the conv's backward allocates its gradients, as eager frees the ReLU's incoming gradient after its node.
-  static variable_list backward(AutogradContext* ctx, variable_list& grad_outputs) {
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     bool has_conv_bias = ctx->saved_data["has_conv_bias"].toBool();
-    bool has_residual = ctx->saved_data["has_residual"].toBool();
     // needs_input_grad counts only the tensors that were passed (see BatchNormActFunction).
-    size_t edge = 0;
-    bool need_x = ctx->needs_input_grad(edge++);
-    bool need_conv_weight = ctx->needs_input_grad(edge++);
-    bool need_conv_bias = has_conv_bias && ctx->needs_input_grad(edge++);
-    bool need_weight = ctx->needs_input_grad(edge++);
-    bool need_bias = ctx->needs_input_grad(edge++);
-    edge += ctx->saved_data["statistics_passed"].toInt();
-    bool need_residual = has_residual && ctx->needs_input_grad(edge);
-    variable_list grads(19);  // one per forward argument; undefined where there is none
-    auto grad_y = std::move(grad_outputs[0]);  // the only reference: reset below
-    bool need_conv = need_x || need_conv_weight || need_conv_bias;
-    if (!grad_y.defined() || !(need_conv || need_weight || need_bias || need_residual)) return grads;
+    bool need_x = ctx->needs_input_grad(0);
+    bool need_conv_weight = ctx->needs_input_grad(1);
+    bool need_conv_bias = has_conv_bias && ctx->needs_input_grad(2);
+    variable_list grads(8);  // one per forward argument; undefined where there is none
+    const auto& grad_z = grad_outputs[0];
+    if (!grad_z.defined() || !(need_x || need_conv_weight || need_conv_bias)) return grads;
     auto saved = ctx->get_saved_variables();
-    const auto &x = saved[0], &conv_weight = saved[1], &z = saved[2], &y = saved[3];
-    auto [grad_z, grad_residual, grad_weight, grad_bias] =
-        call_backward(grad_y, z, y, saved[4], saved[5], saved[6], saved[7], saved[8],
-                      ctx->saved_data["eps"].toDouble(), ctx->saved_data["activation"].toInt(), has_residual,
-                      ctx->saved_data["implementation"].toInt(), ctx->saved_data["policy"].toInt());
-    grad_y.reset();
-    if (need_conv) {
-      auto [grad_x, grad_conv_weight, grad_conv_bias] = batch_norm_conv_backward(
-          grad_z, x, conv_weight, has_conv_bias, ctx->saved_data["stride"].toIntVector(),
-          ctx->saved_data["padding"].toIntVector(), ctx->saved_data["dilation"].toIntVector(),
-          ctx->saved_data["groups"].toInt(), {need_x, need_conv_weight, need_conv_bias});
-      // back to the dtypes of the tensors passed in, as the casts' own backward would
-      if (need_x) grads[0] = grad_x.to(ctx->saved_data["x_dtype"].toScalarType());
-      if (need_conv_weight) grads[1] = grad_conv_weight.to(ctx->saved_data["weight_dtype"].toScalarType());
-      if (need_conv_bias) grads[2] = grad_conv_bias.to(ctx->saved_data["bias_dtype"].toScalarType());
-    }
-    if (need_weight) grads[7] = grad_weight;
-    if (need_bias) grads[8] = grad_bias;
-    if (need_residual) grads[12] = grad_residual;
+    auto [grad_x, grad_conv_weight, grad_conv_bias] = batch_norm_conv_backward(
+        grad_z, saved[0], saved[1], has_conv_bias, ctx->saved_data["stride"].toIntVector(),
+        ctx->saved_data["padding"].toIntVector(), ctx->saved_data["dilation"].toIntVector(),
+        ctx->saved_data["groups"].toInt(), {need_x, need_conv_weight, need_conv_bias});
+    // back to the dtypes of the tensors passed in, as the casts' own backward would
+    if (need_x) grads[0] = grad_x.to(ctx->saved_data["x_dtype"].toScalarType());
+    if (need_conv_weight) grads[1] = grad_conv_weight.to(ctx->saved_data["weight_dtype"].toScalarType());
+    if (need_conv_bias) grads[2] = grad_conv_bias.to(ctx->saved_data["bias_dtype"].toScalarType());
     return grads;
   }
 };
@@ -258,10 +215,28 @@ ConvForwardOutputs conv_batch_norm_act_autograd(const at::Tensor& x, const at::T
                              running_var, num_batches_tracked, residual, momentum, eps, activation, implementation,
                              conv_dtype, policy);
   }
-  auto out = ConvBatchNormActFunction::apply(x, conv_weight, conv_bias, stride, padding, dilation, groups, weight,
-                                             bias, running_mean, running_var, num_batches_tracked, residual, momentum,
-                                             eps, activation, implementation, conv_dtype, policy);
-  return {out[0], out[1], out[2], out[3], out[4]};
+  // One op call computes both layers; its results get two autograd nodes, the conv's and BatchNorm's, as eager's
+  // conv and BatchNorm nodes (eager has five under autocast: the two casts, conv, BatchNorm, ReLU). Two, not one:
+  // BatchNorm's saved input z and output y, and the incoming gradient, are freed as BatchNorm's node finishes, before
+  // the conv's backward allocates its gradients. With one node they stayed alive through the conv's backward, and
+  // resnet50's training step peaked 104 MiB above eager's (benchmarks/memory_by_phase.py, H200).
+  variable_list conv_computed, bn_computed;
+  {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    auto [x_cast, weight_cast, bias_cast] =
+        cast_conv_operands(x, conv_weight, conv_bias, conv_dtype.value_or(x.scalar_type()));
+    auto [y, z, save_mean, save_invstd, reserve] =
+        call_conv_forward(x_cast, weight_cast, bias_cast, stride, padding, dilation, groups, weight, bias,
+                          running_mean, running_var, num_batches_tracked, residual, momentum, eps, activation,
+                          implementation, conv_dtype, policy);
+    conv_computed = {x_cast, weight_cast, z};
+    // the running statistics are written by the op in place: no next statistics to return
+    bn_computed = {y, save_mean, save_invstd, at::Tensor(), at::Tensor(), reserve};
+  }
+  auto z = ConvFunction::apply(x, conv_weight, conv_bias, stride, padding, dilation, groups, &conv_computed)[0];
+  auto out = BatchNormActFunction::apply(z, weight, bias, running_mean, running_var, residual, momentum, eps,
+                                         activation, implementation, policy, &bn_computed);
+  return {out[0], z, out[1], out[2], out[5]};
 }
 
 }  // namespace

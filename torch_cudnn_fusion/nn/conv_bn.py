@@ -1,6 +1,6 @@
 """Conv2d + BatchNorm2d (+ residual add) (+ ReLU / ReLU6) as drop-in modules.
 
-Training (batch statistics): conv and BatchNorm (+ add + activation) run as one op with one autograd node from the
+Training (batch statistics): conv and BatchNorm (+ add + activation) run as one op with two autograd nodes from the
 first call on (ops.batch_norm.conv2d_batch_norm_act): inside it the conv is PyTorch's own cuDNN call (its dgrad our
 NHWC depthwise kernel for stride-2 depthwise layers) — BatchNorm needs the whole conv output for its statistics before
 it can normalize any of it — and BatchNorm + add + activation

@@ -190,7 +190,7 @@ def conv2d_batch_norm_act(
 
     Decided once per configuration, from x and the layer (the conv's output is not needed to decide): where the
     BatchNorm runs fused, every call, the first included, runs conv and BatchNorm as the one op
-    cudnn_fusion::conv_batch_norm_act with one autograd node (csrc/ops/bn_autograd.cpp; the conv is ATen's, so its
+    cudnn_fusion::conv_batch_norm_act with two autograd nodes (csrc/ops/bn_autograd.cpp; the conv is ATen's, so its
     numbers are F.conv2d's); otherwise the eager composition. A conv with padding_mode other than 'zeros' or
     padding='same'/'valid' runs its own conv, then batch_norm_act. The layer's `call` keeps the decision; its C++
     record (csrc/ops/conv_bn_call.h) runs a repeated call without returning to Python.
