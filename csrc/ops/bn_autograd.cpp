@@ -230,8 +230,9 @@ ConvForwardOutputs conv_batch_norm_act_autograd(const at::Tensor& x, const at::T
                           running_mean, running_var, num_batches_tracked, residual, momentum, eps, activation,
                           implementation, conv_dtype, policy);
     conv_computed = {x_cast, weight_cast, z};
-    // the running statistics are written by the op in place: no next statistics to return
-    bn_computed = {y, save_mean, save_invstd, at::Tensor(), at::Tensor(), reserve};
+    // the op writes the running statistics in place: empty next statistics (autograd takes no undefined output)
+    auto none = at::empty({0}, save_mean.options());
+    bn_computed = {y, save_mean, save_invstd, none, none, reserve};
   }
   auto z = ConvFunction::apply(x, conv_weight, conv_bias, stride, padding, dilation, groups, &conv_computed)[0];
   auto out = BatchNormActFunction::apply(z, weight, bias, running_mean, running_var, residual, momentum, eps,
