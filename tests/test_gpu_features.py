@@ -61,6 +61,16 @@ def test_opcheck_every_op(extension):
     torch.library.opcheck(ops.batch_norm_act_backward.default,
                           (_input(2, c, 9, 9), z.detach(), y, scale.detach(), shift.detach(), save_mean, save_invstd,
                            reserve, 1e-5, 1, False, 0))
+    # the two steps the autograd node runs after a residual add, with y (its mask) and without
+    for mask in (y, None):
+        grad_z, coefficient, _, _ = ops.batch_norm_act_backward_reduce(_input(2, c, 9, 9), z.detach(), mask,
+                                                                       scale.detach(), shift.detach(), save_mean,
+                                                                       save_invstd, 1)
+        torch.library.opcheck(ops.batch_norm_act_backward_reduce.default,
+                              (_input(2, c, 9, 9), z.detach(), mask, scale.detach(), shift.detach(), save_mean,
+                               save_invstd, 1))
+    torch.library.opcheck(ops.batch_norm_backward_dx.default,
+                          (grad_z, z.detach(), scale.detach(), shift.detach(), save_mean, save_invstd, coefficient))
     # the one training op, which updates the running statistics and the step count in place
     count = torch.zeros((), dtype=torch.long, device="cuda")
     for conv_dtype in (None, torch.bfloat16):

@@ -196,16 +196,18 @@ cudaError_t launch_passes(const BatchNormActBackwardArgs& a, int multiprocessors
   const T* x = static_cast<const T*>(a.x);
   const T* y = static_cast<const T*>(a.y);
   T* dz = static_cast<T*>(a.dz);
-  size_t shared_bytes = static_cast<size_t>(shape.block.x) * V * shape.block.y * sizeof(float);
-  batch_norm_act_backward_reduce<T, V, kFromY><<<shape.grid, shape.block, shared_bytes, stream>>>(
-      dy, x, y, a.save_mean, a.save_invstd, a.weight, a.bias, dz, a.partial, a.rows, a.channels, a.activation);
-  cudaError_t status = cudaGetLastError();
-  if (status != cudaSuccess) return status;
-  batch_norm_act_backward_finalize<<<static_cast<unsigned>((a.channels + 31) / 32), dim3(32, 32), 0, stream>>>(
-      a.partial, static_cast<int>(shape.grid.y), a.save_invstd, a.dweight, a.dbias, a.coefficient, a.rows,
-      a.channels);
-  status = cudaGetLastError();
-  if (status != cudaSuccess) return status;
+  if (a.passes != kBackwardDx) {
+    size_t shared_bytes = static_cast<size_t>(shape.block.x) * V * shape.block.y * sizeof(float);
+    batch_norm_act_backward_reduce<T, V, kFromY><<<shape.grid, shape.block, shared_bytes, stream>>>(
+        dy, x, y, a.save_mean, a.save_invstd, a.weight, a.bias, dz, a.partial, a.rows, a.channels, a.activation);
+    cudaError_t status = cudaGetLastError();
+    if (status != cudaSuccess) return status;
+    batch_norm_act_backward_finalize<<<static_cast<unsigned>((a.channels + 31) / 32), dim3(32, 32), 0, stream>>>(
+        a.partial, static_cast<int>(shape.grid.y), a.save_invstd, a.dweight, a.dbias, a.coefficient, a.rows,
+        a.channels);
+    status = cudaGetLastError();
+    if (status != cudaSuccess || a.passes == kBackwardReduce) return status;
+  }
   batch_norm_act_backward_dx<T, V, kFromY><<<shape.grid, shape.block, 0, stream>>>(
       dy, x, y, dz, a.save_mean, a.save_invstd, a.weight, a.bias, a.coefficient, static_cast<T*>(a.dx), a.rows,
       a.channels, a.activation);

@@ -10,6 +10,10 @@
 
 namespace tcf {
 
+// Which passes a launch runs: all three; or the first two (dz, dweight, dbias and the coefficients dx needs) and,
+// in a later launch, the last (dx from dz and the coefficients), so that a caller can free dy in between.
+enum BatchNormBackwardPasses : int { kBackwardAllPasses = 0, kBackwardReduce = 1, kBackwardDx = 2 };
+
 // Tensors are [rows, channels] NHWC views in the element type; per-channel ones float32.
 struct BatchNormActBackwardArgs {
   const void* dy;            // the gradient of the activation's output
@@ -23,11 +27,12 @@ struct BatchNormActBackwardArgs {
   void* dx;
   float* dweight;
   float* dbias;
-  float* partial;            // batch_norm_act_backward_partial_rows(...) * channels floats of scratch
-  float* coefficient;        // 2 * channels floats of scratch
+  float* partial;            // batch_norm_act_backward_partial_rows(...) * channels floats of scratch (not kBackwardDx)
+  float* coefficient;        // 2 * channels floats: scratch, or kBackwardReduce's output and kBackwardDx's input
   int64_t rows;
   int64_t channels;
   int activation;            // kActivationRelu or kActivationRelu6
+  int passes = kBackwardAllPasses;  // kBackwardReduce needs dz; kBackwardDx reads g from dz (dy, y unused)
 };
 
 // Rows of float32 partial sums (each `channels` long) a launch needs as scratch. `vectors`: channels are a multiple
@@ -35,7 +40,8 @@ struct BatchNormActBackwardArgs {
 int64_t batch_norm_act_backward_partial_rows(int64_t rows, int64_t channels, bool vectors, int element_bytes,
                                              int multiprocessors);
 
-// dx, dweight, dbias (and dz) as BatchNorm's backward after the activation's; asynchronous on `stream`.
+// dx, dweight, dbias (and dz) as BatchNorm's backward after the activation's, or the part args.passes names;
+// asynchronous on `stream`.
 cudaError_t launch_batch_norm_act_backward_nhwc(ElementType type, const BatchNormActBackwardArgs& args, bool vectors,
                                                 int multiprocessors, cudaStream_t stream);
 

@@ -381,6 +381,12 @@ TORCH_LIBRARY(cudnn_fusion, m) {
       "int policy=0) -> "
       "(Tensor, Tensor, Tensor, Tensor)");
   m.def(
+      "batch_norm_act_backward_reduce(Tensor grad_y, Tensor x, Tensor? y, Tensor weight, Tensor bias, "
+      "Tensor save_mean, Tensor save_invstd, int activation) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "batch_norm_backward_dx(Tensor grad_z, Tensor x, Tensor weight, Tensor bias, Tensor save_mean, "
+      "Tensor save_invstd, Tensor coefficient) -> Tensor");
+  m.def(
       "conv_batch_norm_act(Tensor x, Tensor conv_weight, Tensor? conv_bias, int[2] stride, int[2] padding, "
       "int[2] dilation, int groups, Tensor weight, Tensor bias, Tensor(a!)? running_mean, Tensor(b!)? running_var, "
       "Tensor(c!)? num_batches_tracked, Tensor? residual, float momentum, float eps, int activation, "
@@ -394,6 +400,8 @@ TORCH_LIBRARY_IMPL(cudnn_fusion, CUDA, m) {
   m.impl("conv_wgrad", &tcf::conv_wgrad);
   m.impl("batch_norm_act", &tcf::batch_norm_act_forward);
   m.impl("batch_norm_act_backward", &tcf::batch_norm_act_backward);
+  m.impl("batch_norm_act_backward_reduce", &tcf::batch_norm_act_backward_reduce);
+  m.impl("batch_norm_backward_dx", &tcf::batch_norm_backward_dx);
   m.impl("conv_batch_norm_act", &tcf::conv_batch_norm_act_forward);
 }
 

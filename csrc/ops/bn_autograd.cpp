@@ -41,6 +41,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_backward(
                  save_invstd, reserve, eps, activation, has_residual, implementation, policy);
 }
 
+// The two steps of BatchNorm's backward after a residual add (bn_ops.h: batch_norm_backward_in_two_steps)
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_backward_reduce(
+    const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& y, const at::Tensor& weight,
+    const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd, int64_t activation) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("cudnn_fusion::batch_norm_act_backward_reduce", "")
+                       .typed<decltype(batch_norm_act_backward_reduce)>();
+  return op.call(grad_y, x, y.defined() ? std::optional<at::Tensor>(y) : std::nullopt, weight, bias, save_mean,
+                 save_invstd, activation);
+}
+
+at::Tensor call_backward_dx(const at::Tensor& grad_z, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd,
+                            const at::Tensor& coefficient) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("cudnn_fusion::batch_norm_backward_dx", "")
+                       .typed<decltype(batch_norm_backward_dx)>();
+  return op.call(grad_z, x, weight, bias, save_mean, save_invstd, coefficient);
+}
+
 variable_list as_list(ForwardOutputs&& out) {
   return {std::get<0>(out), std::get<1>(out), std::get<2>(out), std::get<3>(out), std::get<4>(out), std::get<5>(out)};
 }
@@ -79,7 +99,9 @@ class BatchNormActFunction : public torch::autograd::Function<BatchNormActFuncti
     return out;
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+  // grad_outputs by reference: CppNode passes its own list (torch/csrc/autograd/custom_function.h), which holds the
+  // engine's only reference to grad_y, so that the two-step backward can free grad_y between its steps.
+  static variable_list backward(AutogradContext* ctx, variable_list& grad_outputs) {
     bool has_residual = ctx->saved_data["has_residual"].toBool();
     bool has_running_stats = ctx->saved_data["has_running_stats"].toBool();
     at::Tensor none;
@@ -90,15 +112,28 @@ class BatchNormActFunction : public torch::autograd::Function<BatchNormActFuncti
     bool need_bias = ctx->needs_input_grad(edge++);
     if (has_running_stats) edge += 2;
     bool need_residual = has_residual && ctx->needs_input_grad(edge);
-    const auto& grad_y = grad_outputs[0];
+    auto grad_y = std::move(grad_outputs[0]);
     if (!grad_y.defined() || !(need_x || need_weight || need_bias || need_residual)) {
       return variable_list(12);  // one per forward argument, all undefined
     }
     auto saved = ctx->get_saved_variables();
-    auto [grad_x, grad_residual, grad_weight, grad_bias] =
-        call_backward(grad_y, saved[0], saved[1], saved[2], saved[3], saved[4], saved[5], saved[6],
-                      ctx->saved_data["eps"].toDouble(), ctx->saved_data["activation"].toInt(), has_residual,
-                      ctx->saved_data["implementation"].toInt(), ctx->saved_data["policy"].toInt());
+    const auto &x = saved[0], &y = saved[1], &weight = saved[2], &bias = saved[3], &mean = saved[4],
+               &invstd = saved[5];
+    int64_t activation = ctx->saved_data["activation"].toInt();
+    int64_t implementation = ctx->saved_data["implementation"].toInt();
+    at::Tensor grad_x, grad_residual, grad_weight, grad_bias;
+    if (batch_norm_backward_in_two_steps(activation, has_residual, implementation,
+                                         x.suggest_memory_format() == at::MemoryFormat::ChannelsLast)) {
+      at::Tensor coefficient;
+      std::tie(grad_residual, coefficient, grad_weight, grad_bias) =
+          call_backward_reduce(grad_y, x, y, weight, bias, mean, invstd, activation);
+      grad_y.reset();  // freed here where autograd held it alone, before dx is allocated
+      if (need_x) grad_x = call_backward_dx(grad_residual, x, weight, bias, mean, invstd, coefficient);
+    } else {
+      std::tie(grad_x, grad_residual, grad_weight, grad_bias) =
+          call_backward(grad_y, x, y, weight, bias, mean, invstd, saved[6], ctx->saved_data["eps"].toDouble(),
+                        activation, has_residual, implementation, ctx->saved_data["policy"].toInt());
+    }
     return {need_x ? grad_x : none,
             need_weight ? grad_weight : none,
             need_bias ? grad_bias : none,

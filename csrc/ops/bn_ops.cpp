@@ -61,40 +61,49 @@ bool run_batch_norm_graph(GraphKind kind, const BatchNormProblem& p, const std::
   return run_cached_graph(make_batch_norm_key(kind, p, alignment), std::move(pointers), outputs, device, aten);
 }
 
-// BatchNorm's backward after ReLU/ReLU6 in one kernel: dx, dweight, dbias (float32), and dz (the masked gradient)
-// when it is defined. 16-byte accesses where every tensor allows them, else one element at a time.
+// BatchNorm's backward after ReLU/ReLU6 in our kernel: dx, dweight, dbias (float32), and dz (the masked gradient)
+// when it is defined; or the part `passes` names (kernels/batch_norm_backward_kernel.h), with `coefficient` [2, C]
+// float32 its output (kBackwardReduce) or input (kBackwardDx); tensors a part does not touch may be undefined.
+// 16-byte accesses where every tensor allows them, else one element at a time.
 void batch_norm_act_backward_with_kernel(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& y,
                                          const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& save_mean,
                                          const at::Tensor& save_invstd, const at::Tensor& dz, const at::Tensor& dx,
-                                         const at::Tensor& dweight, const at::Tensor& dbias, Activation activation) {
+                                         const at::Tensor& dweight, const at::Tensor& dbias, Activation activation,
+                                         BatchNormBackwardPasses passes = kBackwardAllPasses,
+                                         const at::Tensor& coefficient = at::Tensor()) {
   const int64_t channels = x.size(1);
   const int64_t rows = x.numel() / channels;
   const int element_bytes = static_cast<int>(x.element_size());
   bool vectors = channels % (16 / element_bytes) == 0;
   for (const auto* t : {&dy, &x, &y, &dz, &dx}) vectors = vectors && (!t->defined() || alignment_of(*t) == 16);
   const int multiprocessors = multiprocessor_count(x.device().index());
-  const int64_t parts = batch_norm_act_backward_partial_rows(rows, channels, vectors, element_bytes, multiprocessors);
-  auto scratch = at::empty({parts + 2, channels}, x.options().dtype(at::kFloat));
-  poison_output(dx);
-  poison_output(dweight);
-  poison_output(dbias);
-  if (dz.defined()) poison_output(dz);
-  BatchNormActBackwardArgs args{dy.data_ptr(),
+  const int64_t parts = passes == kBackwardDx ? 0
+                        : batch_norm_act_backward_partial_rows(rows, channels, vectors, element_bytes, multiprocessors);
+  // the partial sums, then (unless the caller keeps them) the two rows of coefficients
+  auto scratch = at::empty({parts + (coefficient.defined() ? 0 : 2), channels}, x.options().dtype(at::kFloat));
+  for (const auto* t : {&dx, &dweight, &dbias, &dz}) {
+    if (t->defined() && !(passes == kBackwardDx && t == &dz)) poison_output(*t);
+  }
+  auto pointer = [](const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; };
+  auto floats = [](const at::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; };
+  BatchNormActBackwardArgs args{pointer(dy),
                                 x.data_ptr(),
-                                y.defined() ? y.data_ptr() : nullptr,
+                                pointer(y),
                                 save_mean.data_ptr<float>(),
                                 save_invstd.data_ptr<float>(),
                                 weight.data_ptr<float>(),
                                 bias.data_ptr<float>(),
-                                dz.defined() ? dz.data_ptr() : nullptr,
-                                dx.data_ptr(),
-                                dweight.data_ptr<float>(),
-                                dbias.data_ptr<float>(),
+                                pointer(dz),
+                                pointer(dx),
+                                floats(dweight),
+                                floats(dbias),
                                 scratch.data_ptr<float>(),
-                                scratch.data_ptr<float>() + parts * channels,
+                                coefficient.defined() ? coefficient.data_ptr<float>()
+                                                      : scratch.data_ptr<float>() + parts * channels,
                                 rows,
                                 channels,
-                                static_cast<int>(activation)};
+                                static_cast<int>(activation),
+                                passes};
   auto status = launch_batch_norm_act_backward_nhwc(element_type(x.scalar_type()), args, vectors, multiprocessors,
                                                     current_stream());
   TORCH_CHECK(status == cudaSuccess, "cudnn_fusion: the batch_norm_act_backward kernel failed to launch: ",
@@ -418,6 +427,70 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
   }
   auto [gx, gw, gb] = aten_backward();
   return {gx.contiguous(format), dresidual, gw, gb};
+}
+
+bool batch_norm_backward_in_two_steps(int64_t activation, bool has_residual, int64_t implementation,
+                                      bool channels_last) {
+  return activation_from(activation) != Activation::kNone && has_residual && channels_last &&
+         implementation_from(implementation) == BatchNormImplementation::kGraph;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward_reduce(
+    const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& y, const at::Tensor& weight,
+    const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd, int64_t activation_value) {
+  check_4d_cuda(x, "x");
+  check_same_as(grad_y, "grad_y", x);
+  auto activation = activation_from(activation_value);
+  TORCH_CHECK(activation != Activation::kNone, "cudnn_fusion: batch_norm_act_backward_reduce needs an activation "
+              "(1 ReLU or 2 ReLU6), got 0");
+  TORCH_CHECK(x.suggest_memory_format() == at::MemoryFormat::ChannelsLast && x.numel() > 0,
+              "cudnn_fusion: batch_norm_act_backward_reduce takes a non-empty channels_last x, got shape ", x.sizes(),
+              " with strides ", x.strides());
+  bool has_y = y.has_value() && y->defined();
+  if (has_y) check_same_as(*y, "y", x);
+  for (const auto& [t, name] : {std::pair{&weight, "weight"}, {&bias, "bias"}, {&save_mean, "save_mean"},
+                                {&save_invstd, "save_invstd"}}) {
+    check_per_channel(*t, name, x);
+  }
+  c10::DeviceGuard guard(x.device());
+  const auto format = at::MemoryFormat::ChannelsLast;
+  auto x_dense = x.contiguous(format);
+  auto stats_options = x.options().dtype(at::kFloat);
+  auto grad_z = at::empty(x.sizes(), x.options().memory_format(format));
+  auto coefficient = at::empty({2, x.size(1)}, stats_options);
+  auto dweight = at::empty({x.size(1)}, stats_options);
+  auto dbias = at::empty({x.size(1)}, stats_options);
+  batch_norm_act_backward_with_kernel(grad_y.contiguous(format), x_dense, has_y ? y->contiguous(format) : at::Tensor(),
+                                      weight, bias, save_mean, save_invstd, grad_z, at::Tensor(), dweight, dbias,
+                                      activation, kBackwardReduce, coefficient);
+  return {grad_z, coefficient, dweight, dbias};
+}
+
+at::Tensor batch_norm_backward_dx(const at::Tensor& grad_z, const at::Tensor& x, const at::Tensor& weight,
+                                  const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd,
+                                  const at::Tensor& coefficient) {
+  check_4d_cuda(x, "x");
+  check_same_as(grad_z, "grad_z", x);
+  TORCH_CHECK(x.suggest_memory_format() == at::MemoryFormat::ChannelsLast && x.numel() > 0,
+              "cudnn_fusion: batch_norm_backward_dx takes a non-empty channels_last x, got shape ", x.sizes(),
+              " with strides ", x.strides());
+  for (const auto& [t, name] : {std::pair{&weight, "weight"}, {&bias, "bias"}, {&save_mean, "save_mean"},
+                                {&save_invstd, "save_invstd"}}) {
+    check_per_channel(*t, name, x);
+  }
+  TORCH_CHECK(coefficient.device() == x.device() && coefficient.scalar_type() == at::kFloat &&
+                  coefficient.is_contiguous() && coefficient.sizes() == at::IntArrayRef({2, x.size(1)}),
+              "cudnn_fusion: coefficient must be batch_norm_act_backward_reduce's: float32, contiguous, shape [2, ",
+              x.size(1), "] on ", x.device(), ", got ", coefficient.scalar_type(), " of shape ", coefficient.sizes(),
+              " on ", coefficient.device());
+  c10::DeviceGuard guard(x.device());
+  const auto format = at::MemoryFormat::ChannelsLast;
+  auto dx = at::empty(x.sizes(), x.options().memory_format(format));
+  // the activation code is unused here: g is read from grad_z, masked already
+  batch_norm_act_backward_with_kernel(at::Tensor(), x.contiguous(format), at::Tensor(), weight, bias, save_mean,
+                                      save_invstd, grad_z.contiguous(format), dx, at::Tensor(), at::Tensor(),
+                                      Activation::kRelu, kBackwardDx, coefficient);
+  return dx;
 }
 
 std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>> cast_conv_operands(

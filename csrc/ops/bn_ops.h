@@ -44,6 +44,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
 // backward first).
 bool batch_norm_backward_reads_y(int64_t activation, bool has_residual, int64_t implementation, bool channels_last);
 
+// Whether the autograd node runs batch_norm_act_backward as its two steps below, freeing grad_y between them: after
+// a residual add, with an activation, where our NHWC kernel runs it. The one op would hold grad_y, the residual's
+// gradient and dx at once, where eager's ReLU node has freed grad_y before BatchNorm's backward allocates.
+bool batch_norm_backward_in_two_steps(int64_t activation, bool has_residual, int64_t implementation,
+                                      bool channels_last);
+
+// Step 1: grad_z (the masked gradient, which is also the residual's), the coefficients dx needs ([2, C] float32),
+// grad_weight, grad_bias. x channels_last; y the forward output (the mask after a residual add) or None (recomputed
+// from x).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward_reduce(
+    const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& y, const at::Tensor& weight,
+    const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd, int64_t activation);
+
+// Step 2: grad_x from step 1's grad_z and coefficients.
+at::Tensor batch_norm_backward_dx(const at::Tensor& grad_z, const at::Tensor& x, const at::Tensor& weight,
+                                  const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd,
+                                  const at::Tensor& coefficient);
+
 // The training Conv2d + BatchNorm2d (+ residual) (+ activation) layer as one op, for the host time of one call
 // instead of several: z = conv2d(x, conv_weight, conv_bias) as ATen computes it (at::convolution: PyTorch's own
 // cuDNN call, so the same numbers as F.conv2d), in `conv_dtype` when given (x, conv_weight and conv_bias cast to it

@@ -87,6 +87,15 @@ def _fake_batch_norm_act_backward(grad_y, x, y, weight, bias, save_mean, save_in
             bias.new_empty(bias.shape))
 
 
+def _fake_batch_norm_act_backward_reduce(grad_y, x, y, weight, bias, save_mean, save_invstd, activation):
+    return (_empty(x.shape, x, torch.channels_last), x.new_empty((2, x.shape[1]), dtype=torch.float32),
+            weight.new_empty(weight.shape), bias.new_empty(bias.shape))
+
+
+def _fake_batch_norm_backward_dx(grad_z, x, weight, bias, save_mean, save_invstd, coefficient):
+    return _empty(x.shape, x, torch.channels_last)
+
+
 def _fake_conv_batch_norm_act(x, conv_weight, conv_bias, stride, padding, dilation, groups, weight, bias, running_mean,
                               running_var, num_batches_tracked, residual, momentum, eps, activation, implementation,
                               conv_dtype=None, policy=0):
@@ -109,5 +118,7 @@ def register_python_parts() -> None:
     torch.library.register_fake("cudnn_fusion::conv_wgrad")(_fake_conv_wgrad)
     torch.library.register_fake("cudnn_fusion::batch_norm_act")(_fake_batch_norm_act)
     torch.library.register_fake("cudnn_fusion::batch_norm_act_backward")(_fake_batch_norm_act_backward)
+    torch.library.register_fake("cudnn_fusion::batch_norm_act_backward_reduce")(_fake_batch_norm_act_backward_reduce)
+    torch.library.register_fake("cudnn_fusion::batch_norm_backward_dx")(_fake_batch_norm_backward_dx)
     torch.library.register_fake("cudnn_fusion::conv_batch_norm_act")(_fake_conv_batch_norm_act)
     _registered = True
