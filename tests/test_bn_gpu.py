@@ -334,6 +334,48 @@ CONV_BN_VARIANTS = {
 }
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("variant", ["relu", "residual"])  # ReLU6's mask near 6 is ambiguous (conftest): not here
+@pytest.mark.parametrize("incoming", ["expanded", "contiguous"])
+def test_an_output_gradient_in_another_layout_gives_eager_s_gradients(extension, no_tf32, dtype, variant, incoming):
+    """The BatchNorm backward kernel reads a dense channels_last gradient; one that arrives expanded (a sum's
+    backward) or contiguous (NCHW) is first copied into an output the kernel then writes in place. Every gradient
+    against eager's and a float64 reference."""
+    cls, activation, conv_bias, _, momentum, _, _, has_residual = CONV_BN_VARIANTS[variant]
+    torch.manual_seed(0)
+    conv = nn.Conv2d(32, 64, 3, padding=1, bias=conv_bias).cuda().to(memory_format=torch.channels_last)
+    bn = nn.BatchNorm2d(64, momentum=momentum).cuda()
+    with torch.no_grad():
+        bn.weight.uniform_(0.5, 1.5), bn.bias.normal_()
+    conv_e, bn_e = copy.deepcopy(conv), copy.deepcopy(bn)
+    conv_r, bn_r = copy.deepcopy(conv).double(), copy.deepcopy(bn).double()
+    fused = cls.from_modules(conv, bn, activation=activation)
+    act = {"relu": F.relu, "relu6": F.relu6}[activation]
+    x = torch.randn(8, 32, 14, 14, device="cuda").to(memory_format=torch.channels_last)
+    residual = torch.randn(8, 64, 14, 14, device="cuda").to(memory_format=torch.channels_last)
+    scale = torch.randn(8, 64, 14, 14, device="cuda")  # contiguous: the gradient of (y * scale).sum() follows it
+    results = []
+    for forward, modules, precision in (
+            (lambda t, r: fused(t, r) if has_residual else fused(t), (conv, bn), None),
+            (lambda t, r: act(bn_e(conv_e(t)) + r if has_residual else bn_e(conv_e(t))), (conv_e, bn_e), None),
+            (lambda t, r: act(bn_r(conv_r(t)) + r if has_residual else bn_r(conv_r(t))), (conv_r, bn_r),
+             torch.float64)):
+        leaves = [t.to(precision or t.dtype).requires_grad_() for t in (x, residual)]
+        with torch.autocast("cuda", dtype, enabled=dtype != torch.float32 and precision is None):
+            y = forward(*leaves)
+        loss = y.sum() if incoming == "expanded" else (y * scale.to(y.dtype)).sum()
+        loss.backward()
+        grads = [leaves[0].grad] + ([leaves[1].grad] if has_residual else []) + [p.grad for m in modules
+                                                                                 for p in m.parameters()]
+        results.append((y.detach(), grads))
+    assert fused.fusion_status.fused, fused.fusion_status
+    (y, grads), (y_e, grads_e), (y_r, grads_r) = results
+    assert_as_accurate_as_eager("y", y, y_e, y_r, dtype)
+    assert len(grads) == 4 + has_residual
+    for i, (g, g_e, g_r) in enumerate(zip(grads, grads_e, grads_r, strict=True)):
+        assert_as_accurate_as_eager(f"gradient {i}", g, g_e, g_r, dtype)
+
+
 def assert_conv_bn_nodes(y, step=None):
     """y's autograd node is the fused BatchNorm's, and the node before it the fused conv's (no cast or conv of
     ATen's between them)."""
@@ -682,12 +724,15 @@ def test_an_in_place_activation_after_a_fused_conv_bn_trains_as_eager(extension,
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("variant", ["relu", "relu6-conv_bias-momentum_none", "residual"])
-def test_a_training_conv_bn_layer_peaks_no_higher_than_eager(extension, no_tf32, dtype, variant):
+@pytest.mark.parametrize("incoming", ["dense", "expanded"])
+def test_a_training_conv_bn_layer_peaks_no_higher_than_eager(extension, no_tf32, dtype, variant, incoming):
     """Peak GPU memory over a training forward and backward of one Conv2dBN* layer, above what was allocated before,
     is not above eager's (conv, BatchNorm2d, add, ReLU / ReLU6). The layer's output is dropped after the forward, as
     a next layer's input would be once used: eager's ReLU keeps it saved, the fused BatchNorm node only where its
     backward reads it; and BatchNorm's saved tensors and incoming gradient are freed before the conv's backward
-    allocates its own (two autograd nodes, as eager's)."""
+    allocates its own (two autograd nodes, as eager's). incoming: the layer's output gradient a fresh channels_last
+    tensor (as a next conv's dgrad), or expanded from one number (a sum's backward, as the mean before a classifier):
+    eager's ReLU backward reads it as it is; our kernel copies it into an output it then writes in place."""
     cls, activation, conv_bias, _, momentum, _, _, has_residual = CONV_BN_VARIANTS[variant]
     torch.manual_seed(0)
     conv = nn.Conv2d(64, 64, 3, padding=1, bias=conv_bias).cuda().to(memory_format=torch.channels_last)
@@ -714,7 +759,7 @@ def test_a_training_conv_bn_layer_peaks_no_higher_than_eager(extension, no_tf32,
         torch.cuda.reset_peak_memory_stats()
         with torch.autocast("cuda", dtype, enabled=dtype != torch.float32):
             y = forward(x, residual)
-        loss = (y * scale).sum()
+        loss = (y * scale).sum() if incoming == "dense" else y.sum()
         del y
         loss.backward()
         torch.cuda.synchronize()

@@ -24,7 +24,7 @@ struct BatchNormActBackwardArgs {
   const float* weight;
   const float* bias;
   void* dz;                  // null, or where the masked gradient goes (the residual's gradient)
-  void* dx;
+  void* dx;                  // dz or dx may be dy itself: each element is read, then written, by one thread
   float* dweight;
   float* dbias;
   float* partial;            // batch_norm_act_backward_partial_rows(...) * channels floats of scratch (not kBackwardDx)

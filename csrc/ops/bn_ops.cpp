@@ -81,8 +81,8 @@ void batch_norm_act_backward_with_kernel(const at::Tensor& dy, const at::Tensor&
                         : batch_norm_act_backward_partial_rows(rows, channels, vectors, element_bytes, multiprocessors);
   // the partial sums, then (unless the caller keeps them) the two rows of coefficients
   auto scratch = at::empty({parts + (coefficient.defined() ? 0 : 2), channels}, x.options().dtype(at::kFloat));
-  for (const auto* t : {&dx, &dweight, &dbias, &dz}) {
-    if (t->defined() && !(passes == kBackwardDx && t == &dz)) poison_output(*t);
+  for (const auto* t : {&dx, &dweight, &dbias, &dz}) {  // not an input: dz in kBackwardDx, dy's copy (dy_into)
+    if (t->defined() && !(passes == kBackwardDx && t == &dz) && !(dy.defined() && t->is_same(dy))) poison_output(*t);
   }
   auto pointer = [](const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; };
   auto floats = [](const at::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; };
@@ -108,6 +108,16 @@ void batch_norm_act_backward_with_kernel(const at::Tensor& dy, const at::Tensor&
                                                     current_stream());
   TORCH_CHECK(status == cudaSuccess, "cudnn_fusion: the batch_norm_act_backward kernel failed to launch: ",
               cudaGetErrorString(status));
+}
+
+// grad_y as our backward kernel reads it: itself where it is dense NHWC, else copied into `output`, an output of x's
+// shape and layout that the kernel then writes in place (each element is read, then written, by one thread). A
+// gradient that arrives expanded (the mean's backward before a classifier) or in another layout costs no tensor
+// beside the outputs, as it costs eager's ReLU backward none.
+at::Tensor dy_into(const at::Tensor& grad_y, const at::Tensor& output) {
+  if (grad_y.is_contiguous(at::MemoryFormat::ChannelsLast)) return grad_y;
+  output.copy_(grad_y);
+  return output;
 }
 
 // ---- the legacy cuDNN BatchNorm API ----
@@ -381,7 +391,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
   auto p = problem_of(x, channels_last, false, has_residual, activation, policy);
   auto x_dense = x.contiguous(format);
   auto y_dense = has_y ? y->contiguous(format) : at::Tensor();
-  auto dy = grad_y.contiguous(format);
   int64_t c = x.size(1);
   auto stats_options = x.options().dtype(at::kFloat);
   auto dx = at::empty(x.sizes(), x.options().memory_format(format));
@@ -390,7 +399,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
 
   if (implementation == BatchNormImplementation::kLegacy) {
     auto dresidual = has_residual ? at::empty(x.sizes(), x.options().memory_format(format)) : at::Tensor();
-    if (legacy_backward(p, x_dense, y_dense, dy, dresidual, dx, weight, bias, dweight, dbias, eps, save_mean,
+    if (legacy_backward(p, x_dense, y_dense, grad_y.contiguous(format), dresidual, dx, weight, bias, dweight, dbias, eps, save_mean,
                         save_invstd, reserve)) {
       return {dx, has_residual ? dresidual : at::empty({0}, x.options()), dweight, dbias};
     }
@@ -399,15 +408,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
     // Our kernel: the activation's mask applied as dy is read, no separate ReLU-backward pass (see
     // kernels/batch_norm_backward_kernel.cu). The mask comes from y only where a residual was added before it.
     auto dresidual = has_residual ? at::empty(x.sizes(), x.options().memory_format(format)) : at::Tensor();
-    batch_norm_act_backward_with_kernel(dy, x_dense, has_residual ? y_dense : at::Tensor(), weight, bias, save_mean,
-                                        save_invstd, dresidual, dx, dweight, dbias, activation);
+    batch_norm_act_backward_with_kernel(dy_into(grad_y, has_residual ? dresidual : dx), x_dense,
+                                        has_residual ? y_dense : at::Tensor(), weight, bias, save_mean, save_invstd,
+                                        dresidual, dx, dweight, dbias, activation);
     return {dx, has_residual ? dresidual : at::empty({0}, x.options()), dweight, dbias};
   }
   // NCHW: the activation's backward, then BatchNorm's. (cuDNN refused a graph with ReLU backward reading a saved,
   // non-virtual tensor, and BN-inference -> ReLU backward -> BN backward with half-precision gradients.)
   TORCH_CHECK(has_y || activation == Activation::kNone, "cudnn_fusion: y (the forward output) is needed for the "
               "activation's backward of an empty x, got none");
-  auto dz = activation_backward(dy, y_dense, activation).contiguous(format);
+  auto dz = activation_backward(grad_y.contiguous(format), y_dense, activation).contiguous(format);
   auto dresidual = has_residual ? dz : at::empty({0}, x.options());
   auto aten_backward = [&]() {
     return at::native_batch_norm_backward(dz, x_dense, weight, std::nullopt, std::nullopt, save_mean, save_invstd,
@@ -460,7 +470,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
   auto coefficient = at::empty({2, x.size(1)}, stats_options);
   auto dweight = at::empty({x.size(1)}, stats_options);
   auto dbias = at::empty({x.size(1)}, stats_options);
-  batch_norm_act_backward_with_kernel(grad_y.contiguous(format), x_dense, has_y ? y->contiguous(format) : at::Tensor(),
+  batch_norm_act_backward_with_kernel(dy_into(grad_y, grad_z), x_dense, has_y ? y->contiguous(format) : at::Tensor(),
                                       weight, bias, save_mean, save_invstd, grad_z, at::Tensor(), dweight, dbias,
                                       activation, kBackwardReduce, coefficient);
   return {grad_z, coefficient, dweight, dbias};
