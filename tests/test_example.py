@@ -8,7 +8,6 @@ import sys
 
 import numpy as np
 import pytest
-import torch
 
 pytest.importorskip("matplotlib", reason='the examples need matplotlib: pip install ".[examples]"')
 pytest.importorskip("tqdm", reason='the examples need tqdm: pip install ".[examples]"')
