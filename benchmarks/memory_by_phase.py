@@ -15,7 +15,6 @@ statistics (memory_allocated, max_memory_allocated; the caching allocator's rese
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import sys
@@ -24,7 +23,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_mobilenet import train_step_fn  # noqa: E402
-from profile_by_kind import setup  # noqa: E402
+from profile_by_kind import model_arguments, run_header, setup  # noqa: E402
 
 MIB = 2**20
 COLUMNS = (("first_step_peak", "first step"), ("resident", "resident"), ("forward_peak", "fwd peak"),
@@ -64,17 +63,11 @@ def measure(make, x, target, warmup: int) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", default="resnet50", choices=["mobilenet_v1", "mobilenet_v2", "resnet50"])
-    p.add_argument("--batch", type=int, default=256)
+    model_arguments(p, "resnet50")
     p.add_argument("--warmup", type=int, default=2, help="steps between the first and the measured one")
-    p.add_argument("--no-compile", action="store_true")
-    p.add_argument("--json", default=None)
     args = p.parse_args()
-    plain, x, target, variants = setup(args.model, args.batch)
-    if not args.no_compile:
-        variants["torch.compile"] = lambda: torch.compile(copy.deepcopy(plain))
-    out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
-           "model": args.model, "batch": args.batch, "rows": []}
+    _, x, target, variants = setup(args.model, args.batch, with_compile=not args.no_compile)
+    out = {**run_header(args), "rows": []}
     for variant, make in variants.items():
         try:
             row = {"variant": variant, **measure(make, x, target, args.warmup)}

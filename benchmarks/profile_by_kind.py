@@ -105,35 +105,47 @@ def by_kind(kernels: dict[str, float]) -> dict[str, dict]:
     return kinds
 
 
-def setup(model: str, batch: int):
-    """(plain model, input batch, targets, {"eager": ..., "fused": ...} makers of fresh variants), as every profile
-    here takes them: cudnn.benchmark on, seed 0, channels_last, a 224x224 batch on the GPU."""
+def model_arguments(p: argparse.ArgumentParser, default_model: str, compile_option: bool = True) -> None:
+    """The arguments of every whole-model benchmark here: --model, --batch, --json and (compile_option) --no-compile."""
+    p.add_argument("--model", default=default_model, choices=["mobilenet_v1", "mobilenet_v2", "resnet50"])
+    p.add_argument("--batch", type=int, default=256)
+    if compile_option:
+        p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--json", default=None)
+
+
+def setup(model: str, batch: int, with_compile: bool = False):
+    """(plain model, input batch, targets, {"eager": ..., "fused": ..., and with_compile "torch.compile": ...} makers
+    of fresh variants), as every profile here takes them: cudnn.benchmark on, seed 0, channels_last, a 224x224 batch
+    on the GPU."""
     torch.backends.cudnn.benchmark = True
     torch.manual_seed(0)
     x = torch.randn(batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
     target = torch.randint(0, 1000, (batch,), device="cuda")
     plain = load_model(model).cuda().to(memory_format=torch.channels_last)
     variants = {"eager": lambda: copy.deepcopy(plain), "fused": lambda: tcf.fuse(copy.deepcopy(plain))[0]}
+    if with_compile:
+        variants["torch.compile"] = lambda: torch.compile(copy.deepcopy(plain))
     return plain, x, target, variants
+
+
+def run_header(args) -> dict:
+    """The GPU, versions, model and batch a result file starts with."""
+    return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
+            "model": args.model, "batch": args.batch}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", default="mobilenet_v1", choices=["mobilenet_v1", "mobilenet_v2", "resnet50"])
-    p.add_argument("--batch", type=int, default=256)
+    model_arguments(p, "mobilenet_v1")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=5, help="profiled steps per variant and mode")
     p.add_argument("--repeats", type=int, default=20, help="timed steps per variant and mode (CUDA-event median)")
     p.add_argument("--top", type=int, default=3, help="kernels listed per kind")
-    p.add_argument("--no-compile", action="store_true")
-    p.add_argument("--json", default=None)
     args = p.parse_args()
-    plain, x, target, variants = setup(args.model, args.batch)
-    if not args.no_compile:
-        variants["torch.compile"] = lambda: torch.compile(copy.deepcopy(plain))
-    out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
-           "model": args.model, "batch": args.batch, "rows": []}
+    _, x, target, variants = setup(args.model, args.batch, with_compile=not args.no_compile)
+    out = {**run_header(args), "rows": []}
     for mode in ("train", "inference"):
         for variant, make in variants.items():
             row = {"variant": variant, "mode": mode}

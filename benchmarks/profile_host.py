@@ -20,7 +20,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_mobilenet import train_step_fn  # noqa: E402
-from profile_by_kind import host_ms, setup  # noqa: E402
+from profile_by_kind import host_ms, model_arguments, run_header, setup  # noqa: E402
 
 RUNTIME_CALL = re.compile(r"cu(da)?[A-Z]")  # cudaLaunchKernel, cuLaunchKernelEx, ... (not cudnn_fusion::...)
 
@@ -46,17 +46,14 @@ def host_profile(fn, steps: int) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", default="mobilenet_v2", choices=["mobilenet_v1", "mobilenet_v2", "resnet50"])
-    p.add_argument("--batch", type=int, default=256)
+    model_arguments(p, "mobilenet_v2", compile_option=False)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=3, help="profiled steps per variant")
     p.add_argument("--repeats", type=int, default=10, help="untraced steps timed for the host time")
     p.add_argument("--top", type=int, default=20, help="operators listed per variant")
-    p.add_argument("--json", default=None)
     args = p.parse_args()
     _, x, target, variants = setup(args.model, args.batch)
-    out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
-           "model": args.model, "batch": args.batch, "variants": {}}
+    out = {**run_header(args), "variants": {}}
     for name, make in variants.items():
         model = make().train()
         fn = train_step_fn(model, x, target)
