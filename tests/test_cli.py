@@ -72,6 +72,26 @@ def test_engines_reports_a_refused_graph(extension):
 
 
 @gpu
+@pytest.mark.parametrize("activation, channels_last", [("relu6", True), ("relu6", False), ("relu", True)])
+def test_engines_lists_no_cudnn_plan_for_a_relu_backward_no_graph_runs(extension, activation, channels_last):
+    # ReLU6's backward never runs a graph; ReLU's runs our kernel for channels_last with channels a multiple of 8
+    table = tcf.engines([4, 64, 14, 14], [64, 64, 3, 3], padding=1, graph="relu_bias_backward",
+                        activation=activation, channels_last=channels_last, time=True, repeats=3)
+    assert table[:-1] == [] and table[-1].index is None and table[-1].median_ms > 0, str(table)
+    assert table.runs_instead and not table.refusal
+    assert "No cuDNN graph runs here: " + table.runs_instead in str(table)
+    expected = "our NHWC kernel" if channels_last else "eager's composition"
+    assert expected in table.runs_instead, table.runs_instead
+
+
+@gpu
+def test_engines_lists_cudnn_plans_for_a_relu_backward_the_graph_runs(extension):
+    table = tcf.engines([4, 64, 14, 14], [64, 64, 3, 3], padding=1, graph="relu_bias_backward", channels_last=False)
+    assert not table.runs_instead
+    assert table.refusal or [c for c in table[:-1] if not c.error], str(table)
+
+
+@gpu
 def test_engines_cli_prints_a_table(extension):
     out = _cli("engines", "--input", "8,64,14,14", "--weight", "128,64,1,1", "--time", "--repeats", "3")
     assert out.returncode == 0, out.stderr

@@ -116,7 +116,10 @@ pybind11::dict list_engines_py(const std::string& graph, const std::string& dtyp
                                int64_t policy) {
   auto p = problem_from(dtype, channels_last, device, x_size, w_size, stride, padding_pre, padding_post, dilation,
                         groups, has_bias, has_residual, activation, policy);
-  auto listing = list_engines(graph_kind_from_name(graph), p, time, static_cast<int>(repeats));
+  auto kind = graph_kind_from_name(graph);
+  // ReLU's backward where no cuDNN graph runs it (our kernel, or ReLU6): no candidates to list, what runs instead
+  auto runs_instead = kind == GraphKind::kReluBiasBackward ? relu_bias_backward_without_graph(p) : std::string();
+  auto listing = runs_instead.empty() ? list_engines(kind, p, time, static_cast<int>(repeats)) : EngineListing();
   pybind11::list candidates;
   for (const auto& c : listing.candidates) {
     pybind11::dict row;
@@ -132,6 +135,7 @@ pybind11::dict list_engines_py(const std::string& graph, const std::string& dtyp
   out["candidates"] = candidates;
   out["heuristic_choice"] = listing.heuristic_choice;
   out["refusal"] = listing.refusal;
+  out["runs_instead"] = runs_instead;
   return out;
 }
 

@@ -68,7 +68,8 @@ variable_list as_list(ForwardOutputs&& out) {
 class BatchNormActFunction : public torch::autograd::Function<BatchNormActFunction> {
  public:
   // computed: the forward's outputs where the caller ran it already (the conv + BatchNorm op, whose one call
-  // computes both layers); nullptr: run cudnn_fusion::batch_norm_act here.
+  // computes both layers and updates the running statistics in place): {y, save_mean, save_invstd, reserve}, the
+  // node's outputs; nullptr: run cudnn_fusion::batch_norm_act here, whose six outputs are the node's.
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                                const at::Tensor& bias, const std::optional<at::Tensor>& running_mean,
                                const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& residual,
@@ -85,9 +86,9 @@ class BatchNormActFunction : public torch::autograd::Function<BatchNormActFuncti
     bool has_residual = residual.has_value() && residual->defined();
     const auto y = batch_norm_backward_reads_y(activation, has_residual, implementation, channels_last) ? out[0]
                                                                                                      : at::Tensor();
-    ctx->save_for_backward({x, y, weight, bias, out[1], out[2], out[5]});
-    ctx->mark_non_differentiable({out[1], out[2], out[3], out[4], out[5]});
-    // The five statistics outputs never get a gradient: materializing zeros for them cost five allocations and
+    ctx->save_for_backward({x, y, weight, bias, out[1], out[2], out.back()});
+    ctx->mark_non_differentiable(variable_list(out.begin() + 1, out.end()));
+    // The statistics outputs never get a gradient: materializing zeros for them cost five allocations and
     // fill kernels per backward (seen in the H200 profile). backward() handles an undefined grad_y itself.
     ctx->set_materialize_grads(false);
     ctx->saved_data["eps"] = eps;
@@ -265,14 +266,12 @@ ConvForwardOutputs conv_batch_norm_act_autograd(const at::Tensor& x, const at::T
                           running_mean, running_var, num_batches_tracked, residual, momentum, eps, activation,
                           implementation, conv_dtype, policy);
     conv_computed = {x_cast, weight_cast, z};
-    // the op writes the running statistics in place: empty next statistics (autograd takes no undefined output)
-    auto none = at::empty({0}, save_mean.options());
-    bn_computed = {y, save_mean, save_invstd, none, none, reserve};
+    bn_computed = {y, save_mean, save_invstd, reserve};
   }
   auto z = ConvFunction::apply(x, conv_weight, conv_bias, stride, padding, dilation, groups, &conv_computed)[0];
   auto out = BatchNormActFunction::apply(z, weight, bias, running_mean, running_var, residual, momentum, eps,
                                          activation, implementation, policy, &bn_computed);
-  return {out[0], z, out[1], out[2], out[5]};
+  return {out[0], z, out[1], out[2], out[3]};
 }
 
 }  // namespace

@@ -37,7 +37,20 @@ void check_per_channel(const at::Tensor& t, const char* name, const at::Tensor& 
               " must be a contiguous tensor of shape [", x.size(1), "] (x's channels), got ", t.sizes());
 }
 
-
+// What both steps of the two-step backward (batch_norm_act_backward_reduce, batch_norm_backward_dx) check: a
+// non-empty channels_last x, the incoming gradient like it, and float32 per-channel tensors.
+void check_two_step_arguments(const char* op, const at::Tensor& grad, const char* grad_name, const at::Tensor& x,
+                              const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& save_mean,
+                              const at::Tensor& save_invstd) {
+  check_4d_cuda(x, "x");
+  check_same_as(grad, grad_name, x);
+  TORCH_CHECK(x.suggest_memory_format() == at::MemoryFormat::ChannelsLast && x.numel() > 0, "cudnn_fusion: ", op,
+              " takes a non-empty channels_last x, got shape ", x.sizes(), " with strides ", x.strides());
+  for (const auto& [t, name] : {std::pair{&weight, "weight"}, {&bias, "bias"}, {&save_mean, "save_mean"},
+                                {&save_invstd, "save_invstd"}}) {
+    check_per_channel(*t, name, x);
+  }
+}
 
 BatchNormProblem problem_of(const at::Tensor& x, bool channels_last, bool running_stats, bool has_residual,
                             Activation activation, int64_t policy) {
@@ -399,8 +412,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
 
   if (implementation == BatchNormImplementation::kLegacy) {
     auto dresidual = has_residual ? at::empty(x.sizes(), x.options().memory_format(format)) : at::Tensor();
-    if (legacy_backward(p, x_dense, y_dense, grad_y.contiguous(format), dresidual, dx, weight, bias, dweight, dbias, eps, save_mean,
-                        save_invstd, reserve)) {
+    if (legacy_backward(p, x_dense, y_dense, grad_y.contiguous(format), dresidual, dx, weight, bias, dweight, dbias,
+                        eps, save_mean, save_invstd, reserve)) {
       return {dx, has_residual ? dresidual : at::empty({0}, x.options()), dweight, dbias};
     }
   }
@@ -448,20 +461,13 @@ bool batch_norm_backward_in_two_steps(int64_t activation, bool has_residual, int
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward_reduce(
     const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& y, const at::Tensor& weight,
     const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd, int64_t activation_value) {
-  check_4d_cuda(x, "x");
-  check_same_as(grad_y, "grad_y", x);
+  check_two_step_arguments("batch_norm_act_backward_reduce", grad_y, "grad_y", x, weight, bias, save_mean,
+                           save_invstd);
   auto activation = activation_from(activation_value);
   TORCH_CHECK(activation != Activation::kNone, "cudnn_fusion: batch_norm_act_backward_reduce needs an activation "
               "(1 ReLU or 2 ReLU6), got 0");
-  TORCH_CHECK(x.suggest_memory_format() == at::MemoryFormat::ChannelsLast && x.numel() > 0,
-              "cudnn_fusion: batch_norm_act_backward_reduce takes a non-empty channels_last x, got shape ", x.sizes(),
-              " with strides ", x.strides());
   bool has_y = y.has_value() && y->defined();
   if (has_y) check_same_as(*y, "y", x);
-  for (const auto& [t, name] : {std::pair{&weight, "weight"}, {&bias, "bias"}, {&save_mean, "save_mean"},
-                                {&save_invstd, "save_invstd"}}) {
-    check_per_channel(*t, name, x);
-  }
   c10::DeviceGuard guard(x.device());
   const auto format = at::MemoryFormat::ChannelsLast;
   auto x_dense = x.contiguous(format);
@@ -479,15 +485,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
 at::Tensor batch_norm_backward_dx(const at::Tensor& grad_z, const at::Tensor& x, const at::Tensor& weight,
                                   const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd,
                                   const at::Tensor& coefficient) {
-  check_4d_cuda(x, "x");
-  check_same_as(grad_z, "grad_z", x);
-  TORCH_CHECK(x.suggest_memory_format() == at::MemoryFormat::ChannelsLast && x.numel() > 0,
-              "cudnn_fusion: batch_norm_backward_dx takes a non-empty channels_last x, got shape ", x.sizes(),
-              " with strides ", x.strides());
-  for (const auto& [t, name] : {std::pair{&weight, "weight"}, {&bias, "bias"}, {&save_mean, "save_mean"},
-                                {&save_invstd, "save_invstd"}}) {
-    check_per_channel(*t, name, x);
-  }
+  check_two_step_arguments("batch_norm_backward_dx", grad_z, "grad_z", x, weight, bias, save_mean, save_invstd);
   TORCH_CHECK(coefficient.device() == x.device() && coefficient.scalar_type() == at::kFloat &&
                   coefficient.is_contiguous() && coefficient.sizes() == at::IntArrayRef({2, x.size(1)}),
               "cudnn_fusion: coefficient must be batch_norm_act_backward_reduce's: float32, contiguous, shape [2, ",

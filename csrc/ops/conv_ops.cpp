@@ -24,11 +24,6 @@ std::array<int64_t, 2> pair_arg(at::IntArrayRef values, const char* name) {
   return {values[0], values[1]};
 }
 
-
-
-
-
-
 ConvProblem make_problem(const at::Tensor& grad_or_x, at::IntArrayRef x_size, at::IntArrayRef w_size,
                          at::IntArrayRef stride, at::IntArrayRef padding_pre, at::IntArrayRef padding_post,
                          at::IntArrayRef dilation, int64_t groups, bool channels_last) {
@@ -223,6 +218,18 @@ at::Tensor conv_bias_act(const at::Tensor& x, const at::Tensor& weight, const st
   return y;
 }
 
+std::string relu_bias_backward_without_graph(const ConvProblem& p) {
+  const auto vector = std::to_string(16 / c10::elementSize(p.dtype));
+  if (use_relu_bias_kernel(p.channels_last, p.dtype, p.w_size[0])) {
+    return "our NHWC kernel runs it (channels_last, channels a multiple of " + vector + "), not a cuDNN graph";
+  }
+  if (p.activation == Activation::kRelu6) {
+    return "ReLU6's backward runs in our kernel for channels_last with channels a multiple of " + vector +
+           " (no cuDNN graph for it): eager's composition";
+  }
+  return "";
+}
+
 std::tuple<at::Tensor, at::Tensor> relu_bias_backward(const at::Tensor& grad_out, const at::Tensor& out,
                                                       int64_t activation, int64_t policy) {
   auto act = activation_from(activation);
@@ -302,10 +309,7 @@ std::unordered_map<std::string, std::string> check_conv_layer(const ConvProblem&
   // the cuDNN graph (its refusal), for ReLU6 eager's composition
   auto activation_backward_refusal = [&](const ConvProblem& p) -> std::string {
     if (use_relu_bias_kernel(p.channels_last, p.dtype, p.w_size[0])) return "";
-    if (p.activation == Activation::kRelu6) {
-      return "ReLU6's backward runs in our kernel for channels_last with channels a multiple of " +
-             std::to_string(16 / c10::elementSize(p.dtype)) + " (no cuDNN graph for it): eager's composition";
-    }
+    if (p.activation == Activation::kRelu6) return relu_bias_backward_without_graph(p);
     return refusal(GraphKind::kReluBiasBackward, {fresh, fresh, fresh, fresh, 0});
   };
   auto depthwise = depthwise_kernel_unmet(problem);

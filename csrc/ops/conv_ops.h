@@ -32,10 +32,20 @@ at::Tensor conv_bias_act(const at::Tensor& x, const at::Tensor& weight, const st
 std::tuple<at::Tensor, at::Tensor> relu_bias_backward(const at::Tensor& grad_out, const at::Tensor& out,
                                                       int64_t activation, int64_t policy);
 
+// Where relu_bias_backward runs no cuDNN graph for this layer (our kernel, or for ReLU6 eager's composition): what
+// runs instead; "" where it runs the graph.
+std::string relu_bias_backward_without_graph(const ConvProblem& problem);
+
 // grad_x of the convolution, given grad_z (the gradient at the conv output).
 at::Tensor conv_dgrad(const at::Tensor& grad_z, const at::Tensor& weight, at::IntArrayRef x_size,
                       at::IntArrayRef stride, at::IntArrayRef padding_pre, at::IntArrayRef padding_post,
                       at::IntArrayRef dilation, int64_t groups, int64_t policy);
+
+// conv_dgrad through the dispatcher, for the autograd kernels (conv_autograd.cpp, and the conv + BatchNorm op's conv
+// node): under torch.compile the backward then traces the op's fake kernel instead of reaching a fake tensor's data.
+at::Tensor call_conv_dgrad(const at::Tensor& grad_z, const at::Tensor& weight, at::IntArrayRef x_size,
+                           at::IntArrayRef stride, at::IntArrayRef padding_pre, at::IntArrayRef padding_post,
+                           at::IntArrayRef dilation, int64_t groups, int64_t policy);
 
 // grad_weight of the convolution, given grad_z.
 at::Tensor conv_wgrad(const at::Tensor& grad_z, const at::Tensor& x, at::IntArrayRef weight_size,

@@ -2,7 +2,6 @@
 
 #include <sstream>
 
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
 
 #include "kernels/depthwise_conv_kernel.h"
@@ -162,12 +161,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_conv_backward(
   };
   auto p = depthwise_problem(x, weight, stride, padding, dilation, groups);
   if (!mask[0] || !p.has_value() || !depthwise_kernel_steps(false, p->stride[0]).dgrad) return aten(mask);
-  // through the dispatcher (cudnn_fusion::conv_dgrad runs our kernel here), so that torch.compile traces this backward
-  // with the op's fake kernel instead of reaching a data pointer of a fake tensor
-  static auto conv_dgrad_op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("cudnn_fusion::conv_dgrad", "").typed<decltype(conv_dgrad)>();
-  auto dx = conv_dgrad_op.call(grad_z.contiguous(at::MemoryFormat::ChannelsLast), weight, x.sizes(), stride, padding,
-                               padding, dilation, groups, 0);
+  // cudnn_fusion::conv_dgrad runs our kernel here
+  auto dx = call_conv_dgrad(grad_z.contiguous(at::MemoryFormat::ChannelsLast), weight, x.sizes(), stride, padding,
+                            padding, dilation, groups, 0);
   if (!mask[1] && !mask[2]) return {dx, at::Tensor(), at::Tensor()};
   auto rest = aten({false, mask[1], mask[2]});
   return {dx, std::get<1>(rest), std::get<2>(rest)};

@@ -40,12 +40,17 @@ class EngineCandidate:
 
 
 class EngineTable(list):
-    """A list of EngineCandidate that prints as a table; `refusal` is set when cuDNN refused the whole graph."""
+    """A list of EngineCandidate that prints as a table; `refusal` is set when cuDNN refused the whole graph,
+    `runs_instead` when the layer never runs this graph (ReLU's backward in our NHWC kernel, ReLU6's backward): what
+    runs instead, and no cuDNN candidate is listed."""
 
     refusal: str = ""
+    runs_instead: str = ""
 
     def __str__(self) -> str:
         lines = [f"cuDNN refused the graph: {self.refusal}"] if self.refusal else []
+        if self.runs_instead:
+            lines.append(f"No cuDNN graph runs here: {self.runs_instead}")
         lines.append(f"{'#':>3}  {'engine / knobs':<40} {'workspace':>12} {'median ms':>10}  notes")
         for c in self:
             index = "" if c.index is None else str(c.index)
@@ -154,6 +159,7 @@ def engines(
         for row in listing["candidates"]
     )
     table.refusal = listing["refusal"]
+    table.runs_instead = listing["runs_instead"]
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     with torch.cuda.device(cuda):
         eager_ms = (_eager_candidate(graph, x_shape, weight_shape, stride_, pre, post, dilation_, groups, dtype,
