@@ -336,11 +336,12 @@ CONV_BN_VARIANTS = {
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("variant", ["relu", "residual"])  # ReLU6's mask near 6 is ambiguous (conftest): not here
-@pytest.mark.parametrize("incoming", ["expanded", "contiguous"])
-def test_an_output_gradient_in_another_layout_gives_eager_s_gradients(extension, no_tf32, dtype, variant, incoming):
+@pytest.mark.parametrize("incoming", ["expanded", "contiguous", "dense", "held"])
+def test_an_output_gradient_in_any_layout_or_held_gives_eager_s_gradients(extension, no_tf32, dtype, variant, incoming):
     """The BatchNorm backward kernel reads a dense channels_last gradient; one that arrives expanded (a sum's
-    backward) or contiguous (NCHW) is first copied into an output the kernel then writes in place. Every gradient
-    against eager's and a float64 reference."""
+    backward) or contiguous (NCHW) is first copied to channels_last by the node. A dense one that only autograd
+    holds ("dense"), or that copy, is overwritten with the node's result; one that a hook keeps ("held") must not be:
+    the hook's tensor still holds the gradient afterwards. Every gradient against eager's and a float64 reference."""
     cls, activation, conv_bias, _, momentum, _, _, has_residual = CONV_BN_VARIANTS[variant]
     torch.manual_seed(0)
     conv = nn.Conv2d(32, 64, 3, padding=1, bias=conv_bias).cuda().to(memory_format=torch.channels_last)
@@ -355,7 +356,9 @@ def test_an_output_gradient_in_another_layout_gives_eager_s_gradients(extension,
     # in the conv's output dtype, as a fused residual must be (a float32 one under autocast runs eager)
     residual = torch.randn(8, 64, 14, 14, device="cuda").to(dtype).to(memory_format=torch.channels_last)
     scale = torch.randn(8, 64, 14, 14, device="cuda")  # contiguous: the gradient of (y * scale).sum() follows it
-    results = []
+    if incoming in ("dense", "held"):
+        scale = scale.to(memory_format=torch.channels_last)
+    results, kept = [], []
     for forward, modules, precision in (
             (lambda t, r: fused(t, r) if has_residual else fused(t), (conv, bn), None),
             (lambda t, r: act(bn_e(conv_e(t)) + r if has_residual else bn_e(conv_e(t))), (conv_e, bn_e), None),
@@ -364,6 +367,8 @@ def test_an_output_gradient_in_another_layout_gives_eager_s_gradients(extension,
         leaves = [t.detach().to(precision or t.dtype).clone().requires_grad_() for t in (x, residual)]
         with torch.autocast("cuda", dtype, enabled=dtype != torch.float32 and precision is None):
             y = forward(*leaves)
+        if incoming == "held":
+            y.register_hook(kept.append)
         loss = y.sum() if incoming == "expanded" else (y * scale.to(y.dtype)).sum()
         loss.backward()
         grads = [leaves[0].grad] + ([leaves[1].grad] if has_residual else []) + [p.grad for m in modules
@@ -375,6 +380,8 @@ def test_an_output_gradient_in_another_layout_gives_eager_s_gradients(extension,
     assert len(grads) == 4 + has_residual
     for i, (g, g_e, g_r) in enumerate(zip(grads, grads_e, grads_r, strict=True)):
         assert_as_accurate_as_eager(f"gradient {i}", g, g_e, g_r, dtype)
+    if incoming == "held":  # the fused layer's incoming gradient, as the hook saw it, is still d loss / d y
+        assert torch.equal(kept[0], scale.to(kept[0].dtype)), "the fused backward overwrote a gradient a hook kept"
 
 
 def assert_conv_bn_nodes(y, step=None):
@@ -733,7 +740,8 @@ def test_a_training_conv_bn_layer_peaks_no_higher_than_eager(extension, no_tf32,
     backward reads it; and BatchNorm's saved tensors and incoming gradient are freed before the conv's backward
     allocates its own (two autograd nodes, as eager's). incoming: the layer's output gradient a fresh channels_last
     tensor (as a next conv's dgrad), or expanded from one number (a sum's backward, as the mean before a classifier):
-    eager's ReLU backward reads it as it is; our kernel copies it into an output it then writes in place."""
+    eager's ReLU backward reads it as it is; the fused node copies it to channels_last first. Either is then
+    overwritten with the node's result (batch_norm_backward_may_overwrite)."""
     cls, activation, conv_bias, _, momentum, _, _, has_residual = CONV_BN_VARIANTS[variant]
     torch.manual_seed(0)
     conv = nn.Conv2d(64, 64, 3, padding=1, bias=conv_bias).cuda().to(memory_format=torch.channels_last)
@@ -771,8 +779,11 @@ def test_a_training_conv_bn_layer_peaks_no_higher_than_eager(extension, no_tf32,
         eager_peak = peak_above_start(eager)
     assert fused.fusion_status.fused, fused.fusion_status
     activation_bytes = x.numel() * x.element_size()
-    # beside the activations, our backward kernel's partial sums: [2 * blocks down the rows, channels] float32, about
-    # 0.5 MiB here, where eager's BatchNorm backward stages less
-    scratch = 1 << 20
-    assert fused_peak <= eager_peak + scratch, (f"fused peak {fused_peak / activation_bytes:.2f} activations, eager's "
+    # The gradient (or, expanded, its channels_last copy) only autograd holds takes BatchNorm's backward in place: one
+    # activation fewer than eager's ReLU backward allocates, which covers our kernel's partial sums ([2 * blocks down
+    # the rows, channels] float32, about 0.5 MiB here). Both peak at 4 activations; the allowance covers what moves
+    # between runs beside them (fused was 0.1 MiB above eager in one full-suite run on an H100, at or below it in
+    # others). Each regression this test targets costs a whole activation, 12 MiB.
+    allowance = 1 << 20
+    assert fused_peak <= eager_peak + allowance, (f"fused peak {fused_peak / activation_bytes:.2f} activations, eager's "
                                       f"{eager_peak / activation_bytes:.2f} ({activation_bytes} bytes each)")

@@ -71,6 +71,13 @@ def test_opcheck_every_op(extension):
                                save_invstd, 1))
     torch.library.opcheck(ops.batch_norm_backward_dx.default,
                           (grad_z, z.detach(), scale.detach(), shift.detach(), save_mean, save_invstd, coefficient))
+    # the in-place variants the node runs on a gradient only it holds: the result is written over grad_y
+    for mask in (y, None):
+        torch.library.opcheck(ops.batch_norm_act_backward_reduce_.default,
+                              (_input(2, c, 9, 9), z.detach(), mask, scale.detach(), shift.detach(), save_mean,
+                               save_invstd, 1))
+    torch.library.opcheck(ops.batch_norm_act_backward_.default,
+                          (_input(2, c, 9, 9), z.detach(), scale.detach(), shift.detach(), save_mean, save_invstd, 1))
     # the one training op, which updates the running statistics and the step count in place
     count = torch.zeros((), dtype=torch.long, device="cuda")
     for conv_dtype in (None, torch.bfloat16):
@@ -79,6 +86,33 @@ def test_opcheck_every_op(extension):
         torch.library.opcheck(ops.conv_batch_norm_act.default,
                               (x32, w32, None, [1, 1], [1, 1], [1, 1], 1, scale, shift, *stats(), count, None, 0.1,
                                1e-5, 1, 0, conv_dtype))
+
+
+@pytest.mark.parametrize("activation", [1, 2], ids=["relu", "relu6"])
+def test_the_in_place_batch_norm_backward_ops_match_the_functional_ones(extension, activation):
+    """What the autograd node runs on a gradient only it holds gives the functional ops' results bit for bit (one
+    kernel, one launch shape), written over grad_y; a grad_y that cannot take them is refused by name."""
+    ops = torch.ops.cudnn_fusion
+    c = 64
+    scale, shift = torch.rand(c, device="cuda") + 0.5, torch.randn(c, device="cuda")
+    z, residual, grad = _input(4, c, 9, 9), _input(4, c, 9, 9), _input(4, c, 9, 9)
+    y, mean, invstd, _, _, reserve = ops.batch_norm_act(z, scale, shift, None, None, None, 0.1, 1e-5, activation, 0)
+    dx, _, dw, db = ops.batch_norm_act_backward(grad, z, y, scale, shift, mean, invstd, reserve, 1e-5, activation,
+                                                False, 0)
+    overwritten = grad.clone()
+    dw_, db_ = ops.batch_norm_act_backward_(overwritten, z, scale, shift, mean, invstd, activation)
+    assert torch.equal(overwritten, dx) and torch.equal(dw_, dw) and torch.equal(db_, db)
+    y, mean, invstd, _, _, _ = ops.batch_norm_act(z, scale, shift, None, None, residual, 0.1, 1e-5, activation, 0)
+    grad_z, coefficient, dw, db = ops.batch_norm_act_backward_reduce(grad, z, y, scale, shift, mean, invstd,
+                                                                     activation)
+    overwritten = grad.clone()
+    coefficient_, dw_, db_ = ops.batch_norm_act_backward_reduce_(overwritten, z, y, scale, shift, mean, invstd,
+                                                                 activation)
+    assert torch.equal(overwritten, grad_z) and torch.equal(coefficient_, coefficient)
+    assert torch.equal(dw_, dw) and torch.equal(db_, db)
+    nchw = grad.contiguous()
+    with pytest.raises(RuntimeError, match="writes its result over grad_y: grad_y must be channels_last-contiguous"):
+        ops.batch_norm_act_backward_(nchw, z, scale, shift, mean, invstd, activation)
 
 
 def test_compile_fullgraph_model_of_fused_modules(extension):

@@ -388,6 +388,12 @@ TORCH_LIBRARY(cudnn_fusion, m) {
       "batch_norm_act_backward_reduce(Tensor grad_y, Tensor x, Tensor? y, Tensor weight, Tensor bias, "
       "Tensor save_mean, Tensor save_invstd, int activation) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
+      "batch_norm_act_backward_reduce_(Tensor(a!) grad_y, Tensor x, Tensor? y, Tensor weight, Tensor bias, "
+      "Tensor save_mean, Tensor save_invstd, int activation) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "batch_norm_act_backward_(Tensor(a!) grad_y, Tensor x, Tensor weight, Tensor bias, Tensor save_mean, "
+      "Tensor save_invstd, int activation) -> (Tensor, Tensor)");
+  m.def(
       "batch_norm_backward_dx(Tensor grad_z, Tensor x, Tensor weight, Tensor bias, Tensor save_mean, "
       "Tensor save_invstd, Tensor coefficient) -> Tensor");
   m.def(
@@ -405,6 +411,8 @@ TORCH_LIBRARY_IMPL(cudnn_fusion, CUDA, m) {
   m.impl("batch_norm_act", &tcf::batch_norm_act_forward);
   m.impl("batch_norm_act_backward", &tcf::batch_norm_act_backward);
   m.impl("batch_norm_act_backward_reduce", &tcf::batch_norm_act_backward_reduce);
+  m.impl("batch_norm_act_backward_reduce_", &tcf::batch_norm_act_backward_reduce_);
+  m.impl("batch_norm_act_backward_", &tcf::batch_norm_act_backward_);
   m.impl("batch_norm_backward_dx", &tcf::batch_norm_backward_dx);
   m.impl("conv_batch_norm_act", &tcf::conv_batch_norm_act_forward);
 }

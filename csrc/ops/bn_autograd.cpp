@@ -52,6 +52,30 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_backward_reduce(
                  save_invstd, activation);
 }
 
+// The in-place variants, for a grad_y the node may overwrite (bn_ops.h: batch_norm_backward_may_overwrite)
+std::tuple<at::Tensor, at::Tensor, at::Tensor> call_backward_reduce_(const at::Tensor& grad_y, const at::Tensor& x,
+                                                                     const at::Tensor& y, const at::Tensor& weight,
+                                                                     const at::Tensor& bias,
+                                                                     const at::Tensor& save_mean,
+                                                                     const at::Tensor& save_invstd,
+                                                                     int64_t activation) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("cudnn_fusion::batch_norm_act_backward_reduce_", "")
+                       .typed<decltype(batch_norm_act_backward_reduce_)>();
+  return op.call(grad_y, x, y.defined() ? std::optional<at::Tensor>(y) : std::nullopt, weight, bias, save_mean,
+                 save_invstd, activation);
+}
+
+std::tuple<at::Tensor, at::Tensor> call_backward_(const at::Tensor& grad_y, const at::Tensor& x,
+                                                  const at::Tensor& weight, const at::Tensor& bias,
+                                                  const at::Tensor& save_mean, const at::Tensor& save_invstd,
+                                                  int64_t activation) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("cudnn_fusion::batch_norm_act_backward_", "")
+                       .typed<decltype(batch_norm_act_backward_)>();
+  return op.call(grad_y, x, weight, bias, save_mean, save_invstd, activation);
+}
+
 at::Tensor call_backward_dx(const at::Tensor& grad_z, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd,
                             const at::Tensor& coefficient) {
@@ -123,13 +147,31 @@ class BatchNormActFunction : public torch::autograd::Function<BatchNormActFuncti
     int64_t activation = ctx->saved_data["activation"].toInt();
     int64_t implementation = ctx->saved_data["implementation"].toInt();
     at::Tensor grad_x, grad_residual, grad_weight, grad_bias;
-    if (batch_norm_backward_in_two_steps(activation, has_residual, implementation,
-                                         x.suggest_memory_format() == at::MemoryFormat::ChannelsLast)) {
+    bool channels_last = x.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
+    bool our_kernel = batch_norm_backward_in_our_kernel(activation, implementation, channels_last);
+    // Our kernel reads a dense channels_last gradient: one in another layout or expanded (the mean's backward before
+    // a classifier) is copied here, and the original freed where autograd held it alone, before the kernel's
+    // scratch is allocated. Where nothing else holds grad_y then (or a copy), the result is written over it: eager's
+    // ReLU backward allocates a new tensor there (and BatchNorm's another).
+    if (our_kernel && !grad_y.is_contiguous(at::MemoryFormat::ChannelsLast)) {
+      grad_y = grad_y.contiguous(at::MemoryFormat::ChannelsLast);
+    }
+    bool overwrite = our_kernel && batch_norm_backward_may_overwrite(grad_y, x);
+    if (batch_norm_backward_in_two_steps(activation, has_residual, implementation, channels_last)) {
       at::Tensor coefficient;
-      std::tie(grad_residual, coefficient, grad_weight, grad_bias) =
-          call_backward_reduce(grad_y, x, y, weight, bias, mean, invstd, activation);
-      grad_y.reset();  // freed here where autograd held it alone, before dx is allocated
+      if (overwrite) {
+        std::tie(coefficient, grad_weight, grad_bias) =
+            call_backward_reduce_(grad_y, x, y, weight, bias, mean, invstd, activation);
+        grad_residual = std::move(grad_y);
+      } else {
+        std::tie(grad_residual, coefficient, grad_weight, grad_bias) =
+            call_backward_reduce(grad_y, x, y, weight, bias, mean, invstd, activation);
+        grad_y.reset();  // freed here where autograd held it alone, before dx is allocated
+      }
       if (need_x) grad_x = call_backward_dx(grad_residual, x, weight, bias, mean, invstd, coefficient);
+    } else if (overwrite && !has_residual) {
+      std::tie(grad_weight, grad_bias) = call_backward_(grad_y, x, weight, bias, mean, invstd, activation);
+      grad_x = std::move(grad_y);
     } else {
       std::tie(grad_x, grad_residual, grad_weight, grad_bias) =
           call_backward(grad_y, x, y, weight, bias, mean, invstd, saved[6], ctx->saved_data["eps"].toDouble(),

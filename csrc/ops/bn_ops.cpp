@@ -37,7 +37,8 @@ void check_per_channel(const at::Tensor& t, const char* name, const at::Tensor& 
               " must be a contiguous tensor of shape [", x.size(1), "] (x's channels), got ", t.sizes());
 }
 
-// What both steps of the two-step backward (batch_norm_act_backward_reduce, batch_norm_backward_dx) check: a
+// What the two-step and in-place backward ops (batch_norm_act_backward_reduce(_), batch_norm_backward_dx,
+// batch_norm_act_backward_) check: a
 // non-empty channels_last x, the incoming gradient like it, and float32 per-channel tensors.
 void check_two_step_arguments(const char* op, const at::Tensor& grad, const char* grad_name, const at::Tensor& x,
                               const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& save_mean,
@@ -452,34 +453,96 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
   return {gx.contiguous(format), dresidual, gw, gb};
 }
 
-bool batch_norm_backward_in_two_steps(int64_t activation, bool has_residual, int64_t implementation,
-                                      bool channels_last) {
-  return activation_from(activation) != Activation::kNone && has_residual && channels_last &&
+bool batch_norm_backward_in_our_kernel(int64_t activation, int64_t implementation, bool channels_last) {
+  return activation_from(activation) != Activation::kNone && channels_last &&
          implementation_from(implementation) == BatchNormImplementation::kGraph;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward_reduce(
-    const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& y, const at::Tensor& weight,
-    const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd, int64_t activation_value) {
-  check_two_step_arguments("batch_norm_act_backward_reduce", grad_y, "grad_y", x, weight, bias, save_mean,
-                           save_invstd);
+bool batch_norm_backward_in_two_steps(int64_t activation, bool has_residual, int64_t implementation,
+                                      bool channels_last) {
+  return has_residual && batch_norm_backward_in_our_kernel(activation, implementation, channels_last);
+}
+
+bool batch_norm_backward_may_overwrite(const at::Tensor& grad, const at::Tensor& x) {
+  const auto traced = c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::Functionalize,
+                                           c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::FuncTorchGradWrapper});
+  return grad.defined() && !grad.key_set().has_any(traced) && grad.use_count() == 1 &&
+         grad.storage().use_count() == 1 && !grad.requires_grad() && grad.is_cuda() && grad.device() == x.device() &&
+         grad.scalar_type() == x.scalar_type() && grad.sizes() == x.sizes() &&
+         grad.is_contiguous(at::MemoryFormat::ChannelsLast);
+}
+
+namespace {
+
+// The reduce step, its masked gradient written into grad_z (a new tensor, or grad_y itself in place).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_reduce_into(const at::Tensor& grad_y, const at::Tensor& grad_z,
+                                                                    const at::Tensor& x,
+                                                                    const std::optional<at::Tensor>& y,
+                                                                    const at::Tensor& weight, const at::Tensor& bias,
+                                                                    const at::Tensor& save_mean,
+                                                                    const at::Tensor& save_invstd,
+                                                                    int64_t activation_value, const char* op) {
+  check_two_step_arguments(op, grad_y, "grad_y", x, weight, bias, save_mean, save_invstd);
   auto activation = activation_from(activation_value);
-  TORCH_CHECK(activation != Activation::kNone, "cudnn_fusion: batch_norm_act_backward_reduce needs an activation "
-              "(1 ReLU or 2 ReLU6), got 0");
+  TORCH_CHECK(activation != Activation::kNone, "cudnn_fusion: ", op, " needs an activation (1 ReLU or 2 ReLU6), "
+              "got 0");
   bool has_y = y.has_value() && y->defined();
   if (has_y) check_same_as(*y, "y", x);
   c10::DeviceGuard guard(x.device());
   const auto format = at::MemoryFormat::ChannelsLast;
-  auto x_dense = x.contiguous(format);
   auto stats_options = x.options().dtype(at::kFloat);
-  auto grad_z = at::empty(x.sizes(), x.options().memory_format(format));
   auto coefficient = at::empty({2, x.size(1)}, stats_options);
   auto dweight = at::empty({x.size(1)}, stats_options);
   auto dbias = at::empty({x.size(1)}, stats_options);
-  batch_norm_act_backward_with_kernel(dy_into(grad_y, grad_z), x_dense, has_y ? y->contiguous(format) : at::Tensor(),
-                                      weight, bias, save_mean, save_invstd, grad_z, at::Tensor(), dweight, dbias,
-                                      activation, kBackwardReduce, coefficient);
+  batch_norm_act_backward_with_kernel(dy_into(grad_y, grad_z), x.contiguous(format),
+                                      has_y ? y->contiguous(format) : at::Tensor(), weight, bias, save_mean,
+                                      save_invstd, grad_z, at::Tensor(), dweight, dbias, activation, kBackwardReduce,
+                                      coefficient);
+  return {coefficient, dweight, dbias};
+}
+
+void check_overwritable(const at::Tensor& grad_y, const at::Tensor& x, const char* op) {
+  TORCH_CHECK(grad_y.is_contiguous(at::MemoryFormat::ChannelsLast) && !grad_y.is_neg() && !grad_y.is_conj(),
+              "cudnn_fusion: ", op, " writes its result over grad_y: grad_y must be channels_last-contiguous, got "
+              "strides ", grad_y.strides());
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward_reduce(
+    const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& y, const at::Tensor& weight,
+    const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd, int64_t activation) {
+  auto grad_z = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::ChannelsLast));
+  auto [coefficient, dweight, dbias] = backward_reduce_into(grad_y, grad_z, x, y, weight, bias, save_mean,
+                                                            save_invstd, activation, "batch_norm_act_backward_reduce");
   return {grad_z, coefficient, dweight, dbias};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward_reduce_(
+    const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& y, const at::Tensor& weight,
+    const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd, int64_t activation) {
+  check_overwritable(grad_y, x, "batch_norm_act_backward_reduce_");
+  return backward_reduce_into(grad_y, grad_y, x, y, weight, bias, save_mean, save_invstd, activation,
+                              "batch_norm_act_backward_reduce_");
+}
+
+std::tuple<at::Tensor, at::Tensor> batch_norm_act_backward_(const at::Tensor& grad_y, const at::Tensor& x,
+                                                            const at::Tensor& weight, const at::Tensor& bias,
+                                                            const at::Tensor& save_mean,
+                                                            const at::Tensor& save_invstd, int64_t activation_value) {
+  check_two_step_arguments("batch_norm_act_backward_", grad_y, "grad_y", x, weight, bias, save_mean, save_invstd);
+  check_overwritable(grad_y, x, "batch_norm_act_backward_");
+  auto activation = activation_from(activation_value);
+  TORCH_CHECK(activation != Activation::kNone, "cudnn_fusion: batch_norm_act_backward_ needs an activation (1 ReLU "
+              "or 2 ReLU6), got 0");
+  c10::DeviceGuard guard(x.device());
+  auto stats_options = x.options().dtype(at::kFloat);
+  auto dweight = at::empty({x.size(1)}, stats_options);
+  auto dbias = at::empty({x.size(1)}, stats_options);
+  // the mask recomputed from x, as batch_norm_act_backward's kernel path without a residual
+  batch_norm_act_backward_with_kernel(grad_y, x.contiguous(at::MemoryFormat::ChannelsLast), at::Tensor(), weight,
+                                      bias, save_mean, save_invstd, at::Tensor(), grad_y, dweight, dbias, activation);
+  return {dweight, dbias};
 }
 
 at::Tensor batch_norm_backward_dx(const at::Tensor& grad_z, const at::Tensor& x, const at::Tensor& weight,

@@ -44,16 +44,39 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
 // backward first).
 bool batch_norm_backward_reads_y(int64_t activation, bool has_residual, int64_t implementation, bool channels_last);
 
+// Whether our NHWC kernel runs batch_norm_act_backward (with an activation, channels_last, the graph implementation):
+// the backward that the two-step and in-place variants below run.
+bool batch_norm_backward_in_our_kernel(int64_t activation, int64_t implementation, bool channels_last);
+
 // Whether the autograd node runs batch_norm_act_backward as its two steps below, freeing grad_y between them: after
-// a residual add, with an activation, where our NHWC kernel runs it. The one op would hold grad_y, the residual's
-// gradient and dx at once, where eager's ReLU node has freed grad_y before BatchNorm's backward allocates.
+// a residual add, where our NHWC kernel runs it. The one op would hold grad_y, the residual's gradient and dx at
+// once, where eager's ReLU node has freed grad_y before BatchNorm's backward allocates.
 bool batch_norm_backward_in_two_steps(int64_t activation, bool has_residual, int64_t implementation,
                                       bool channels_last);
+
+// Whether the autograd node may hand `grad` (the incoming gradient of x's shape) to the in-place variants below: the
+// engine holds the only reference to it and to its storage (no hook, retain_grad or second consumer keeps it), it is
+// dense channels_last in x's dtype on x's device, needs no gradient itself, and no tracer looks on (torch.compile's
+// fake and functional tensors take the functional ops).
+bool batch_norm_backward_may_overwrite(const at::Tensor& grad, const at::Tensor& x);
+
+// batch_norm_act_backward without a residual where our kernel runs it, with grad_x written over grad_y (each element
+// is read, then written, by one thread): returns grad_weight, grad_bias. One activation-sized tensor fewer than
+// eager's ReLU and BatchNorm backward, which allocate one each.
+std::tuple<at::Tensor, at::Tensor> batch_norm_act_backward_(const at::Tensor& grad_y, const at::Tensor& x,
+                                                            const at::Tensor& weight, const at::Tensor& bias,
+                                                            const at::Tensor& save_mean,
+                                                            const at::Tensor& save_invstd, int64_t activation);
 
 // Step 1: grad_z (the masked gradient, which is also the residual's), the coefficients dx needs ([2, C] float32),
 // grad_weight, grad_bias. x channels_last; y the forward output (the mask after a residual add) or None (recomputed
 // from x).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward_reduce(
+    const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& y, const at::Tensor& weight,
+    const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd, int64_t activation);
+
+// Step 1 with grad_z (the masked gradient) written over grad_y: returns the coefficients, grad_weight, grad_bias.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward_reduce_(
     const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& y, const at::Tensor& weight,
     const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd, int64_t activation);
 

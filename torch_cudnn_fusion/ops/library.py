@@ -92,6 +92,15 @@ def _fake_batch_norm_act_backward_reduce(grad_y, x, y, weight, bias, save_mean, 
             weight.new_empty(weight.shape), bias.new_empty(bias.shape))
 
 
+def _fake_batch_norm_act_backward_reduce_(grad_y, x, y, weight, bias, save_mean, save_invstd, activation):
+    return (x.new_empty((2, x.shape[1]), dtype=torch.float32), weight.new_empty(weight.shape),
+            bias.new_empty(bias.shape))
+
+
+def _fake_batch_norm_act_backward_(grad_y, x, weight, bias, save_mean, save_invstd, activation):
+    return weight.new_empty(weight.shape), bias.new_empty(bias.shape)
+
+
 def _fake_batch_norm_backward_dx(grad_z, x, weight, bias, save_mean, save_invstd, coefficient):
     return _empty(x.shape, x, torch.channels_last)
 
@@ -119,6 +128,9 @@ def register_python_parts() -> None:
     torch.library.register_fake("cudnn_fusion::batch_norm_act")(_fake_batch_norm_act)
     torch.library.register_fake("cudnn_fusion::batch_norm_act_backward")(_fake_batch_norm_act_backward)
     torch.library.register_fake("cudnn_fusion::batch_norm_act_backward_reduce")(_fake_batch_norm_act_backward_reduce)
+    torch.library.register_fake("cudnn_fusion::batch_norm_act_backward_reduce_")(
+        _fake_batch_norm_act_backward_reduce_)
+    torch.library.register_fake("cudnn_fusion::batch_norm_act_backward_")(_fake_batch_norm_act_backward_)
     torch.library.register_fake("cudnn_fusion::batch_norm_backward_dx")(_fake_batch_norm_backward_dx)
     torch.library.register_fake("cudnn_fusion::conv_batch_norm_act")(_fake_conv_batch_norm_act)
     _registered = True
