@@ -91,6 +91,8 @@ def test_depthwise_conv_matches_float64(extension, no_tf32, dtype, case):
                                                        activation).backward(grad))
     assert any("depthwise_conv_forward" in n for n in ran), ran
     assert any("depthwise_conv_dgrad" in n for n in ran) == (stride == 2), ran
+    if stride == 1 and dtype == torch.bfloat16 and padding < kernel:  # dgrad as cuDNN's forward, the filter turned
+        assert not any("dgrad" in n and "depthwise_conv_dgrad" not in n for n in ran), ran
 
 
 def test_a_misaligned_input_runs_one_element_at_a_time_and_matches(extension, no_tf32):
@@ -125,6 +127,9 @@ def test_depthwise_layers_say_they_run_our_kernel(extension):
     strided = tcf.Conv2dReLU(32, 32, 3, stride=2, padding=1, groups=32).cuda().to(memory_format=CL)
     strided(x)
     assert "dgrad in our kernel" in strided.fusion_status.reason, strided.fusion_status
+    half = copy.deepcopy(layer).bfloat16()  # bfloat16 at stride 1: cuDNN's forward, faster than its own dgrad there
+    half(x.detach().bfloat16())
+    assert ", dgrad as PyTorch's forward kernel with the filter turned 180 degrees," in half.fusion_status.reason
     with tcf.strict():  # NCHW: not our kernels, and the reason says so
         with pytest.raises(tcf.FusionError, match="not our depthwise kernels: layout NCHW"):
             layer.to(memory_format=torch.contiguous_format)(x.contiguous())
@@ -148,8 +153,8 @@ def _profile_kernels(fn) -> list[str]:
 @pytest.mark.parametrize("stride", [1, 2])
 def test_conv_bn_relu_training_runs_our_kernels_and_matches_float64(extension, stride):
     """A depthwise 3x3 Conv2dBNReLU training step under bf16 autocast: at stride 2 our dgrad kernel runs instead of
-    cuDNN's (at stride 1 cuDNN's), and y, every gradient and the running statistics are as accurate as eager's against
-    float64."""
+    cuDNN's, at stride 1 cuDNN's forward kernel with the filter turned 180 degrees (no cuDNN dgrad kernel: its bf16
+    one is slower), and y, every gradient and the running statistics are as accurate as eager's against float64."""
     torch.manual_seed(0)
     conv = nn.Conv2d(64, 64, 3, stride, 1, groups=64, bias=False)
     bn = nn.BatchNorm2d(64)
@@ -169,9 +174,11 @@ def test_conv_bn_relu_training_runs_our_kernels_and_matches_float64(extension, s
     profiled = copy.deepcopy(plain)
     names = _profile_kernels(lambda: step(tcf.Conv2dBNReLU.from_modules(profiled[0], profiled[1])))
     ours = any("depthwise_conv_dgrad" in n for n in names)
-    theirs = any("dgrad2d_c1_k1" in n for n in names)
-    assert (ours, theirs) == ((True, False) if stride == 2 else (False, True)), names
+    theirs = any("dgrad" in n and "depthwise_conv_dgrad" not in n for n in names)
+    assert (ours, theirs) == ((stride == 2), False), names
     assert not any("depthwise_conv_forward" in n for n in names), names  # no epilogue: cuDNN's forward is faster
+    cudnn_forwards = [n for n in names if "conv2d_c1_k1" in n]
+    assert len(cudnn_forwards) == (1 if stride == 2 else 2), names  # the forward, and at stride 1 dgrad
 
     eager, reference = copy.deepcopy(plain), copy.deepcopy(plain).double()
     fused = tcf.Conv2dBNReLU.from_modules(plain[0], plain[1])
@@ -181,7 +188,8 @@ def test_conv_bn_relu_training_runs_our_kernels_and_matches_float64(extension, s
     for name in ("running_mean", "running_var"):
         values = [getattr(m[1], name) for m in (plain, eager, reference)]
         assert_as_accurate_as_eager(name, *values, torch.bfloat16)
-    note = "conv: PyTorch's cuDNN call" + ("; its dgrad: our depthwise kernel" if stride == 2 else "")
+    note = "conv: PyTorch's cuDNN call; its dgrad: " + (
+        "our depthwise kernel" if stride == 2 else "PyTorch's forward kernel with the filter turned 180 degrees")
     assert note in fused.fusion_status.reason, fused.fusion_status
 
 

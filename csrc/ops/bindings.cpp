@@ -440,19 +440,32 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "depthwise_kernel_verdict",
       [](int64_t in_channels, const std::vector<int64_t>& w_size, const std::vector<int64_t>& stride,
-         const std::vector<int64_t>& dilation, int64_t groups, bool channels_last, bool has_epilogue) {
+         const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, int64_t groups,
+         bool channels_last, const std::string& dtype, bool has_epilogue) {
         auto unmet = tcf::depthwise_kernel_unmet(in_channels, w_size, stride, dilation, groups, channels_last);
-        auto steps = tcf::depthwise_kernel_steps(has_epilogue, stride.empty() ? 0 : stride[0]);
         pybind11::dict out;
         out["unmet"] = unmet;
-        out["forward"] = unmet.empty() && steps.forward;
-        out["dgrad"] = unmet.empty() && steps.dgrad;
+        out["forward"] = false;
+        out["dgrad"] = "pytorch";
+        if (!unmet.empty()) return out;  // stride, dilation and the filter's size are as our kernels take them
+        tcf::ConvProblem p;
+        p.dtype = tcf::dtype_from_name(dtype);
+        p.w_size = tcf::fixed<4>(w_size, "w_size");
+        p.stride = tcf::fixed<2>(stride, "stride");
+        p.pad_pre = p.pad_post = tcf::fixed<2>(padding, "padding");
+        p.groups = groups;
+        auto steps = tcf::depthwise_kernel_steps(p, has_epilogue);
+        out["forward"] = steps.forward;
+        out["dgrad"] = steps.dgrad == tcf::DepthwiseDgrad::kOurKernel       ? "ours"
+                       : steps.dgrad == tcf::DepthwiseDgrad::kTurnedForward ? "turned_forward"
+                                                                             : "pytorch";
         return out;
       },
-      py::arg("in_channels"), py::arg("w_size"), py::arg("stride"), py::arg("dilation"), py::arg("groups"),
-      py::arg("channels_last"), py::arg("has_epilogue"),
-      "unmet: '' when our depthwise kernels may run this convolution, else why not; forward, dgrad: the steps they "
-      "run");
+      py::arg("in_channels"), py::arg("w_size"), py::arg("stride"), py::arg("padding"), py::arg("dilation"),
+      py::arg("groups"), py::arg("channels_last"), py::arg("dtype"), py::arg("has_epilogue"),
+      "unmet: '' when our depthwise kernels may run this convolution (symmetric padding), else why not; forward: "
+      "whether our kernel runs it; dgrad: 'ours', 'turned_forward' (PyTorch's forward with the filter turned 180 "
+      "degrees) or 'pytorch'");
   m.def("batch_norm_layer_verdict", &tcf::batch_norm_layer_verdict, py::arg("x_size"), py::arg("channels_last"),
         "The unmet requirements of a BatchNorm layer in training (empty: cuDNN is asked); -1: a size not known yet");
   m.def("set_benchmark_tuning", &tcf::set_benchmark_tuning_py, py::arg("candidates"), py::arg("aten_timed"),

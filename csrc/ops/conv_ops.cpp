@@ -142,7 +142,9 @@ at::Tensor conv_gradient(GraphKind kind, const at::Tensor& grad_z, const at::Ten
   auto aten = [&]() { return dgrad ? fallback_dgrad(dz, operand_dense, p) : fallback_wgrad(dz, operand_dense, p); };
   // our kernel or PyTorch's, as depthwise_kernel_steps measured them; PyTorch's allocates its own output
   bool depthwise = depthwise_kernel_takes(p);
-  if (depthwise && !(dgrad && depthwise_kernel_steps(false, p.stride[0]).dgrad)) return aten();
+  auto depthwise_dgrad = depthwise && dgrad ? depthwise_kernel_steps(p, false).dgrad : DepthwiseDgrad::kPyTorch;
+  if (depthwise_dgrad == DepthwiseDgrad::kTurnedForward) return depthwise_dgrad_as_forward(dz, operand_dense, p);
+  if (depthwise && depthwise_dgrad != DepthwiseDgrad::kOurKernel) return aten();
   auto out = at::empty(out_size, options);
   if (depthwise) {
     depthwise_conv_dgrad(dz, operand_dense, p, out);
@@ -196,7 +198,7 @@ at::Tensor conv_bias_act(const at::Tensor& x, const at::Tensor& weight, const st
   if (c10::multiply_integers(y_size) == 0) return at::empty(y_size, options);
   // our kernel or PyTorch's, as depthwise_kernel_steps measured them; PyTorch's allocates its own output
   bool depthwise = depthwise_kernel_takes(p);
-  if (depthwise && !depthwise_kernel_steps(has_epilogue(p), p.stride[0]).forward) {
+  if (depthwise && !depthwise_kernel_steps(p, has_epilogue(p)).forward) {
     return fallback_forward(x_dense, w_dense, bias, residual, p);
   }
   auto y = at::empty(y_size, options);
@@ -315,8 +317,7 @@ std::unordered_map<std::string, std::string> check_conv_layer(const ConvProblem&
   auto depthwise = depthwise_kernel_unmet(problem);
   if (depthwise.empty()) {  // our kernels or PyTorch's (depthwise_kernel_steps); no graph but ReLU backward's
     refusals["forward"] = "";
-    refusals["depthwise_kernel"] = describe_depthwise_steps(depthwise_kernel_steps(has_epilogue(problem),
-                                                                                   problem.stride[0]));
+    refusals["depthwise_kernel"] = describe_depthwise_steps(depthwise_kernel_steps(problem, has_epilogue(problem)));
     if (backward) {
       if (problem.activation != Activation::kNone) refusals["relu_bias_backward"] = activation_backward_refusal(problem);
       refusals["dgrad"] = "";

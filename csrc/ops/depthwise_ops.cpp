@@ -81,12 +81,32 @@ std::string depthwise_kernel_unmet(int64_t in_channels, at::IntArrayRef w_size, 
   return out.str();
 }
 
-DepthwiseSteps depthwise_kernel_steps(bool has_epilogue, int64_t stride) { return {has_epilogue, stride == 2}; }
+DepthwiseSteps depthwise_kernel_steps(const ConvProblem& p, bool has_epilogue) {
+  DepthwiseSteps steps;
+  steps.forward = has_epilogue;
+  if (p.stride[0] == 2) {
+    steps.dgrad = DepthwiseDgrad::kOurKernel;
+  } else if (p.stride[0] == 1 && p.dtype == at::kBFloat16 && p.pad_pre == p.pad_post &&
+             p.pad_pre[0] < p.w_size[2] && p.pad_pre[1] < p.w_size[3]) {
+    steps.dgrad = DepthwiseDgrad::kTurnedForward;
+  }
+  return steps;
+}
 
 std::string describe_depthwise_steps(const DepthwiseSteps& steps) {
   std::string out = steps.forward ? "depthwise: forward in our kernel (epilogue fused)" : "depthwise: forward in "
                                                                                          "PyTorch's kernel";
-  out += steps.dgrad ? ", dgrad in our kernel" : ", dgrad in PyTorch's kernel";
+  switch (steps.dgrad) {
+    case DepthwiseDgrad::kOurKernel:
+      out += ", dgrad in our kernel";
+      break;
+    case DepthwiseDgrad::kTurnedForward:
+      out += ", dgrad as PyTorch's forward kernel with the filter turned 180 degrees";
+      break;
+    case DepthwiseDgrad::kPyTorch:
+      out += ", dgrad in PyTorch's kernel";
+      break;
+  }
   return out + ", wgrad in PyTorch's kernel";
 }
 
@@ -119,6 +139,13 @@ void depthwise_conv_dgrad(const at::Tensor& dz, const at::Tensor& weight, const 
                                            w.data_ptr(), dx.data_ptr(), vectors(shape.x_size[1], {&dz, &dx}),
                                            current_stream()),
                "dgrad");
+}
+
+at::Tensor depthwise_dgrad_as_forward(const at::Tensor& dz, const at::Tensor& weight, const ConvShape& shape) {
+  std::array<int64_t, 2> padding{shape.w_size[2] - 1 - shape.pad_pre[0], shape.w_size[3] - 1 - shape.pad_pre[1]};
+  auto dx = at::convolution(dz, weight.flip({2, 3}), std::nullopt, {1, 1}, padding, {1, 1}, false, {0, 0},
+                            shape.groups);
+  return dx.contiguous(at::MemoryFormat::ChannelsLast);
 }
 
 namespace {
@@ -160,8 +187,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_conv_backward(
                                     stride, padding, dilation, false, {0, 0}, groups, which);
   };
   auto p = depthwise_problem(x, weight, stride, padding, dilation, groups);
-  if (!mask[0] || !p.has_value() || !depthwise_kernel_steps(false, p->stride[0]).dgrad) return aten(mask);
-  // cudnn_fusion::conv_dgrad runs our kernel here
+  if (!mask[0] || !p.has_value() || depthwise_kernel_steps(*p, false).dgrad == DepthwiseDgrad::kPyTorch) {
+    return aten(mask);
+  }
+  // cudnn_fusion::conv_dgrad runs the step depthwise_kernel_steps picked
   auto dx = call_conv_dgrad(grad_z.contiguous(at::MemoryFormat::ChannelsLast), weight, x.sizes(), stride, padding,
                             padding, dilation, groups, 0);
   if (!mask[1] && !mask[2]) return {dx, at::Tensor(), at::Tensor()};

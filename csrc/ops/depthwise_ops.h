@@ -26,13 +26,21 @@ std::string depthwise_kernel_unmet(const ConvProblem& p);
 // Which steps of a depthwise convolution our kernels run (where depthwise_kernel_unmet is empty), as measured against
 // PyTorch's own (cuDNN's) depthwise kernels on MobileNet v1 and v2 layers (benchmarks/bench_depthwise.py): the
 // forward only with an epilogue to fuse (bias, residual or ReLU), which saves eager's passes over y (PyTorch's kernel
-// is faster for the conv alone); dgrad at stride 2, where ours was faster (at stride 1 it was not, on the smaller
-// layers). wgrad is always PyTorch's. The rest runs PyTorch's kernels.
+// is faster for the conv alone); dgrad at stride 2, where ours was faster. At stride 1 in bfloat16, dgrad runs as
+// PyTorch's (cuDNN's) forward of grad_z with the filter turned 180 degrees: the same sums, and cuDNN's bfloat16
+// depthwise forward took 0.61x the time of its dgrad over those layers (its float16 and float32 dgrad were as fast as
+// that forward: they stay). wgrad is always PyTorch's. The rest runs PyTorch's kernels.
+enum class DepthwiseDgrad {
+  kPyTorch,        // PyTorch's (cuDNN's) dgrad
+  kOurKernel,      // our dgrad kernel
+  kTurnedForward,  // PyTorch's forward of grad_z with the filter turned 180 degrees (depthwise_dgrad_as_forward)
+};
 struct DepthwiseSteps {
   bool forward = false;
-  bool dgrad = false;
+  DepthwiseDgrad dgrad = DepthwiseDgrad::kPyTorch;
 };
-DepthwiseSteps depthwise_kernel_steps(bool has_epilogue, int64_t stride);
+// For a convolution our kernels take (depthwise_kernel_takes); p's stride, padding and dtype decide.
+DepthwiseSteps depthwise_kernel_steps(const ConvProblem& p, bool has_epilogue);
 // The same in words, for the layer's status.
 std::string describe_depthwise_steps(const DepthwiseSteps& steps);
 
@@ -43,9 +51,13 @@ void depthwise_conv_forward(const at::Tensor& x, const at::Tensor& weight, const
                             const at::Tensor& residual, const ConvShape& shape, int activation, const at::Tensor& y);
 void depthwise_conv_dgrad(const at::Tensor& dz, const at::Tensor& weight, const ConvShape& shape,
                           const at::Tensor& dx);
+// dx of a stride-1 depthwise convolution as PyTorch's forward of dz with the filter turned 180 degrees and padding
+// kernel - 1 - padding (DepthwiseDgrad::kTurnedForward: symmetric padding below the kernel size), channels_last.
+at::Tensor depthwise_dgrad_as_forward(const at::Tensor& dz, const at::Tensor& weight, const ConvShape& shape);
 
 // The conv inside the conv + BatchNorm op (symmetric padding, arguments as at::convolution's): PyTorch's convolution,
-// and its backward with dx from our dgrad kernel where depthwise_kernel_steps picks it. Returns (dx, dweight, dbias)
+// and its backward with dx as depthwise_kernel_steps picks it (cudnn_fusion::conv_dgrad where that is not PyTorch's
+// dgrad). Returns (dx, dweight, dbias)
 // for `mask`.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_conv_backward(
     const at::Tensor& grad_z, const at::Tensor& x, const at::Tensor& weight, bool has_bias, at::IntArrayRef stride,

@@ -271,7 +271,8 @@ def _decide_conv_batch_norm(x, conv, conv_weight, conv_bias, running_mean, weigh
         decision = decide.decide_batch_norm(config)
         if decision.fused:
             # a new Decision, not decision._replace: dynamo cannot trace namedtuple._replace (torch 2.11)
-            reason = "; ".join(filter(None, (conv_note(conv, conv_weight, channels_last), decision.reason)))
+            reason = "; ".join(filter(None, (conv_note(conv, conv_weight, channels_last, z_dtype),
+                                                decision.reason)))
             decision = Decision(decision.fused, reason, decision.backward, decision.implementation)
     decide.raise_if_strict(decision, strict, where)
     identity = _identity_affine(weight, bias, conv_weight.shape[0], x.device) if decision.fused else None
@@ -280,19 +281,27 @@ def _decide_conv_batch_norm(x, conv, conv_weight, conv_bias, running_mean, weigh
     return decision, config, run
 
 
-def depthwise_dgrad(conv, conv_weight, channels_last: bool) -> bool:
-    """Whether the training conv + BatchNorm op runs its conv's dgrad in our depthwise kernel (the extension's rule;
-    the conv has no epilogue there: BatchNorm follows). Its forward and wgrad are PyTorch's own cuDNN calls."""
+def depthwise_dgrad(conv, conv_weight, channels_last: bool, dtype: torch.dtype) -> str:
+    """What runs the dgrad of the training conv + BatchNorm op's conv (the extension's rule, for the conv's dtype;
+    the conv has no epilogue there: BatchNorm follows): "ours" (our depthwise kernel), "turned_forward" (PyTorch's
+    forward kernel with the filter turned 180 degrees) or "pytorch" (PyTorch's own dgrad, as its forward and wgrad)."""
+    if isinstance(conv.padding, str):  # such a conv runs its own forward and backward, not the op's
+        return "pytorch"
     groups = int(conv.groups)
     _, dgrad = decide.depthwise_kernel_steps(int(conv_weight.shape[1]) * groups, tuple(conv_weight.shape),
-                                             tuple(conv.stride), tuple(conv.dilation), groups, channels_last, False)
+                                             tuple(conv.stride), tuple(conv.padding), tuple(conv.dilation), groups,
+                                             channels_last, dtype, False)
     return dgrad
 
 
-def conv_note(conv, conv_weight, channels_last: bool) -> str:
+DGRAD_NOTES = {"ours": "our depthwise kernel",
+               "turned_forward": "PyTorch's forward kernel with the filter turned 180 degrees"}
+
+
+def conv_note(conv, conv_weight, channels_last: bool, dtype: torch.dtype) -> str:
     """What runs the conv inside the training conv + BatchNorm op, for the layer's status."""
-    dgrad = depthwise_dgrad(conv, conv_weight, channels_last)
-    return "conv: PyTorch's cuDNN call" + ("; its dgrad: our depthwise kernel" if dgrad else "")
+    dgrad = DGRAD_NOTES.get(depthwise_dgrad(conv, conv_weight, channels_last, dtype))
+    return "conv: PyTorch's cuDNN call" + (f"; its dgrad: {dgrad}" if dgrad else "")
 
 
 def _recordable(run: tuple, weight, bias, running_mean, num_batches_tracked, x) -> bool:

@@ -268,15 +268,19 @@ def _decide_conv(values: tuple) -> Decision:
 
 
 @constant_under_compile
-def depthwise_kernel_steps(in_channels: int, w_size: tuple, stride: tuple, dilation: tuple, groups: int,
-                           channels_last: bool, has_epilogue: bool) -> tuple[bool, bool]:
-    """(forward, dgrad): whether our NHWC depthwise kernels run this convolution's forward and dgrad (the rule is
-    C++'s: csrc/ops/depthwise_ops.h); (False, False) without the extension. Takes the layer's constants."""
+def depthwise_kernel_steps(in_channels: int, w_size: tuple, stride: tuple, padding: tuple, dilation: tuple,
+                           groups: int, channels_last: bool, dtype: torch.dtype,
+                           has_epilogue: bool) -> tuple[bool, str]:
+    """(forward, dgrad): whether our NHWC depthwise kernels run this convolution's forward, and what runs its dgrad:
+    "ours", "turned_forward" (PyTorch's forward kernel with the filter turned 180 degrees) or "pytorch" (the rule is
+    C++'s: csrc/ops/depthwise_ops.h); (False, "pytorch") without the extension or for a dtype it does not take. Takes
+    the layer's constants (symmetric padding)."""
     module = _extension.load()
-    if module is None:
-        return False, False
-    steps = module.depthwise_kernel_verdict(int(in_channels), list(w_size), list(stride), list(dilation), int(groups),
-                                            bool(channels_last), bool(has_epilogue))
+    if module is None or dtype not in SUPPORTED_DTYPES:
+        return False, "pytorch"
+    steps = module.depthwise_kernel_verdict(int(in_channels), list(w_size), list(stride), list(padding),
+                                            list(dilation), int(groups), bool(channels_last), SUPPORTED_DTYPES[dtype],
+                                            bool(has_epilogue))
     return steps["forward"], steps["dgrad"]
 
 
