@@ -38,6 +38,9 @@ CASES = {
     "3x3-s1-wide-tiles": (64, 3, 1, 1, 13, 37, True, True, True),
     # the stride-2 dgrad's 8 x 16 tiles of dx, partial in both directions
     "3x3-s2-wide-dgrad-tiles": (24, 3, 2, 1, 19, 35, True, False, True),
+    # stride 1 with padding 0 and 2: in bfloat16 dgrad runs as the forward with the filter turned, padded 2 and 0
+    "3x3-s1-no-padding": (32, 3, 1, 0, 10, 12, True, False, True),
+    "3x3-s1-padding-2": (32, 3, 1, 2, 9, 8, True, False, True),
 }
 
 
@@ -93,6 +96,28 @@ def test_depthwise_conv_matches_float64(extension, no_tf32, dtype, case):
     assert any("depthwise_conv_dgrad" in n for n in ran) == (stride == 2), ran
     if stride == 1 and dtype == torch.bfloat16 and padding < kernel:  # dgrad as cuDNN's forward, the filter turned
         assert not any("dgrad" in n and "depthwise_conv_dgrad" not in n for n in ran), ran
+
+
+@pytest.mark.parametrize("stride, padding, dtype, expected", [
+    (1, 1, "bfloat16", "turned_forward"), (1, 0, "bfloat16", "turned_forward"), (1, 2, "bfloat16", "turned_forward"),
+    (1, 3, "bfloat16", "pytorch"),  # padding past the filter: no forward computes that dgrad
+    (1, 1, "float16", "pytorch"), (1, 1, "float32", "pytorch"),  # cuDNN's dgrad as fast as its forward there
+    (2, 1, "bfloat16", "ours"), (2, 1, "float32", "ours"),
+])
+def test_the_depthwise_dgrad_rule(extension, stride, padding, dtype, expected):
+    """What runs a depthwise 3x3 layer's dgrad (csrc/ops/depthwise_ops.cpp, depthwise_kernel_steps), as Python's
+    decision reads it; the forward in our kernel only with an epilogue."""
+    from torch_cudnn_fusion.ops import decide
+
+    verdict = extension.depthwise_kernel_verdict(64, [64, 1, 3, 3], [stride] * 2, [padding] * 2, [1, 1], 64, True,
+                                                 dtype, False)
+    assert (verdict["unmet"], verdict["forward"], verdict["dgrad"]) == ("", False, expected), verdict
+    steps = decide.depthwise_kernel_steps(64, (64, 1, 3, 3), (stride,) * 2, (padding,) * 2, (1, 1), 64, True,
+                                          getattr(torch, dtype), True)
+    assert steps == (True, expected), steps
+    grouped = extension.depthwise_kernel_verdict(64, [64, 2, 3, 3], [stride] * 2, [padding] * 2, [1, 1], 32, True,
+                                                 dtype, True)
+    assert grouped["unmet"] and (grouped["forward"], grouped["dgrad"]) == (False, "pytorch"), grouped
 
 
 def test_a_misaligned_input_runs_one_element_at_a_time_and_matches(extension, no_tf32):
