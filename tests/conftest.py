@@ -83,3 +83,19 @@ def reference_conv_bias_act(x, weight, bias, residual, stride, padding, dilation
     if relu == "relu6":
         return F.relu6(y)
     return F.relu(y) if relu else y
+
+
+class CountingCall:
+    """Stands in for a layer's call recorded in C++ (ConvBiasActCall, ConvBatchNormCall): counts the calls it ran and
+    those it handed back to Python."""
+
+    def __init__(self, inner):
+        self.inner, self.ran, self.declined = inner, 0, 0
+
+    def run(self, *args):
+        y = self.inner.run(*args)
+        if y is None:
+            self.declined += 1
+        else:
+            self.ran += 1
+        return y

@@ -11,7 +11,7 @@ from torch import nn
 import torch_cudnn_fusion as tcf
 from torch_cudnn_fusion.models import mobilenet_v1
 
-from conftest import assert_as_accurate_as_eager, gpu, rel_err
+from conftest import CountingCall, assert_as_accurate_as_eager, gpu, rel_err
 
 pytestmark = gpu
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -218,7 +218,9 @@ def test_the_batch_norm_verdict_names_each_unmet_requirement(extension, x_size, 
 @pytest.mark.parametrize("groups", [1, 64])
 def test_conv_bn_relu_eval_runs_the_folded_fused_conv(extension, groups, activation):
     """Eval folds the BatchNorm into the conv and its ReLU into the epilogue; ReLU6 too in our depthwise kernel's,
-    while after cuDNN's graph (whose engines fuse identity or ReLU only) it runs as one clamp kernel."""
+    while after cuDNN's graph (whose engines fuse identity or ReLU only) it runs as one clamp kernel. Under autocast
+    the fold is kept in autocast's dtype: a repeated call casts only x (one copy kernel, as eager's) and runs through
+    the call recorded in C++."""
     torch.manual_seed(0)
     act = torch.nn.ReLU() if activation == "relu" else torch.nn.ReLU6()
     plain = torch.nn.Sequential(torch.nn.Conv2d(64, 64, 3, padding=1, groups=groups, bias=False),
@@ -230,12 +232,17 @@ def test_conv_bn_relu_eval_runs_the_folded_fused_conv(extension, groups, activat
     x = (torch.randn(8, 64, 14, 14, device="cuda") * 4).to(memory_format=torch.channels_last)  # some clip at 6
     with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
         y, y_e = fused(x), plain(x)
+        counting = fused._call.recorded = CountingCall(fused._call.recorded)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            fused(x)
+            y2 = fused(x)
             torch.cuda.synchronize()
     ran = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     clamps = [n for n in ran if "clamp" in n or "hardtanh" in n or "threshold" in n]
     assert len(clamps) == (groups == 1 and activation == "relu6"), ran
+    # one cast: x's (float32 here), as eager's; the float32 fold is not cast again
+    assert len([n for n in ran if "copy" in n]) == 1, ran
+    assert (counting.ran, counting.declined) == (1, 0)
+    assert torch.equal(y2, y)
     with torch.no_grad():
         y_r = plain.double()(x.double())
     plain.float()
@@ -546,21 +553,6 @@ def test_conv_batch_norm_act_op_counts_steps_and_names_bad_counters(extension):
         op(x, w, None, *args, rm, rv, count.float(), None, 0.1, 1e-5, 1, 0)
 
 
-class _CountingCall:
-    """Stands in for a recorded ConvBatchNormCall: counts the calls it ran and those it handed back to Python."""
-
-    def __init__(self, inner):
-        self.inner, self.ran, self.declined = inner, 0, 0
-
-    def run(self, *args):
-        y = self.inner.run(*args)
-        if y is None:
-            self.declined += 1
-        else:
-            self.ran += 1
-        return y
-
-
 def test_recorded_conv_bn_call_runs_repeated_calls_and_steps_aside_when_the_call_changes(extension, no_tf32):
     """A layer's repeated training calls run through the call recorded in C++; a call that differs in a tensor's
     metadata (x's requires_grad, its layout) or in the conv's settings (stride) goes back to Python's decision.
@@ -581,8 +573,8 @@ def test_recorded_conv_bn_call_runs_repeated_calls_and_steps_aside_when_the_call
         x = x.to(memory_format=torch.channels_last) if channels_last else x
         x1, x2 = x.clone().requires_grad_(needs_grad), x.clone().requires_grad_(needs_grad)
         recorded = fused._call.recorded
-        if recorded is not None and not isinstance(recorded, _CountingCall):
-            counting = fused._call.recorded = _CountingCall(recorded)
+        if recorded is not None and not isinstance(recorded, CountingCall):
+            counting = fused._call.recorded = CountingCall(recorded)
         ran_before = counting.ran if counting is not None else 0
         y, y_e = fused(x1), F.relu(bn_e(conv_e(x2)))
         if expect_ran is not None:

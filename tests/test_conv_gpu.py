@@ -1,13 +1,16 @@
 """Numerics of the fused layer on the GPU: forward and every gradient against eager PyTorch and a float64
 reference, with outputs poisoned (NaN) before each graph runs, and a check of which path ran and why."""
 
+import copy
+
 import pytest
 import torch
+import torch.nn.functional as F
 
 import torch_cudnn_fusion as tcf
 from torch_cudnn_fusion.ops import LayerCall
 
-from conftest import assert_as_accurate_as_eager, gpu, reference_conv_bias_act, without_ambiguous_relu6_gradient
+from conftest import CountingCall, assert_as_accurate_as_eager, gpu, rel_err, reference_conv_bias_act, without_ambiguous_relu6_gradient
 
 pytestmark = gpu
 
@@ -114,3 +117,61 @@ def test_forward_and_gradients_match_eager_and_float64(extension, no_tf32, confi
     for nm, got, eager, ref in zip(present, grads, eager_grads, ref_grads):
         assert got.shape == ref.shape and got.dtype == dtype, nm
         assert_as_accurate_as_eager(nm, got, eager, ref, dtype)
+
+
+def test_recorded_conv_call_runs_repeated_calls_and_steps_aside_when_the_call_changes(extension, no_tf32):
+    """A fused conv layer's repeated calls run through the call recorded in C++ (csrc/ops/conv_call.h); a call that
+    differs in a tensor's metadata (x's requires_grad, layout, batch, alignment; the residual's dtype), in the global
+    state (autocast, TF32) or in the conv's settings (stride) goes back to Python's decision, which records it anew.
+    Every call's output and gradients match eager's."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(16, 32, 3, padding=1).cuda().to(memory_format=torch.channels_last)
+    conv_e = copy.deepcopy(conv)
+    fused = tcf.Conv2dAddReLU.from_conv(conv)
+    # float32 runs fused with TF32 (cuDNN's conv + bias engines are tensor-core ones): on, but for one call
+    base = {"grad": True, "channels_last": True, "batch": 4, "offset": 0, "autocast": False, "tf32": True,
+            "stride": 1}
+    # (the call's change from base, whether the recorded call runs it: None for the first call)
+    calls = [({}, None), ({}, True), ({"grad": False}, False), ({"grad": False}, True), ({"channels_last": False}, False),
+             ({"batch": 3}, False), ({"batch": 3}, True), ({"offset": 1}, False), ({"autocast": True}, False),
+             ({"autocast": True}, True), ({"tf32": False}, False), ({"stride": 2}, False), ({"stride": 2}, True),
+             ({}, False), ({}, True)]
+    counting, side = None, 10
+    for i, (change, expect_ran) in enumerate(calls):
+        c = {**base, **change}
+        fused.stride = conv_e.stride = (c["stride"], c["stride"])
+        torch.backends.cudnn.allow_tf32 = c["tf32"]
+        dtype = torch.bfloat16 if c["autocast"] else torch.float32
+        # x channels_last, `offset` elements into its buffer (offset 1: 4-byte aligned, a different plan key)
+        buffer = torch.randn(c["batch"] * 16 * side * side + c["offset"], device="cuda")
+        x = buffer[c["offset"]:].view(c["batch"], side, side, 16).permute(0, 3, 1, 2)
+        x = x if c["channels_last"] else x.contiguous()
+        side_out = (side - 1) // c["stride"] + 1
+        residual = torch.randn(c["batch"], 32, side_out, side_out, device="cuda", dtype=dtype)
+        residual = residual.to(memory_format=torch.channels_last)
+        x1, x2 = x.detach().requires_grad_(c["grad"]), x.detach().requires_grad_(c["grad"])
+        r1, r2 = residual.clone().requires_grad_(), residual.clone().requires_grad_()
+        recorded = fused._call.recorded
+        if recorded is not None and not isinstance(recorded, CountingCall):
+            counting = fused._call.recorded = CountingCall(recorded)
+        ran_before = counting.ran if counting is not None else 0
+        with torch.autocast("cuda", torch.bfloat16, enabled=c["autocast"]):
+            y, z_e = fused(x1, r1), conv_e(x2) + r2
+        y_e = F.relu(z_e)
+        # cuDNN may refuse a 4-byte aligned x; without TF32 it refuses float32 (eager runs, and is checked)
+        assert fused.fusion_status.fused or c["offset"] or not c["tf32"], (i, fused.fusion_status)
+        if expect_ran is not None:
+            assert counting.ran == ran_before + expect_ran, (i, change, counting.ran, counting.declined)
+        assert y.dtype == y_e.dtype == dtype and y.is_contiguous(memory_format=torch.channels_last)
+        tol = 2e-2 if c["autocast"] else 5e-3 if c["tf32"] else 1e-5
+        assert rel_err(y, y_e) <= tol, (i, change, rel_err(y, y_e))
+        # no gradient where the output is within the dtype's error of ReLU's kink: there the mask depends on how
+        # an implementation rounded (TF32 and bfloat16 flip a few), not on its accuracy
+        band = 2 * tol * z_e.detach().abs().max()
+        grad = torch.randn_like(y).masked_fill(z_e.detach().abs() <= band, 0)
+        y.backward(grad), y_e.backward(grad)
+        pairs = [("weight", conv.weight, conv_e.weight), ("bias", conv.bias, conv_e.bias), ("residual", r1, r2)]
+        pairs += [("x", x1, x2)] if c["grad"] else []
+        for name, t, t_e in pairs:
+            assert rel_err(t.grad, t_e.grad) <= tol, (i, change, name, rel_err(t.grad, t_e.grad))
+        conv.weight.grad = conv.bias.grad = conv_e.weight.grad = conv_e.bias.grad = None

@@ -34,7 +34,7 @@ import pytest
 import torch
 
 import torch_cudnn_fusion as tcf
-from conftest import gpu
+from conftest import CountingCall, gpu
 from zoo import builder, conv_count, outputs, zoo_ids
 
 pytestmark = gpu
@@ -296,7 +296,7 @@ def _run_layer(layer, inputs, dy, dtype, eager_twin: bool):
 def test_each_fused_layer_is_as_accurate_as_eager_against_float64(model_id, dtype, extension, no_tf32):
     """Every fused layer of the model, in training, fed the input it received in the fused model: output, input
     gradients, Parameter gradients and running statistics against the layer in float64, fused error <= 2 x eager
-    error + floor; on its first call and on its second (conv and BatchNorm as one op)."""
+    error + floor; a fused conv layer on its first call and on its second (the call recorded in C++)."""
     build, size = builder(model_id)
     torch.manual_seed(0)
     model = build().cuda().to(memory_format=CL)
@@ -341,18 +341,23 @@ def test_each_fused_layer_is_as_accurate_as_eager_against_float64(model_id, dtyp
             for name, r in ref.items():
                 if r.is_floating_point():
                     eager_errors.setdefault(name, []).append(_rel(eager[name], r))
-            # Conv2dBN* run a repeated training call through the call recorded in C++: both calls are checked
-            for call in (1, 2) if isinstance(layer, tcf.nn.Conv2dBN) else (1,):
-                fused_layer = _copy(layer)
+            # a fused conv layer runs a repeated call through its call recorded in C++ (csrc/ops/conv_call.h,
+            # conv_bn_call.h): the second of two like calls is checked too, and must have run there
+            for call in (1, 2) if isinstance(layer, tcf.nn.FusedConv2d) else (1,):
+                fused_layer, counting = _copy(layer), None
                 if call == 2:
-                    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16,
-                                                         enabled=dtype == torch.bfloat16):
-                        fused_layer(*inputs)
-                    for name, t in _layer_tensors(fused_layer).items():  # put the running statistics back
-                        if not t.requires_grad:
+                    _run_layer(fused_layer, inputs, dy, dtype, eager_twin=False)
+                    for name, t in _layer_tensors(fused_layer).items():  # the running statistics back, no gradients
+                        if t.requires_grad:
+                            t.grad = None
+                        else:
                             t.copy_(_layer_tensors(layer)[name])
+                    if fused_layer._call.recorded is not None:
+                        counting = fused_layer._call.recorded = CountingCall(fused_layer._call.recorded)
                 got = _run_layer(fused_layer, inputs, dy, dtype, eager_twin=False)
                 where = f"{path} (call {call})"
+                if counting is not None and (counting.ran, counting.declined) != (1, 0):
+                    failures.append(f"{where}: the recorded call ran {counting.ran}, declined {counting.declined}")
                 if not fused_layer.fusion_status.fused:  # allowed (eager is then checked), but said in the results
                     ran_eager[where] = fused_layer.fusion_status.reason
                     eager_paths.add(path)

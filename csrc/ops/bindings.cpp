@@ -8,6 +8,7 @@
 
 #include "ops/bn_ops.h"
 #include "ops/conv_bn_call.h"
+#include "ops/conv_call.h"
 #include "ops/conv_ops.h"
 #include "ops/depthwise_ops.h"
 #include "ops/run_graph.h"
@@ -433,6 +434,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("activation"), py::arg("implementation"), py::arg("policy"))
       .def("run", &tcf::ConvBatchNormCall::run,
            "y of cudnn_fusion::conv_batch_norm_act for this call, or None when it differs from the recorded one");
+  py::class_<tcf::ConvBiasActCall>(m, "ConvBiasActCall",
+                                   "A conv + bias (+ residual) + activation layer's call recorded for the op "
+                                   "cudnn_fusion::conv_bias_act (see csrc/ops/conv_call.h)")
+      .def(py::init<const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                    const std::optional<at::Tensor>&, std::vector<int64_t>, std::vector<int64_t>,
+                    std::vector<int64_t>, std::vector<int64_t>, int64_t, int64_t, int64_t>(),
+           py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("residual"), py::arg("stride"),
+           py::arg("padding_pre"), py::arg("padding_post"), py::arg("dilation"), py::arg("groups"),
+           py::arg("activation"), py::arg("policy"))
+      .def("run", &tcf::ConvBiasActCall::run,
+           "y of cudnn_fusion::conv_bias_act for this call, or None when it differs from the recorded one");
   // The checks may build plans (whole seconds when cold): Python's other threads run meanwhile.
   m.def("check_conv_layer", &tcf::check_conv_layer_py,
         "The layer's verdict, then the plans it would use built (or found); returns each graph's refusal, '' when built",

@@ -1,50 +1,10 @@
 #include "ops/conv_bn_call.h"
 
-#include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/csrc/autograd/grad_mode.h>
 
 #include "ops/bn_ops.h"
 
 namespace tcf {
-
-namespace {
-
-const at::Tensor* pointer(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined() ? &*t : nullptr; }
-
-}  // namespace
-
-ConvBatchNormCall::Metadata ConvBatchNormCall::Metadata::of(const at::Tensor* t) {
-  Metadata m;
-  if (t == nullptr) return m;
-  m.defined = true;
-  m.sizes = t->sizes().vec();
-  m.strides = t->strides().vec();
-  m.dtype = t->scalar_type();
-  m.device = t->device();
-  m.requires_grad = t->requires_grad();
-  return m;
-}
-
-bool ConvBatchNormCall::Metadata::matches(const at::Tensor* t) const {
-  if (t == nullptr) return !defined;
-  return defined && t->scalar_type() == dtype && t->device() == device && t->requires_grad() == requires_grad &&
-         t->sizes() == at::IntArrayRef(sizes) && t->strides() == at::IntArrayRef(strides);
-}
-
-ConvBatchNormCall::State ConvBatchNormCall::State::now() {
-  State s;
-  s.grad_enabled = at::GradMode::is_enabled();
-  s.autocast = at::autocast::is_autocast_enabled(at::kCUDA);
-  s.autocast_dtype = s.autocast ? at::autocast::get_autocast_dtype(at::kCUDA) : at::kFloat;
-  s.deterministic = at::globalContext().deterministicAlgorithms();
-  return s;
-}
-
-bool ConvBatchNormCall::State::operator==(const State& other) const {
-  return grad_enabled == other.grad_enabled && autocast == other.autocast && autocast_dtype == other.autocast_dtype &&
-         deterministic == other.deterministic;
-}
 
 ConvBatchNormCall::ConvBatchNormCall(
     const at::Tensor& x, const at::Tensor& conv_weight, const std::optional<at::Tensor>& conv_bias,
@@ -53,7 +13,7 @@ ConvBatchNormCall::ConvBatchNormCall(
     const std::optional<at::Tensor>& num_batches_tracked, const std::optional<at::Tensor>& residual,
     std::vector<int64_t> stride, std::vector<int64_t> padding, std::vector<int64_t> dilation, int64_t groups,
     double eps, int64_t activation, int64_t implementation, int64_t policy)
-    : state_(State::now()),
+    : state_(CallState::now()),
       stride_(std::move(stride)),
       padding_(std::move(padding)),
       dilation_(std::move(dilation)),
@@ -76,7 +36,7 @@ ConvBatchNormCall::ConvBatchNormCall(
   for (const at::Tensor* t : {&x, &conv_weight, pointer(conv_bias), pointer(weight), pointer(bias),
                               pointer(running_mean), pointer(running_var), pointer(num_batches_tracked),
                               pointer(residual)}) {
-    metadata_.push_back(Metadata::of(t));
+    metadata_.push_back(TensorMetadata::of(t, false));  // the op copies nothing it hands cuDNN: any alignment
   }
   if (pointer(weight) == nullptr) {
     int64_t channels = conv_weight.size(0);
@@ -97,7 +57,7 @@ std::optional<at::Tensor> ConvBatchNormCall::run(
   for (size_t i = 0; i < metadata_.size(); ++i) {
     if (!metadata_[i].matches(tensors[i])) return std::nullopt;
   }
-  auto state = State::now();
+  auto state = CallState::now();
   if (!(state == state_)) return std::nullopt;
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("cudnn_fusion::conv_batch_norm_act", "")

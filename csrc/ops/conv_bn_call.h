@@ -13,6 +13,8 @@
 
 #include <ATen/ATen.h>
 
+#include "ops/recorded_call.h"
+
 namespace tcf {
 
 class ConvBatchNormCall {
@@ -36,30 +38,9 @@ class ConvBatchNormCall {
                                 const std::optional<at::Tensor>& residual, double momentum) const;
 
  private:
-  // What of one tensor the decision depends on (as functional._bn_signature).
-  struct Metadata {
-    bool defined = false;
-    std::vector<int64_t> sizes, strides;
-    at::ScalarType dtype = at::kFloat;
-    at::Device device = at::kCPU;
-    bool requires_grad = false;
-
-    static Metadata of(const at::Tensor* t);
-    bool matches(const at::Tensor* t) const;
-  };
-  struct State {
-    bool grad_enabled = false;
-    bool autocast = false;
-    at::ScalarType autocast_dtype = at::kFloat;
-    bool deterministic = false;
-
-    static State now();
-    bool operator==(const State& other) const;
-  };
-
-  std::vector<Metadata> metadata_;  // x, conv_weight, conv_bias, weight, bias, running_mean, running_var,
+  std::vector<TensorMetadata> metadata_;  // x, conv_weight, conv_bias, weight, bias, running_mean, running_var,
                                     // num_batches_tracked, residual
-  State state_;
+  CallState state_;
   std::vector<int64_t> stride_, padding_, dilation_;
   int64_t groups_;
   double eps_;

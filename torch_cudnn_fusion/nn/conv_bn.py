@@ -20,7 +20,7 @@ from torch._prims_common import suggest_memory_format
 
 from ..ops import decide
 from ..ops.batch_norm import _eager_batch_norm_act, conv2d_batch_norm_act
-from ..ops.conv import conv2d_bias_act
+from ..ops.conv import autocast_dtype, conv2d_bias_act
 from ..ops.decide import Decision, FusionStatus
 from ..policy import EnginePolicy
 from .batchnorm import batch_norm_arguments, check_activation
@@ -112,15 +112,17 @@ class Conv2dBN(FusedConv2d):
             z = self._conv_forward(x, self.weight, self.bias)
             return _eager_batch_norm_act(z, running_mean, running_var, bn.weight, bn.bias, False, momentum, bn.eps,
                                          self.activation, residual)
-        weight, bias = self._folded_weight_and_bias()
+        weight, bias = self._folded_weight_and_bias(autocast_dtype(self.weight, x.device.type))
         return conv2d_bias_act(x, weight, bias, residual, self.stride, self.padding, self.dilation, self.groups,
                                self.activation, padding_mode=self.padding_mode, strict=self.strict,
                                policy=self.policy, call=call)
 
-    def _folded_weight_and_bias(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The conv's weight and bias with the BatchNorm's running statistics, scale and shift folded in. Cached
-        while no tensor it reads changed (same storage, same version counter: in-place updates such as optimizer
-        steps and load_state_dict bump it); recomputed under autograd or torch.compile."""
+    def _folded_weight_and_bias(self, dtype: Optional[torch.dtype] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The conv's weight and bias with the BatchNorm's running statistics, scale and shift folded in, in `dtype`
+        (None: the weight's; under autocast the caller passes autocast's, so the cached fold is already what autocast
+        would cast it to, and no call casts it again). Cached while no tensor it reads changed (same storage, same
+        version counter: in-place updates such as optimizer steps and load_state_dict bump it); recomputed under
+        autograd or torch.compile."""
         bn = self.bn
         tensors = (self.weight, self.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var)
         cacheable = not torch.compiler.is_compiling() and not (
@@ -128,20 +130,22 @@ class Conv2dBN(FusedConv2d):
         )
         key = None
         if cacheable:
-            key = tuple(None if t is None else (t.data_ptr(), t._version, t.dtype, t.device) for t in tensors) + (bn.eps,)
+            key = tuple(None if t is None else (t.data_ptr(), t._version, t.dtype, t.device) for t in tensors) + (
+                bn.eps, dtype)
             fold = self._call.fold
             if fold is not None and fold[0] == key:
                 return fold[1], fold[2]
         scale = torch.rsqrt(bn.running_var.float() + bn.eps)
         if bn.weight is not None:
             scale = scale * bn.weight.float()
-        weight = (self.weight.float() * scale.view(-1, 1, 1, 1)).to(self.weight.dtype)
+        dtype = dtype or self.weight.dtype
+        weight = (self.weight.float() * scale.view(-1, 1, 1, 1)).to(dtype)
         weight = weight.contiguous(memory_format=suggest_memory_format(self.weight))
         conv_bias = self.bias.float() if self.bias is not None else torch.zeros_like(scale)
         bias = (conv_bias - bn.running_mean.float()) * scale
         if bn.bias is not None:
             bias = bias + bn.bias.float()
-        bias = bias.to(self.weight.dtype)
+        bias = bias.to(dtype)
         if cacheable:
             self._call.fold = (key, weight, bias)
         return weight, bias

@@ -12,7 +12,7 @@ from .. import _extension
 from .._cpp_enums import ACTIVATION_NAMES, Activation, BatchNormImplementation
 from ..policy import EnginePolicy, policy_id, resolve
 from . import decide
-from .conv import eager_activation, odd_residual, tensor_signature
+from .conv import autocast_dtype, eager_activation, odd_residual, tensor_signature
 from .decide import Decision
 from .layer_call import LayerCall
 from .library import conv_memory_format, conv_output_size
@@ -221,7 +221,8 @@ def conv2d_batch_norm_act(
         signature = (settings, tensor_signature(x), tensor_signature(conv_weight), tensor_signature(conv_bias),
                      tensor_signature(weight), tensor_signature(bias), tensor_signature(running_mean),
                      tensor_signature(running_var), tensor_signature(residual), torch.is_grad_enabled(),
-                     torch.are_deterministic_algorithms_enabled(), autocast and torch.get_autocast_dtype(device_type))
+                     torch.are_deterministic_algorithms_enabled(), autocast and torch.get_autocast_dtype(device_type),
+                     torch.backends.cudnn.allow_tf32)
         if call.signature == signature:
             return _run_conv_batch_norm(call.run, x, conv, conv_weight, conv_bias, running_mean, running_var,
                                         num_batches_tracked, weight, bias, momentum, eps, activation, residual)
@@ -252,9 +253,7 @@ def _decide_conv_batch_norm(x, conv, conv_weight, conv_bias, running_mean, weigh
         raise ValueError(f"expected 4D input (got {x.dim() if isinstance(x, torch.Tensor) else type(x).__name__}D "
                          "input)")
     device_type = x.device.type
-    conv_dtype = None
-    if torch.is_autocast_enabled(device_type) and x.is_floating_point():
-        conv_dtype = torch.get_autocast_dtype(device_type)
+    conv_dtype = autocast_dtype(x, device_type)
     z_dtype = conv_dtype or x.dtype
     z_size = conv_output_size(x.shape, conv_weight.shape, conv.stride, conv.padding, conv.padding, conv.dilation)
     update = running_mean is not None

@@ -8,6 +8,7 @@ from typing import Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
+from .. import _extension
 from .._cpp_enums import ACTIVATION_NAMES, Activation
 from ..policy import EnginePolicy, policy_id, resolve
 from . import decide
@@ -72,13 +73,26 @@ def _check_args(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
         raise ValueError(f"bias must have shape [{weight.shape[0]}] (out_channels), got {list(bias.shape)}")
 
 
+def _autocast_casts(t: Optional[torch.Tensor]) -> bool:
+    """Whether torch.autocast, when on, casts `t` as a conv's operand: floating point but not float64."""
+    return t is not None and t.is_floating_point() and t.dtype != torch.float64
+
+
+def autocast_dtype(t: Optional[torch.Tensor], device_type: str) -> Optional[torch.dtype]:
+    """The dtype torch.autocast casts `t` to as a conv's operand on `device_type`, or None where it leaves `t` as it
+    is."""
+    if not torch.is_autocast_enabled(device_type) or not _autocast_casts(t):
+        return None
+    return torch.get_autocast_dtype(device_type)
+
+
 def _autocast(tensors: Sequence[Optional[torch.Tensor]], device_type: str) -> list[Optional[torch.Tensor]]:
     """Under torch.autocast, the conv's operands in the autocast dtype, as F.conv2d casts them (the residual is not
     one: eager adds it to the conv's output as it is)."""
     if not torch.is_autocast_enabled(device_type):
         return list(tensors)
     dtype = torch.get_autocast_dtype(device_type)
-    return [t.to(dtype) if t is not None and t.is_floating_point() else t for t in tensors]
+    return [t.to(dtype) if _autocast_casts(t) else t for t in tensors]
 
 
 def _eager(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, activation, padding_mode):
@@ -168,14 +182,21 @@ def conv2d_bias_act(
     autocast = torch.is_autocast_enabled(device_type)
     signature = None
     if call is not None and not torch.compiler.is_compiling():
-        signature = (_signature(x), _signature(weight), _signature(bias), _signature(residual), stride, padding,
-                     dilation, groups, activation, padding_mode, strict, decide.is_strict(), torch.is_grad_enabled(),
-                     torch.backends.cudnn.allow_tf32, autocast and torch.get_autocast_dtype(device_type), policy,
-                     torch.are_deterministic_algorithms_enabled())
+        settings = ("conv", stride, padding, dilation, groups, activation, padding_mode, strict, decide.is_strict(),
+                    policy)
+        if call.recorded is not None and call.signature[0] == settings:
+            # C++ compares the tensors and the global state with the record and runs the op when they match
+            y = call.recorded.run(x, weight, bias, residual)
+            if y is not None:
+                return y
+        signature = (settings, _signature(x), _signature(weight), _signature(bias), _signature(residual),
+                     torch.is_grad_enabled(), torch.backends.cudnn.allow_tf32,
+                     autocast and torch.get_autocast_dtype(device_type), torch.are_deterministic_algorithms_enabled())
         if call.signature == signature:
             if autocast:
                 x, weight, bias = _autocast((x, weight, bias), device_type)
             return _run(call.run, x, weight, bias, residual, padding_mode)
+    passed = (x, weight, bias)  # as the caller passed them: what a record compares a repeat with
 
     if activation not in ACTIVATION_NAMES:
         raise ValueError(f"activation must be 'relu', 'relu6', 'identity' or None, got {activation!r}")
@@ -203,7 +224,10 @@ def conv2d_bias_act(
     run = (decision.fused, (list(stride_), list(padding_pre), list(padding_post), list(dilation_), groups, act,
                             policy_id(policy.key) if decision.fused else 0))
     if call is not None:
-        call.remember(decision, config, signature if not odd else None, run)
+        recorded = None
+        if signature is not None and decision.fused:
+            recorded = _extension.require().ConvBiasActCall(*passed, residual, *run[1])
+        call.remember(decision, config, signature if not odd else None, run, recorded)
     return _run(run, x, weight, bias, residual, padding_mode)
 
 

@@ -1,0 +1,58 @@
+#include "ops/conv_call.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include "ops/conv_ops.h"
+
+namespace tcf {
+
+namespace {
+
+// As torch.autocast casts a conv's operand (and ops/conv.py's _autocast): floating point but not float64.
+at::Tensor autocast_operand(const at::Tensor& t, const CallState& state) {
+  if (!state.autocast || !t.is_floating_point() || t.scalar_type() == at::kDouble) return t;
+  return t.to(state.autocast_dtype);
+}
+
+}  // namespace
+
+ConvBiasActCall::ConvBiasActCall(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                                 const std::optional<at::Tensor>& residual, std::vector<int64_t> stride,
+                                 std::vector<int64_t> padding_pre, std::vector<int64_t> padding_post,
+                                 std::vector<int64_t> dilation, int64_t groups, int64_t activation, int64_t policy)
+    : state_(CallState::now()),
+      stride_(std::move(stride)),
+      padding_pre_(std::move(padding_pre)),
+      padding_post_(std::move(padding_post)),
+      dilation_(std::move(dilation)),
+      groups_(groups),
+      activation_(activation),
+      policy_(policy) {
+  TORCH_CHECK(x.is_cuda(), "cudnn_fusion: ConvBiasActCall records CUDA calls, got x on ", x.device());
+  TORCH_CHECK(stride_.size() == 2 && padding_pre_.size() == 2 && padding_post_.size() == 2 && dilation_.size() == 2,
+              "cudnn_fusion: stride, padding_pre, padding_post and dilation must have 2 values each, got ", stride_,
+              ", ", padding_pre_, ", ", padding_post_, ", ", dilation_);
+  for (const at::Tensor* t : {&x, &weight, pointer(bias), pointer(residual)}) {
+    metadata_.push_back(TensorMetadata::of(t, true));  // the plan's key holds each operand's alignment
+  }
+}
+
+std::optional<at::Tensor> ConvBiasActCall::run(const at::Tensor& x, const at::Tensor& weight,
+                                               const std::optional<at::Tensor>& bias,
+                                               const std::optional<at::Tensor>& residual) const {
+  const at::Tensor* tensors[] = {&x, &weight, pointer(bias), pointer(residual)};
+  for (size_t i = 0; i < metadata_.size(); ++i) {
+    if (!metadata_[i].matches(tensors[i])) return std::nullopt;
+  }
+  auto state = CallState::now();
+  if (!(state == state_)) return std::nullopt;
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("cudnn_fusion::conv_bias_act", "")
+                       .typed<decltype(conv_bias_act)>();
+  std::optional<at::Tensor> cast_bias;
+  if (tensors[2] != nullptr) cast_bias = autocast_operand(*bias, state);
+  return op.call(autocast_operand(x, state), autocast_operand(weight, state), cast_bias, residual, stride_,
+                 padding_pre_, padding_post_, dilation_, groups_, activation_, policy_);
+}
+
+}  // namespace tcf

@@ -1,0 +1,45 @@
+#include "ops/recorded_call.h"
+
+#include <ATen/autocast_mode.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include "ops/tensor_checks.h"
+
+namespace tcf {
+
+TensorMetadata TensorMetadata::of(const at::Tensor* t, bool with_alignment) {
+  TensorMetadata m;
+  if (t == nullptr) return m;
+  m.defined = true;
+  m.sizes = t->sizes().vec();
+  m.strides = t->strides().vec();
+  m.dtype = t->scalar_type();
+  m.device = t->device();
+  m.requires_grad = t->requires_grad();
+  if (with_alignment) m.alignment = alignment_of(*t);
+  return m;
+}
+
+bool TensorMetadata::matches(const at::Tensor* t) const {
+  if (t == nullptr) return !defined;
+  return defined && t->scalar_type() == dtype && t->device() == device && t->requires_grad() == requires_grad &&
+         t->sizes() == at::IntArrayRef(sizes) && t->strides() == at::IntArrayRef(strides) &&
+         (alignment < 0 || alignment_of(*t) == alignment);
+}
+
+CallState CallState::now() {
+  CallState s;
+  s.grad_enabled = at::GradMode::is_enabled();
+  s.autocast = at::autocast::is_autocast_enabled(at::kCUDA);
+  s.autocast_dtype = s.autocast ? at::autocast::get_autocast_dtype(at::kCUDA) : at::kFloat;
+  s.deterministic = at::globalContext().deterministicAlgorithms();
+  s.allow_tf32 = at::globalContext().allowTF32CuDNN();
+  return s;
+}
+
+bool CallState::operator==(const CallState& other) const {
+  return grad_enabled == other.grad_enabled && autocast == other.autocast && autocast_dtype == other.autocast_dtype &&
+         deterministic == other.deterministic && allow_tf32 == other.allow_tf32;
+}
+
+}  // namespace tcf

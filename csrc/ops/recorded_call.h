@@ -1,0 +1,42 @@
+// What a recorded call (conv_call.h, conv_bn_call.h) compares a repeat with: the metadata of each tensor and the
+// global state its decision depended on. A record holds them as they were when Python decided; a repeat whose
+// tensors and state all match runs from C++ without Python's checks.
+#pragma once
+
+#include <vector>
+
+#include <ATen/ATen.h>
+
+namespace tcf {
+
+// What of one tensor a decision depends on; `alignment` only where the recording op's plans depend on it.
+struct TensorMetadata {
+  bool defined = false;
+  std::vector<int64_t> sizes, strides;
+  at::ScalarType dtype = at::kFloat;
+  at::Device device = at::kCPU;
+  bool requires_grad = false;
+  int8_t alignment = -1;  // alignment_of(t), or -1: not compared
+
+  static TensorMetadata of(const at::Tensor* t, bool with_alignment);
+  bool matches(const at::Tensor* t) const;
+};
+
+// The global state a decision reads: grad mode, CUDA autocast and its dtype, deterministic algorithms, cuDNN's TF32.
+struct CallState {
+  bool grad_enabled = false;
+  bool autocast = false;
+  at::ScalarType autocast_dtype = at::kFloat;
+  bool deterministic = false;
+  bool allow_tf32 = false;
+
+  static CallState now();
+  bool operator==(const CallState& other) const;
+};
+
+// A pointer to an optional tensor's value, nullptr when absent or undefined.
+inline const at::Tensor* pointer(const std::optional<at::Tensor>& t) {
+  return t.has_value() && t->defined() ? &*t : nullptr;
+}
+
+}  // namespace tcf
