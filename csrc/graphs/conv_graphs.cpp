@@ -88,8 +88,13 @@ void describe_conv_bias_act(fe::graph::Graph& graph, const GraphKey& key) {
     y = graph.pointwise(y, residual,
                         fe::graph::Pointwise_attributes().set_name("add_residual").set_mode(fe::PointwiseMode_t::ADD));
   }
-  if (shape.activation == Activation::kRelu) {
+  if (shape.activation == Activation::kRelu || shape.activation == Activation::kRelu6) {
     y = graph.pointwise(y, fe::graph::Pointwise_attributes().set_name("relu").set_mode(fe::PointwiseMode_t::RELU_FWD));
+  }
+  if (shape.activation == Activation::kRelu6) {  // ReLU's upper clip: refused by every engine; a min with 6: taken
+    auto six = graph.tensor(6.0f);
+    y = graph.pointwise(y, six, fe::graph::Pointwise_attributes().set_name("min_6").set_mode(fe::PointwiseMode_t::MIN)
+                                    .set_compute_data_type(fe::DataType_t::FLOAT));
   }
   mark_output(y, "y", kUidY, shape.y_size(), key.channels_last, io);
 }
@@ -188,10 +193,6 @@ GraphKey make_relu_bias_key(at::ScalarType dtype, bool channels_last, int device
   return key;
 }
 
-Activation graph_activation(Activation activation) {
-  return activation == Activation::kRelu6 ? Activation::kNone : activation;
-}
-
 GraphKey make_graph_key(GraphKind kind, const ConvProblem& p, const std::array<int8_t, 5>& alignment) {
   if (kind == GraphKind::kReluBiasBackward) {
     return make_relu_bias_key(p.dtype, p.channels_last, p.device, p.y_size(), p.policy, alignment);
@@ -199,7 +200,6 @@ GraphKey make_graph_key(GraphKind kind, const ConvProblem& p, const std::array<i
   auto key = key_common(kind, p.dtype, p.channels_last, p.device, p.policy, alignment);
   key.allow_tf32 = p.dtype == at::kFloat && at::globalContext().allowTF32CuDNN();
   ConvShape shape = p;
-  shape.activation = graph_activation(shape.activation);
   if (kind != GraphKind::kConvBiasAct) {  // dgrad and wgrad do not read the epilogue: it must not split their keys
     shape.has_bias = shape.has_residual = false;
     shape.activation = Activation::kNone;

@@ -66,10 +66,6 @@ GraphKey key_common(GraphKind kind, at::ScalarType dtype, bool channels_last, in
 // order the kind reads them (forward: x, w, bias, residual, y; relu backward: dy, y, dz; dgrad: dz, w, dx;
 // wgrad: dz, x, dw).
 GraphKey make_graph_key(GraphKind kind, const ConvProblem& problem, const std::array<int8_t, 5>& alignment);
-// The activation the forward graph applies for a layer's `activation`: ReLU6 none (it runs as a clamp after the
-// graph). cuDNN 9.19's conv + bias (+ add) + activation engines take identity and ReLU only: with ReLU's upper clip
-// set every engine refused ("act.mode != CUDNN_ACTIVATION_RELU", "cask_set_bias_relu"; H100, fp16/bf16/fp32 NHWC).
-Activation graph_activation(Activation activation);
 // The ReLU-backward-with-bias-gradient key over the conv output y (alignments: dy, y, dz, dbias).
 GraphKey make_relu_bias_key(at::ScalarType dtype, bool channels_last, int device, const std::array<int64_t, 4>& y_size,
                             int64_t policy, const std::array<int8_t, 5>& alignment);

@@ -122,6 +122,17 @@ bool run_graph(GraphKind kind, const ConvProblem& p, const std::array<int8_t, 5>
   return run_cached_graph(make_graph_key(kind, p, alignment), std::move(pointers), outputs, device, aten);
 }
 
+// The forward graph's key for p. ReLU6 runs in the graph (ReLU, then the minimum with 6); where cuDNN refuses that
+// graph, the graph without the activation, and `clamp_after` is set: ReLU6 then runs after it, as a clamp.
+GraphKey forward_graph_key(const ConvProblem& p, const std::array<int8_t, 5>& alignment, bool& clamp_after) {
+  auto key = make_graph_key(GraphKind::kConvBiasAct, p, alignment);
+  clamp_after = p.activation == Activation::kRelu6 && !get_plan(key)->ok();
+  if (!clamp_after) return key;
+  ConvProblem without = p;
+  without.activation = Activation::kNone;
+  return make_graph_key(GraphKind::kConvBiasAct, without, alignment);
+}
+
 void check_grad_z(const at::Tensor& grad_z, const ConvProblem& p) {
   TORCH_CHECK(grad_z.sizes() == at::IntArrayRef(p.y_size()), "cudnn_fusion: grad_z must have the conv output's shape ",
               at::IntArrayRef(p.y_size()), ", got ", grad_z.sizes());
@@ -213,10 +224,12 @@ at::Tensor conv_bias_act(const at::Tensor& x, const at::Tensor& weight, const st
   std::array<int8_t, 5> alignment{alignment_of(x_dense), alignment_of(w_dense), alignment_of(bias_dense),
                                   alignment_of(residual_dense), alignment_of(y)};
   auto aten = [&]() { fallback_forward(x_dense, w_dense, bias, residual, p); };
-  if (!run_graph(GraphKind::kConvBiasAct, p, alignment, std::move(pointers), {y}, x.device(), aten)) {
+  bool clamp_after = false;
+  auto key = forward_graph_key(p, alignment, clamp_after);
+  if (!run_cached_graph(key, std::move(pointers), {y}, x.device(), aten)) {
     return fallback_forward(x_dense, w_dense, bias, residual, p);
   }
-  if (graph_activation(p.activation) != p.activation) apply_activation_(y, p.activation);  // ReLU6: after the graph
+  if (clamp_after) apply_activation_(y, p.activation);
   return y;
 }
 
@@ -334,9 +347,12 @@ std::unordered_map<std::string, std::string> check_conv_layer(const ConvProblem&
     refusals["forward"] = joined;
     return refusals;
   }
-  refusals["forward"] = refusal(GraphKind::kConvBiasAct, {alignment[0], alignment[1], alignment[2], alignment[3], fresh});
-  if (refusals["forward"].empty() && graph_activation(problem.activation) != problem.activation) {
-    refusals["note"] = "ReLU6 runs as a clamp after the graph (cuDNN's conv + bias engines fuse identity or ReLU only)";
+  const std::array<int8_t, 5> forward{alignment[0], alignment[1], alignment[2], alignment[3], fresh};
+  bool clamp_after = false;
+  refusals["forward"] = get_plan(forward_graph_key(problem, forward, clamp_after))->refusal;
+  if (refusals["forward"].empty() && clamp_after) {
+    refusals["note"] = "ReLU6 runs as a clamp after the graph (cuDNN refused it in the graph: " +
+                       get_plan(make_graph_key(GraphKind::kConvBiasAct, problem, forward))->refusal + ")";
   }
   if (backward) {
     if (problem.activation != Activation::kNone) refusals["relu_bias_backward"] = activation_backward_refusal(problem);
