@@ -17,7 +17,10 @@
 // from there (the kernels above stay for one element at a time, other stride-1 channel counts and batches over
 // 65535). dgrad is built for stride 2 only: at stride 1 PyTorch's kernel runs (depthwise_kernel_steps).
 // No wgrad: one written as these (per-thread sums of a strip's taps, fixed-order partial sums) ran 2.7-26x slower
-// than PyTorch's (cuDNN's) depthwise wgrad on MobileNet layers (benchmarks/bench_depthwise.py, H100, 2026-11-23).
+// than PyTorch's (cuDNN's) depthwise wgrad on MobileNet layers (benchmarks/bench_depthwise.py, H100, 2026-11-23). A
+// second (2026-11-24, not kept): a thread per 4 or 8 channels of an output row, walking it with the 3x3 input window in
+// registers (or re-reading it from L1), fixed-order partial sums: correct, but 1.2-3x slower than PyTorch's over the
+// 15 benchmarked layers in every variant (bfloat16 sums 3.6-5.3 ms against 2.2; 103-226 registers, latency-bound).
 #include "kernels/depthwise_conv_kernel.h"
 
 #include <type_traits>
