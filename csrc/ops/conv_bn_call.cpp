@@ -13,7 +13,9 @@ ConvBatchNormCall::ConvBatchNormCall(
     const std::optional<at::Tensor>& num_batches_tracked, const std::optional<at::Tensor>& residual,
     std::vector<int64_t> stride, std::vector<int64_t> padding, std::vector<int64_t> dilation, int64_t groups,
     double eps, int64_t activation, int64_t implementation, int64_t policy)
-    : state_(CallState::now()),
+    : record_({&x, &conv_weight, pointer(conv_bias), pointer(weight), pointer(bias), pointer(running_mean),
+               pointer(running_var), pointer(num_batches_tracked), pointer(residual)},
+              false),  // the op copies nothing it hands cuDNN: any alignment
       stride_(std::move(stride)),
       padding_(std::move(padding)),
       dilation_(std::move(dilation)),
@@ -33,11 +35,6 @@ ConvBatchNormCall::ConvBatchNormCall(
               "cudnn_fusion: ConvBatchNormCall takes a float32 contiguous BatchNorm weight and bias, or neither");
   TORCH_CHECK(pointer(num_batches_tracked) == nullptr || pointer(running_mean) != nullptr,
               "cudnn_fusion: ConvBatchNormCall counts num_batches_tracked only with running statistics");
-  for (const at::Tensor* t : {&x, &conv_weight, pointer(conv_bias), pointer(weight), pointer(bias),
-                              pointer(running_mean), pointer(running_var), pointer(num_batches_tracked),
-                              pointer(residual)}) {
-    metadata_.push_back(TensorMetadata::of(t, false));  // the op copies nothing it hands cuDNN: any alignment
-  }
   if (pointer(weight) == nullptr) {
     int64_t channels = conv_weight.size(0);
     ones_ = at::ones({channels}, x.options().dtype(at::kFloat));
@@ -51,20 +48,17 @@ std::optional<at::Tensor> ConvBatchNormCall::run(
     const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var,
     const std::optional<at::Tensor>& num_batches_tracked, const std::optional<at::Tensor>& residual,
     double momentum) const {
-  const at::Tensor* tensors[] = {&x, &conv_weight, pointer(conv_bias), pointer(weight), pointer(bias),
-                                 pointer(running_mean), pointer(running_var), pointer(num_batches_tracked),
-                                 pointer(residual)};
-  for (size_t i = 0; i < metadata_.size(); ++i) {
-    if (!metadata_[i].matches(tensors[i])) return std::nullopt;
-  }
-  auto state = CallState::now();
-  if (!(state == state_)) return std::nullopt;
+  auto now = record_.check({&x, &conv_weight, pointer(conv_bias), pointer(weight), pointer(bias),
+                            pointer(running_mean), pointer(running_var), pointer(num_batches_tracked),
+                            pointer(residual)});
+  if (!now.has_value()) return std::nullopt;
+  const CallState& state = *now;
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("cudnn_fusion::conv_batch_norm_act", "")
                        .typed<decltype(conv_batch_norm_act_forward)>();
   std::optional<at::ScalarType> conv_dtype;
   if (state.autocast) conv_dtype = state.autocast_dtype;
-  bool affine = tensors[3] != nullptr;
+  bool affine = pointer(weight) != nullptr;
   auto out = op.call(x, conv_weight, conv_bias, stride_, padding_, dilation_, groups_, affine ? *weight : ones_,
                      affine ? *bias : zeros_, running_mean, running_var, num_batches_tracked, residual, momentum, eps_,
                      activation_, implementation_, conv_dtype, policy_);

@@ -38,9 +38,8 @@ class ConvBatchNormCall {
                                 const std::optional<at::Tensor>& residual, double momentum) const;
 
  private:
-  std::vector<TensorMetadata> metadata_;  // x, conv_weight, conv_bias, weight, bias, running_mean, running_var,
-                                    // num_batches_tracked, residual
-  CallState state_;
+  CallRecord record_;  // x, conv_weight, conv_bias, weight, bias, running_mean, running_var,
+                       // num_batches_tracked, residual
   std::vector<int64_t> stride_, padding_, dilation_;
   int64_t groups_;
   double eps_;

@@ -20,7 +20,7 @@ ConvBiasActCall::ConvBiasActCall(const at::Tensor& x, const at::Tensor& weight, 
                                  const std::optional<at::Tensor>& residual, std::vector<int64_t> stride,
                                  std::vector<int64_t> padding_pre, std::vector<int64_t> padding_post,
                                  std::vector<int64_t> dilation, int64_t groups, int64_t activation, int64_t policy)
-    : state_(CallState::now()),
+    : record_({&x, &weight, pointer(bias), pointer(residual)}, true),  // the plan's key holds their alignment
       stride_(std::move(stride)),
       padding_pre_(std::move(padding_pre)),
       padding_post_(std::move(padding_post)),
@@ -32,25 +32,19 @@ ConvBiasActCall::ConvBiasActCall(const at::Tensor& x, const at::Tensor& weight, 
   TORCH_CHECK(stride_.size() == 2 && padding_pre_.size() == 2 && padding_post_.size() == 2 && dilation_.size() == 2,
               "cudnn_fusion: stride, padding_pre, padding_post and dilation must have 2 values each, got ", stride_,
               ", ", padding_pre_, ", ", padding_post_, ", ", dilation_);
-  for (const at::Tensor* t : {&x, &weight, pointer(bias), pointer(residual)}) {
-    metadata_.push_back(TensorMetadata::of(t, true));  // the plan's key holds each operand's alignment
-  }
 }
 
 std::optional<at::Tensor> ConvBiasActCall::run(const at::Tensor& x, const at::Tensor& weight,
                                                const std::optional<at::Tensor>& bias,
                                                const std::optional<at::Tensor>& residual) const {
-  const at::Tensor* tensors[] = {&x, &weight, pointer(bias), pointer(residual)};
-  for (size_t i = 0; i < metadata_.size(); ++i) {
-    if (!metadata_[i].matches(tensors[i])) return std::nullopt;
-  }
-  auto state = CallState::now();
-  if (!(state == state_)) return std::nullopt;
+  auto now = record_.check({&x, &weight, pointer(bias), pointer(residual)});
+  if (!now.has_value()) return std::nullopt;
+  const CallState& state = *now;
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("cudnn_fusion::conv_bias_act", "")
                        .typed<decltype(conv_bias_act)>();
   std::optional<at::Tensor> cast_bias;
-  if (tensors[2] != nullptr) cast_bias = autocast_operand(*bias, state);
+  if (pointer(bias) != nullptr) cast_bias = autocast_operand(*bias, state);
   return op.call(autocast_operand(x, state), autocast_operand(weight, state), cast_bias, residual, stride_,
                  padding_pre_, padding_post_, dilation_, groups_, activation_, policy_);
 }

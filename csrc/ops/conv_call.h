@@ -32,8 +32,7 @@ class ConvBiasActCall {
                                 const std::optional<at::Tensor>& residual) const;
 
  private:
-  std::vector<TensorMetadata> metadata_;  // x, weight, bias, residual
-  CallState state_;
+  CallRecord record_;  // x, weight, bias, residual
   std::vector<int64_t> stride_, padding_pre_, padding_post_, dilation_;
   int64_t groups_, activation_, policy_;
 };

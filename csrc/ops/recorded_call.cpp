@@ -42,4 +42,20 @@ bool CallState::operator==(const CallState& other) const {
          deterministic == other.deterministic && allow_tf32 == other.allow_tf32;
 }
 
+CallRecord::CallRecord(std::initializer_list<const at::Tensor*> tensors, bool with_alignment)
+    : state_(CallState::now()) {
+  for (const at::Tensor* t : tensors) metadata_.push_back(TensorMetadata::of(t, with_alignment));
+}
+
+std::optional<CallState> CallRecord::check(std::initializer_list<const at::Tensor*> tensors) const {
+  if (tensors.size() != metadata_.size()) return std::nullopt;
+  size_t i = 0;
+  for (const at::Tensor* t : tensors) {
+    if (!metadata_[i++].matches(t)) return std::nullopt;
+  }
+  auto state = CallState::now();
+  if (!(state == state_)) return std::nullopt;
+  return state;
+}
+
 }  // namespace tcf

@@ -3,6 +3,8 @@
 // tensors and state all match runs from C++ without Python's checks.
 #pragma once
 
+#include <initializer_list>
+#include <optional>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -32,6 +34,19 @@ struct CallState {
 
   static CallState now();
   bool operator==(const CallState& other) const;
+};
+
+// A recorded call's tensors (in a fixed order, nullptr for an absent one) and the global state, as they were when
+// Python decided the call.
+class CallRecord {
+ public:
+  CallRecord(std::initializer_list<const at::Tensor*> tensors, bool with_alignment);
+  // The global state now, when `tensors` (in the recorded order) and it match the record; nothing otherwise.
+  std::optional<CallState> check(std::initializer_list<const at::Tensor*> tensors) const;
+
+ private:
+  std::vector<TensorMetadata> metadata_;
+  CallState state_;
 };
 
 // A pointer to an optional tensor's value, nullptr when absent or undefined.
