@@ -33,8 +33,7 @@ CASES = {
     "3x3-s2-1000-channels": (1000, 3, 2, 1, 6, 6, True, True, True),
     "3x3-s1-relu6": (48, 3, 1, 1, 11, 12, True, False, "relu6"),  # inputs scaled by 4: some outputs clip at 6
     "3x3-s2-relu6-odd-channels": (21, 3, 2, 1, 9, 9, True, True, "relu6"),
-    # the stride-1 forward's 8 x 16 tiles, partial in both directions (the tiled kernel runs at stride 1 where the
-    # channels fill its blocks: 64 for 16-bit types, 32 for float32; 24, 40 and 48 channels run the strip kernel)
+    # the stride-1 forward's tiles of 8 rows x 2 columns (depthwise_conv_forward_rows), partial in both directions
     "3x3-s1-wide-tiles": (64, 3, 1, 1, 13, 37, True, True, True),
     # the stride-2 dgrad's 8 x 16 tiles of dx, partial in both directions
     "3x3-s2-wide-dgrad-tiles": (24, 3, 2, 1, 19, 35, True, False, True),
@@ -132,6 +131,29 @@ def test_a_misaligned_input_runs_one_element_at_a_time_and_matches(extension, no
     y = tcf.conv2d_bias_act(x, weight, None, None, 1, 1, 1, 32, "relu", strict=True)
     expected = F.relu(F.conv2d(x.double(), weight.double(), None, 1, 1, 1, 32))
     torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_filters_off_a_vector_boundary_run_the_strip_kernel_and_match(extension, no_tf32, dtype):
+    """The stride-1 forward's rows kernel reads the filters and bias as vectors: where they start off a vector
+    boundary (views one element into their storage) the strip kernel runs instead. Both add the taps in the same
+    order: the same numbers, as accurate as eager's against float64."""
+    torch.manual_seed(0)
+    channels = 64
+    x = _leaf(2, channels, 11, 9, dtype=dtype)
+    weight = torch.randn(channels * 9 + 1, device="cuda").to(dtype)[1:].view(channels, 1, 3, 3)
+    bias = torch.randn(channels + 1, device="cuda").to(dtype)[1:]
+    assert weight.data_ptr() % 8 != 0 and bias.data_ptr() % 8 != 0
+    results = {}
+    for name, (w, b) in {"strip": (weight, bias), "rows": (weight.clone(), bias.clone())}.items():
+        ran = _profile_kernels(lambda: tcf.conv2d_bias_act(x, w, b, None, 1, 1, 1, channels, "relu", strict=True))
+        assert any("depthwise_conv_forward_rows" in n for n in ran) == (name == "rows"), ran
+        assert any("depthwise_conv_forward<" in n for n in ran) == (name == "strip"), ran
+        results[name] = tcf.conv2d_bias_act(x, w, b, None, 1, 1, 1, channels, "relu", strict=True)
+    eager = F.relu(F.conv2d(x, weight, bias, 1, 1, 1, channels))
+    reference = F.relu(F.conv2d(x.double(), weight.double(), bias.double(), 1, 1, 1, channels))
+    assert torch.equal(results["strip"], results["rows"])
+    assert_as_accurate_as_eager("y", results["rows"], eager, reference, dtype)
 
 
 def test_depthwise_layers_say_they_run_our_kernel(extension):

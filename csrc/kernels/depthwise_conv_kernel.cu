@@ -11,11 +11,12 @@
 //            dy[n, oh, ow, c] * w[c, kh, kw]. With ih + pad_h = th*S + rh, the taps are kh = rh + S*dh at oh = th - dh:
 //            a block takes one class (rh, rw) (blockIdx.z), so that which taps a thread uses is the same across the
 //            block and the strip's columns share their loads as in the forward.
-// With 16-byte vectors the stride-2 forward and dgrad, and the stride-1 forward where the channels fill the tiled
-// kernel's channel blocks, run tiled instead (depthwise_conv_forward_tiled, depthwise_conv_dgrad_tiled): a block
-// first copies its whole input tile into shared memory with asynchronous copies, all in flight at once, then computes
-// from there (the kernels above stay for one element at a time, other stride-1 channel counts and batches over
-// 65535). dgrad is built for stride 2 only: at stride 1 PyTorch's kernel runs (depthwise_kernel_steps).
+// With 16-byte vectors the stride-2 forward and dgrad run tiled instead (depthwise_conv_forward_tiled,
+// depthwise_conv_dgrad_tiled): a block first copies its whole input tile into shared memory with asynchronous copies,
+// all in flight at once, then computes from there. The stride-1 forward runs down columns instead
+// (depthwise_conv_forward_rows): a thread walks the input rows of 8 output rows once, with no shared memory and no
+// barrier. The strip kernels above stay for one element at a time, filters or bias not on a vector boundary and
+// batches over 65535. dgrad is built for stride 2 only: at stride 1 PyTorch's kernel runs (depthwise_kernel_steps).
 // No wgrad: one written as these (per-thread sums of a strip's taps, fixed-order partial sums) ran 2.7-26x slower
 // than PyTorch's (cuDNN's) depthwise wgrad on MobileNet layers (benchmarks/bench_depthwise.py, H100, 2026-11-23). A
 // second (2026-11-24, not kept): a thread per 4 or 8 channels of an output row, walking it with the 3x3 input window in
@@ -311,6 +312,111 @@ __global__ void __launch_bounds__(ForwardTile<S, TH, TW>::kThreads) depthwise_co
                             s.out_w, s.channels, activation);
 }
 
+// The stride-1 forward for channel vectors: each thread takes kRowsVector channels of kRowsColumns output columns and
+// kRowsRows output rows of one image, walks the kRowsRows + 2 input rows they read once, each as kRowsColumns + 2
+// vectors, and adds each row to the three output rows it reaches, in depthwise_conv_forward's order (taps over the
+// padding add zeros). Filters and bias stay in registers; neighbouring threads' overlapping columns and rows meet in
+// L1. Threads: channel vectors fastest, then column tiles, row tiles and images. Against the tiled kernel at stride 1
+// (8 x 16 tiles staged in shared memory), which was bound by L2 throughput (95.9%, DRAM 32.6%, 3 blocks per SM for
+// its registers), this ran 10-22% faster on every stride-1 layer of MobileNet v1 and v2 (batch 256, bf16, H100,
+// 2026-11-24; 8 rows x 2 columns x 4 channels was the fastest of 20 shapes tried, among them 8 channels per thread,
+// 4 to 16 rows, 1 to 4 columns and register caps).
+constexpr int kRowsVector = 4;
+constexpr int kRowsColumns = 2;
+constexpr int kRowsRows = 8;
+
+template <typename T>
+__global__ void __launch_bounds__(nhwc::kThreads) depthwise_conv_forward_rows(
+    const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, const T* __restrict__ residual,
+    T* __restrict__ y, DepthwiseShape s, int64_t threads, int activation) {
+  constexpr int V = kRowsVector, CW = kRowsColumns, R = kRowsRows, K = 3;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= threads) return;
+  const int64_t groups = s.channels / V;
+  const int64_t column_tiles = (s.out_w + CW - 1) / CW;
+  const int64_t row_tiles = (s.out_h + R - 1) / R;
+  const int64_t c = i % groups * V;
+  int64_t t = i / groups;
+  const int ow0 = static_cast<int>(t % column_tiles) * CW;
+  t /= column_tiles;
+  const int oh0 = static_cast<int>(t % row_tiles) * R;
+  const int64_t n = t / row_tiles;
+  // the V filters are K * K * V consecutive elements from w + c * K * K: K * K vectors
+  float wr[K * K][V];
+  {
+    const auto* span = reinterpret_cast<const Pack<T, V>*>(w + c * K * K);
+    T raw[K * K * V];
+#pragma unroll
+    for (int k = 0; k < K * K; ++k) {
+      const Pack<T, V> pack = span[k];
+#pragma unroll
+      for (int v = 0; v < V; ++v) raw[k * V + v] = pack.v[v];
+    }
+#pragma unroll
+    for (int k = 0; k < K * K; ++k)
+#pragma unroll
+      for (int v = 0; v < V; ++v) wr[k][v] = to_float(raw[v * K * K + k]);
+  }
+  float b[V];
+  if (bias != nullptr) {
+    load<T, V>(bias + c, b);
+  } else {
+#pragma unroll
+    for (int v = 0; v < V; ++v) b[v] = 0.f;
+  }
+  float acc[R][CW][V];
+#pragma unroll
+  for (int r = 0; r < R; ++r) zero(acc[r]);
+  const T* image = x + n * s.h * s.w * s.channels + c;
+  const int iw0 = ow0 - s.pad_w;
+#pragma unroll
+  for (int e = 0; e < R + K - 1; ++e) {  // input row oh0 - pad_h + e
+    const int ih = oh0 - s.pad_h + e;
+    const bool row_inside = ih >= 0 && ih < s.h;
+    float xv[CW + K - 1][V];
+#pragma unroll
+    for (int j = 0; j < CW + K - 1; ++j) {
+      const int iw = iw0 + j;
+      if (row_inside && iw >= 0 && iw < s.w) {
+        load<T, V>(image + (static_cast<int64_t>(ih) * s.w + iw) * s.channels, xv[j]);
+      } else {
+#pragma unroll
+        for (int v = 0; v < V; ++v) xv[j][v] = 0.f;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int kh = e - r;
+      if (kh < 0 || kh >= K) continue;
+#pragma unroll
+      for (int j = 0; j < CW; ++j)
+#pragma unroll
+        for (int kw = 0; kw < K; ++kw)
+#pragma unroll
+          for (int v = 0; v < V; ++v) acc[r][j][v] = fmaf(xv[j + kw][v], wr[kh * K + kw][v], acc[r][j][v]);
+      if (kh == K - 1 && oh0 + r < s.out_h) {  // output row oh0 + r is complete
+        const int64_t row = (n * s.out_h + oh0 + r) * s.out_w;
+#pragma unroll
+        for (int j = 0; j < CW; ++j) {
+          if (ow0 + j >= s.out_w) break;
+          const int64_t offset = (row + ow0 + j) * s.channels + c;
+          float rv[V];
+          if (residual != nullptr) {
+            load<T, V>(residual + offset, rv);
+          } else {
+#pragma unroll
+            for (int v = 0; v < V; ++v) rv[v] = 0.f;
+          }
+          Pack<T, V> out;
+#pragma unroll
+          for (int v = 0; v < V; ++v) out.v[v] = from_float<T>(activate(acc[r][j][v] + b[v] + rv[v], activation));
+          *reinterpret_cast<Pack<T, V>*>(y + offset) = out;
+        }
+      }
+    }
+  }
+}
+
 // dgrad at stride 2 for 16-byte channel vectors, from a tile of dy staged in shared memory as the tiled forward
 // does. A block takes a dx tile of kDgradRows x kDgradColumns positions x kTileGroups vectors of channels; the dy rows
 // it reads are oh = (ih + pad_h - kh) / 2 for the even ones among ih + pad_h - kh: floor((ih0 + pad_h - 2) / 2) and
@@ -517,21 +623,40 @@ cudaError_t forward_tiled(const DepthwiseShape& s, const void* x, const void* w,
   return cudaGetLastError();
 }
 
+bool on_vector_boundary(const void* p, int bytes) {
+  return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+int64_t rows_threads(const DepthwiseShape& s) {
+  return s.n * ((s.out_h + kRowsRows - 1) / kRowsRows) * ((s.out_w + kRowsColumns - 1) / kRowsColumns) *
+         (s.channels / kRowsVector);
+}
+
+template <typename T>
+cudaError_t forward_rows(const DepthwiseShape& s, const void* x, const void* w, const void* bias,
+                         const void* residual, void* y, int activation, cudaStream_t stream) {
+  const int64_t threads = rows_threads(s);
+  depthwise_conv_forward_rows<T><<<static_cast<unsigned>((threads + nhwc::kThreads - 1) / nhwc::kThreads),
+                                   nhwc::kThreads, 0, stream>>>(
+      static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(bias),
+      static_cast<const T*>(residual), static_cast<T*>(y), s, threads, activation);
+  return cudaGetLastError();
+}
+
 template <typename T>
 cudaError_t forward_typed(const DepthwiseShape& s, const void* x, const void* w, const void* bias,
                           const void* residual, void* y, int activation, bool vectors, cudaStream_t stream) {
-  // 16-byte vectors: the tiled kernel (a grid of images x channel blocks x tiles within CUDA's limits) at stride 2,
-  // and at stride 1 where the channels fill every block's kTileGroups vectors. At stride 1 with part of a block idle
-  // the strip kernel was faster on the H100: 32 channels @112 (half idle) 0.374 vs 0.459 ms, 144 @56 (a quarter
-  // idle) 0.412 vs 0.583; with full blocks the tiled one was as fast or faster (512 @14: 0.089 vs 0.123 ms)
-  // (bench_depthwise, batch 256, bf16).
-  const bool full_blocks = s.channels % (kTileGroups * vector_size<T>()) == 0;
-  if (vectors && s.kernel == 3 && s.n <= 65535 && (s.out_h + 7) / 8 * ((s.out_w + 7) / 8) <= 0x7fffffff) {
-    if (s.stride == 2) return forward_tiled<T, 2, 8, 8>(s, x, w, bias, residual, y, activation, stream);
-    if (s.stride == 1 && full_blocks && s.out_w >= 16) {
-      return forward_tiled<T, 1, 8, 16>(s, x, w, bias, residual, y, activation, stream);
-    }
-    if (s.stride == 1 && full_blocks) return forward_tiled<T, 1, 8, 8>(s, x, w, bias, residual, y, activation, stream);
+  // 16-byte vectors: at stride 2 the tiled kernel (a grid of images x channel blocks x tiles within CUDA's limits);
+  // at stride 1 the rows kernel, which reads the filters and bias as vectors too (the channels, a multiple of 16 /
+  // sizeof(T), are one of kRowsVector).
+  const int64_t tiles = (s.out_h + 7) / 8 * ((s.out_w + 7) / 8);
+  if (vectors && s.kernel == 3 && s.stride == 2 && s.n <= 65535 && tiles <= 0x7fffffff) {
+    return forward_tiled<T, 2, 8, 8>(s, x, w, bias, residual, y, activation, stream);
+  }
+  const int vector_bytes = kRowsVector * static_cast<int>(sizeof(T));
+  if (vectors && s.kernel == 3 && s.stride == 1 && on_vector_boundary(w, vector_bytes) &&
+      on_vector_boundary(bias, vector_bytes) && rows_threads(s) / nhwc::kThreads < 0x7fffffff) {
+    return forward_rows<T>(s, x, w, bias, residual, y, activation, stream);
   }
   return dispatch<T, true>(s, vectors, [&](auto v, auto k, auto stride) {
     constexpr int V = decltype(v)::value, K = decltype(k)::value, S = decltype(stride)::value;
