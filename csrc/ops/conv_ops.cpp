@@ -122,15 +122,17 @@ bool run_graph(GraphKind kind, const ConvProblem& p, const std::array<int8_t, 5>
   return run_cached_graph(make_graph_key(kind, p, alignment), std::move(pointers), outputs, device, aten);
 }
 
-// The forward graph's key for p. ReLU6 runs in the graph (ReLU, then the minimum with 6); where cuDNN refuses that
-// graph, the graph without the activation, and `clamp_after` is set: ReLU6 then runs after it, as a clamp.
-GraphKey forward_graph_key(const ConvProblem& p, const std::array<int8_t, 5>& alignment, bool& clamp_after) {
-  auto key = make_graph_key(GraphKind::kConvBiasAct, p, alignment);
-  clamp_after = p.activation == Activation::kRelu6 && !get_plan(key)->ok();
-  if (!clamp_after) return key;
+// The forward graph's plan for p, looked up once. ReLU6 runs in the graph (ReLU, then the minimum with 6); where cuDNN
+// refuses that graph, the plan of the graph without the activation, and `clamp_after` is set: ReLU6 then runs after
+// it, as a clamp.
+std::shared_ptr<const CachedPlan> forward_plan(const ConvProblem& p, const std::array<int8_t, 5>& alignment,
+                                               bool& clamp_after) {
+  auto plan = get_plan(make_graph_key(GraphKind::kConvBiasAct, p, alignment));
+  clamp_after = p.activation == Activation::kRelu6 && !plan->ok();
+  if (!clamp_after) return plan;
   ConvProblem without = p;
   without.activation = Activation::kNone;
-  return make_graph_key(GraphKind::kConvBiasAct, without, alignment);
+  return get_plan(make_graph_key(GraphKind::kConvBiasAct, without, alignment));
 }
 
 void check_grad_z(const at::Tensor& grad_z, const ConvProblem& p) {
@@ -225,8 +227,8 @@ at::Tensor conv_bias_act(const at::Tensor& x, const at::Tensor& weight, const st
                                   alignment_of(residual_dense), alignment_of(y)};
   auto aten = [&]() { fallback_forward(x_dense, w_dense, bias, residual, p); };
   bool clamp_after = false;
-  auto key = forward_graph_key(p, alignment, clamp_after);
-  if (!run_cached_graph(key, std::move(pointers), {y}, x.device(), aten)) {
+  auto plan = forward_plan(p, alignment, clamp_after);
+  if (!run_cached_graph(plan, GraphKind::kConvBiasAct, std::move(pointers), {y}, x.device(), aten)) {
     return fallback_forward(x_dense, w_dense, bias, residual, p);
   }
   if (clamp_after) apply_activation_(y, p.activation);
@@ -349,7 +351,7 @@ std::unordered_map<std::string, std::string> check_conv_layer(const ConvProblem&
   }
   const std::array<int8_t, 5> forward{alignment[0], alignment[1], alignment[2], alignment[3], fresh};
   bool clamp_after = false;
-  refusals["forward"] = get_plan(forward_graph_key(problem, forward, clamp_after))->refusal;
+  refusals["forward"] = forward_plan(problem, forward, clamp_after)->refusal;
   if (refusals["forward"].empty() && clamp_after) {
     refusals["note"] = "ReLU6 runs as a clamp after the graph (cuDNN refused it in the graph: " +
                        get_plan(make_graph_key(GraphKind::kConvBiasAct, problem, forward))->refusal + ")";

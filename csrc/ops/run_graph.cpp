@@ -16,7 +16,12 @@ std::atomic<bool> poison_outputs{false};
 bool run_cached_graph(const GraphKey& key, std::unordered_map<int64_t, void*> pointers,
                       std::initializer_list<at::Tensor> outputs, const at::Device& device,
                       const std::function<void()>& aten) {
-  auto plan = get_plan(key);
+  return run_cached_graph(get_plan(key), key.kind, std::move(pointers), outputs, device, aten);
+}
+
+bool run_cached_graph(const std::shared_ptr<const CachedPlan>& plan, GraphKind kind,
+                      std::unordered_map<int64_t, void*> pointers, std::initializer_list<at::Tensor> outputs,
+                      const at::Device& device, const std::function<void()>& aten) {
   if (!plan->ok()) {
     PlanCache::instance().count_runtime_fallback(plan->refusal);
     return false;
@@ -24,7 +29,7 @@ bool run_cached_graph(const GraphKey& key, std::unordered_map<int64_t, void*> po
   maybe_tune(*plan, pointers, device, aten);
   if (plan->aten_faster.load(std::memory_order_acquire)) return false;
   for (const auto& output : outputs) poison_output(output);
-  return execute_plan(*plan, key.kind, pointers, device);
+  return execute_plan(*plan, kind, pointers, device);
 }
 
 void set_poison_outputs(bool enabled) { poison_outputs.store(enabled); }

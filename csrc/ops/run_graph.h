@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <initializer_list>
+#include <memory>
 #include <unordered_map>
 
 #include <ATen/ATen.h>
@@ -13,11 +14,16 @@
 namespace tcf {
 
 // Runs `key`'s plan on `pointers` after poisoning `outputs` (test aid below); on its first run, tunes it as its
-// policy asks (maybe_tune), timing `aten` (the same result computed with ATen) where the policy says so. Returns false when the caller must compute the result with ATen: cuDNN refused the
-// plan or failed to execute it (a run-time fallback, counted), or autotune found ATen faster (not counted).
+// policy asks (maybe_tune), timing `aten` (the same result computed with ATen) where the policy says so. Returns
+// false when the caller must compute the result with ATen: cuDNN refused the plan or failed to execute it (a
+// run-time fallback, counted), or autotune found ATen faster (not counted).
 bool run_cached_graph(const GraphKey& key, std::unordered_map<int64_t, void*> pointers,
                       std::initializer_list<at::Tensor> outputs, const at::Device& device,
                       const std::function<void()>& aten);
+// The same for a plan already looked up (get_plan) for a graph of `kind`.
+bool run_cached_graph(const std::shared_ptr<const CachedPlan>& plan, GraphKind kind,
+                      std::unordered_map<int64_t, void*> pointers, std::initializer_list<at::Tensor> outputs,
+                      const at::Device& device, const std::function<void()>& aten);
 
 // Test aid: when on, every output is filled with NaN before its graph runs, so an element cuDNN did not write
 // shows up in the comparison with eager.
