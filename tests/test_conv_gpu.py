@@ -175,3 +175,42 @@ def test_recorded_conv_call_runs_repeated_calls_and_steps_aside_when_the_call_ch
         for name, t, t_e in pairs:
             assert rel_err(t.grad, t_e.grad) <= tol, (i, change, name, rel_err(t.grad, t_e.grad))
         conv.weight.grad = conv.bias.grad = conv_e.weight.grad = conv_e.bias.grad = None
+
+
+def test_relu6_refused_in_the_graph_runs_as_a_clamp_after_it(extension, no_tf32):
+    """Where cuDNN refuses the conv + bias graph with ReLU6 in it (forced here by a test aid), the op runs the graph
+    without the activation and a clamp after it (conv_ops.cpp, forward_plan): the status says so and quotes the
+    refusal, a clamp kernel runs, and the output and gradients are as accurate as eager's against float64."""
+    torch.manual_seed(0)
+    dtype = torch.bfloat16
+    x = (torch.randn(4, 32, 12, 12, device="cuda") * 4).to(dtype).contiguous(memory_format=torch.channels_last)
+    weight = (torch.randn(64, 32, 3, 3, device="cuda") / 17).to(dtype).contiguous(memory_format=torch.channels_last)
+    bias = torch.randn(64, device="cuda").to(dtype)
+    leaves = [t.requires_grad_() for t in (x, weight, bias)]
+    extension.clear_plan_cache()
+    extension.set_refused_activation_for_tests(2)  # Activation::kRelu6
+    try:
+        call = LayerCall()
+        y = tcf.conv2d_bias_act(x, weight, bias, None, 1, 1, 1, 1, "relu6", call=call)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            tcf.conv2d_bias_act(x, weight, bias, None, 1, 1, 1, 1, "relu6")
+            torch.cuda.synchronize()
+    finally:
+        extension.set_refused_activation_for_tests(-1)
+        extension.clear_plan_cache()
+    status = call.status
+    assert status.fused, status
+    assert "ReLU6 runs as a clamp after the graph" in status.reason and "test aid" in status.reason, status
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert any("clamp" in n for n in names), names
+    z64 = reference_conv_bias_act(*(t.detach().double() for t in (x, weight, bias)), None, 1, 1, 1, 1, False)
+    grad_y = without_ambiguous_relu6_gradient(torch.randn_like(y), z64, dtype)
+    grads = torch.autograd.grad(y, leaves, grad_y)
+    eager_y = reference_conv_bias_act(x, weight, bias, None, 1, 1, 1, 1, "relu6")
+    eager_grads = torch.autograd.grad(eager_y, leaves, grad_y)
+    leaves64 = [t.detach().double().requires_grad_() for t in leaves]
+    ref_y = reference_conv_bias_act(*leaves64, None, 1, 1, 1, 1, "relu6")
+    ref_grads = torch.autograd.grad(ref_y, leaves64, grad_y.double())
+    assert_as_accurate_as_eager("y", y, eager_y, ref_y, dtype)
+    for name, got, eager, ref in zip(["grad_x", "grad_weight", "grad_bias"], grads, eager_grads, ref_grads):
+        assert_as_accurate_as_eager(name, got, eager, ref, dtype)

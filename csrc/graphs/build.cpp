@@ -139,6 +139,7 @@ void dump_graph_if_asked(const GraphKey& key, const fe::graph::Graph& graph, con
 }
 
 std::atomic<int64_t> build_delay_ms{0};
+std::atomic<int> refused_activation{-1};
 
 std::shared_ptr<CachedPlan> build_plan(const GraphKey& key) {
   if (int64_t delay = build_delay_ms.load()) std::this_thread::sleep_for(std::chrono::milliseconds(delay));
@@ -148,6 +149,9 @@ std::shared_ptr<CachedPlan> build_plan(const GraphKey& key) {
     if (alignment != 0 && alignment < 16) {
       return refused(key, "the requirement check", "a data pointer is not 16-byte aligned");
     }
+  }
+  if (key.kind == GraphKind::kConvBiasAct && static_cast<int>(key.conv().activation) == refused_activation.load()) {
+    return refused(key, "the requirement check", "test aid: conv + bias graphs with this activation are refused");
   }
   auto graph = new_graph(key);
   try {
@@ -186,6 +190,8 @@ std::shared_ptr<fe::graph::Graph> candidate_graph(const GraphKey& key, BuildFail
 
 
 void set_build_delay_for_tests(int64_t milliseconds) { build_delay_ms.store(milliseconds); }
+
+void set_refused_activation_for_tests(int64_t activation) { refused_activation.store(static_cast<int>(activation)); }
 
 std::shared_ptr<const CachedPlan> get_plan(const GraphKey& key) {
   return PlanCache::instance().get_or_build(key, [&key]() { return build_plan(key); });

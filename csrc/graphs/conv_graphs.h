@@ -76,6 +76,9 @@ std::shared_ptr<const CachedPlan> get_plan(const GraphKey& key);
 // Test aid: every build first sleeps `milliseconds` (0: off), so a test can hold a build open while other threads
 // use the cache.
 void set_build_delay_for_tests(int64_t milliseconds);
+// Test aid: every conv + bias graph with this activation (Activation's code; -1: off) is refused as cuDNN would refuse
+// it, so that the path taken after a refusal can be tested.
+void set_refused_activation_for_tests(int64_t activation);
 
 // Runs a built plan (the candidate its policy chose) on the current stream with PyTorch's cuDNN handle and a
 // workspace from PyTorch's caching allocator. Returns false, after recording why as a runtime fallback, if cuDNN

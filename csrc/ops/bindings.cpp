@@ -506,6 +506,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Test aid: fill every op output with NaN before its graph runs");
   m.def("set_build_delay_for_tests", &tcf::set_build_delay_for_tests,
         "Test aid: every plan build first sleeps this many milliseconds (0: off)");
+  m.def("set_refused_activation_for_tests", &tcf::set_refused_activation_for_tests,
+        "Test aid: conv + bias graphs with this activation code are refused (-1: off)");
   // The enums the ops and functions above take as integers; torch_cudnn_fusion/_cpp_enums.py restates them for
   // Python without the extension, and a test holds it to these.
   py::enum_<tcf::Activation>(m, "Activation")
