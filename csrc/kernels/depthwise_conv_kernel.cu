@@ -49,6 +49,17 @@ __device__ inline void load(const T* __restrict__ p, float (&out)[V]) {
   for (int v = 0; v < V; ++v) out[v] = to_float(pack.v[v]);
 }
 
+// V elements from p as float, or zeros where p is null (an absent bias or residual).
+template <typename T, int V>
+__device__ inline void load_or_zero(const T* __restrict__ p, float (&out)[V]) {
+  if (p != nullptr) {
+    load<T, V>(p, out);
+  } else {
+#pragma unroll
+    for (int v = 0; v < V; ++v) out[v] = 0.f;
+  }
+}
+
 template <int N, int V>
 __device__ inline void zero(float (&values)[N][V]) {
 #pragma unroll
@@ -64,8 +75,21 @@ __device__ inline float activate(float v, int activation) {
   return v;
 }
 
+// The forward's epilogue for one output vector: y[offset ...] = act(acc + bias + residual[offset ...]), rounded once
+// (`residual` may be null).
+template <typename T, int V>
+__device__ inline void store_forward(const float (&acc)[V], const float (&bias)[V], const T* __restrict__ residual,
+                                     T* __restrict__ y, int64_t offset, int activation) {
+  float r[V];
+  load_or_zero<T, V>(residual != nullptr ? residual + offset : nullptr, r);
+  Pack<T, V> out;
+#pragma unroll
+  for (int v = 0; v < V; ++v) out.v[v] = from_float<T>(activate(acc[v] + bias[v] + r[v], activation));
+  *reinterpret_cast<Pack<T, V>*>(y + offset) = out;
+}
+
 // The forward's epilogue for a thread's strip: y at row offset `base` (the strip's row, channel c), columns ow0 ...
-// ow0 + kStrip - 1 below out_w, = act(acc + bias[c] + residual), rounded once.
+// ow0 + kStrip - 1 below out_w.
 template <typename T, int V>
 __device__ inline void store_forward_strip(const float (&acc)[kStrip][V], const T* __restrict__ bias,
                                            const T* __restrict__ residual, T* __restrict__ y, int64_t base, int64_t c,
@@ -77,18 +101,7 @@ __device__ inline void store_forward_strip(const float (&acc)[kStrip][V], const 
   for (int i = 0; i < kStrip; ++i) {
     const int ow = ow0 + i;
     if (ow >= out_w) break;
-    const int64_t offset = base + static_cast<int64_t>(ow) * channels;
-    float r[V];
-    if (residual != nullptr) {
-      load<T, V>(residual + offset, r);
-    } else {
-#pragma unroll
-      for (int v = 0; v < V; ++v) r[v] = 0.f;
-    }
-    Pack<T, V> out;
-#pragma unroll
-    for (int v = 0; v < V; ++v) out.v[v] = from_float<T>(activate(acc[i][v] + b[v] + r[v], activation));
-    *reinterpret_cast<Pack<T, V>*>(y + offset) = out;
+    store_forward<T, V>(acc[i], b, residual, y, base + static_cast<int64_t>(ow) * channels, activation);
   }
 }
 
@@ -358,12 +371,7 @@ __global__ void __launch_bounds__(nhwc::kThreads) depthwise_conv_forward_rows(
       for (int v = 0; v < V; ++v) wr[k][v] = to_float(raw[v * K * K + k]);
   }
   float b[V];
-  if (bias != nullptr) {
-    load<T, V>(bias + c, b);
-  } else {
-#pragma unroll
-    for (int v = 0; v < V; ++v) b[v] = 0.f;
-  }
+  load_or_zero<T, V>(bias != nullptr ? bias + c : nullptr, b);
   float acc[R][CW][V];
 #pragma unroll
   for (int r = 0; r < R; ++r) zero(acc[r]);
@@ -399,18 +407,7 @@ __global__ void __launch_bounds__(nhwc::kThreads) depthwise_conv_forward_rows(
 #pragma unroll
         for (int j = 0; j < CW; ++j) {
           if (ow0 + j >= s.out_w) break;
-          const int64_t offset = (row + ow0 + j) * s.channels + c;
-          float rv[V];
-          if (residual != nullptr) {
-            load<T, V>(residual + offset, rv);
-          } else {
-#pragma unroll
-            for (int v = 0; v < V; ++v) rv[v] = 0.f;
-          }
-          Pack<T, V> out;
-#pragma unroll
-          for (int v = 0; v < V; ++v) out.v[v] = from_float<T>(activate(acc[r][j][v] + b[v] + rv[v], activation));
-          *reinterpret_cast<Pack<T, V>*>(y + offset) = out;
+          store_forward<T, V>(acc[r][j], b, residual, y, (row + ow0 + j) * s.channels + c, activation);
         }
       }
     }
