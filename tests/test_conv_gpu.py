@@ -195,9 +195,12 @@ def test_relu6_refused_in_the_graph_runs_as_a_clamp_after_it(extension, no_tf32)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             tcf.conv2d_bias_act(x, weight, bias, None, 1, 1, 1, 1, "relu6")
             torch.cuda.synchronize()
+        # The plan without ReLU6 ran: had the op fallen back to ATen, the reason and eager's own clamp would look alike.
+        forward_fallbacks = extension.plan_cache_stats()["runtime_fallbacks"]
     finally:
         extension.set_refused_activation_for_tests(-1)
         extension.clear_plan_cache()
+    assert forward_fallbacks == 0, extension.plan_cache_stats()["last_runtime_fallback"]
     status = call.status
     assert status.fused, status
     assert "ReLU6 runs as a clamp after the graph" in status.reason and "test aid" in status.reason, status
@@ -206,6 +209,7 @@ def test_relu6_refused_in_the_graph_runs_as_a_clamp_after_it(extension, no_tf32)
     z64 = reference_conv_bias_act(*(t.detach().double() for t in (x, weight, bias)), None, 1, 1, 1, 1, False)
     grad_y = without_ambiguous_relu6_gradient(torch.randn_like(y), z64, dtype)
     grads = torch.autograd.grad(y, leaves, grad_y)
+    assert extension.plan_cache_stats()["runtime_fallbacks"] == 0, extension.plan_cache_stats()["last_runtime_fallback"]
     eager_y = reference_conv_bias_act(x, weight, bias, None, 1, 1, 1, 1, "relu6")
     eager_grads = torch.autograd.grad(eager_y, leaves, grad_y)
     leaves64 = [t.detach().double().requires_grad_() for t in leaves]

@@ -1,5 +1,5 @@
 """Our NHWC depthwise convolution kernels (csrc/kernels/depthwise_conv_kernel.cu): the forward with bias, residual and
-ReLU fused, and dgrad at stride 2 (the steps where they beat PyTorch's, csrc/ops/depthwise_ops.h), in whole conv layers
+ReLU fused, and dgrad and wgrad at stride 2 (the steps where they beat PyTorch's, csrc/ops/depthwise_ops.h), in whole conv layers
 against eager and a float64 reference; where they run (conv layers, conv + BatchNorm in training and eval) and where
 they do not, with the reason."""
 
@@ -93,30 +93,68 @@ def test_depthwise_conv_matches_float64(extension, no_tf32, dtype, case):
                                                        activation).backward(grad))
     assert any("depthwise_conv_forward" in n for n in ran), ran
     assert any("depthwise_conv_dgrad" in n for n in ran) == (stride == 2), ran
+    # wgrad in our kernel at stride 2 in 16-bit dtypes where the channels fill its 16-byte vectors, else PyTorch's
+    ours_wgrad = stride == 2 and dtype != torch.float32 and channels % 8 == 0
+    assert any("depthwise_conv_wgrad" in n for n in ran) == ours_wgrad, ran
     if stride == 1 and dtype == torch.bfloat16 and padding < kernel:  # dgrad as cuDNN's forward, the filter turned
         assert not any("dgrad" in n and "depthwise_conv_dgrad" not in n for n in ran), ran
 
 
-@pytest.mark.parametrize("stride, padding, dtype, expected", [
-    (1, 1, "bfloat16", "turned_forward"), (1, 0, "bfloat16", "turned_forward"), (1, 2, "bfloat16", "turned_forward"),
-    (1, 3, "bfloat16", "pytorch"),  # padding past the filter: no forward computes that dgrad
-    (1, 1, "float16", "pytorch"), (1, 1, "float32", "pytorch"),  # cuDNN's dgrad as fast as its forward there
-    (2, 1, "bfloat16", "ours"), (2, 1, "float32", "ours"),
+@pytest.mark.parametrize("stride, padding, dtype, channels, dgrad, wgrad", [
+    (1, 1, "bfloat16", 64, "turned_forward", "pytorch"), (1, 0, "bfloat16", 64, "turned_forward", "pytorch"),
+    (1, 2, "bfloat16", 64, "turned_forward", "pytorch"),
+    (1, 3, "bfloat16", 64, "pytorch", "pytorch"),  # padding past the filter: no forward computes that dgrad
+    (1, 1, "float16", 64, "pytorch", "pytorch"), (1, 1, "float32", 64, "pytorch", "pytorch"),  # cuDNN's dgrad as fast
+    (2, 1, "bfloat16", 64, "ours", "ours"), (2, 1, "float16", 64, "ours", "ours"),
+    (2, 1, "float32", 64, "ours", "pytorch"),  # our wgrad was not measured in float32
+    (2, 1, "bfloat16", 60, "ours", "pytorch"),  # channels that do not fill the wgrad kernel's 16-byte vectors
 ])
-def test_the_depthwise_dgrad_rule(extension, stride, padding, dtype, expected):
-    """What runs a depthwise 3x3 layer's dgrad (csrc/ops/depthwise_ops.cpp, depthwise_kernel_steps), as Python's
-    decision reads it; the forward in our kernel only with an epilogue."""
+def test_the_depthwise_backward_rule(extension, stride, padding, dtype, channels, dgrad, wgrad):
+    """What runs a depthwise 3x3 layer's dgrad and wgrad (csrc/ops/depthwise_ops.cpp, depthwise_kernel_steps), as
+    Python's decision reads it; the forward in our kernel only with an epilogue."""
     from torch_cudnn_fusion.ops import decide
 
-    verdict = extension.depthwise_kernel_verdict(64, [64, 1, 3, 3], [stride] * 2, [padding] * 2, [1, 1], 64, True,
-                                                 dtype, False)
-    assert (verdict["unmet"], verdict["forward"], verdict["dgrad"]) == ("", False, expected), verdict
-    steps = decide.depthwise_kernel_steps(64, (64, 1, 3, 3), (stride,) * 2, (padding,) * 2, (1, 1), 64, True,
-                                          getattr(torch, dtype), True)
-    assert steps == (True, expected), steps
+    w_size = [channels, 1, 3, 3]
+    verdict = extension.depthwise_kernel_verdict(channels, w_size, [stride] * 2, [padding] * 2, [1, 1], channels,
+                                                 True, dtype, False)
+    assert (verdict["unmet"], verdict["forward"], verdict["dgrad"], verdict["wgrad"]) == ("", False, dgrad, wgrad), \
+        verdict
+    steps = decide.depthwise_kernel_steps(channels, tuple(w_size), (stride,) * 2, (padding,) * 2, (1, 1), channels,
+                                          True, getattr(torch, dtype), True)
+    assert steps == (True, dgrad, wgrad), steps
     grouped = extension.depthwise_kernel_verdict(64, [64, 2, 3, 3], [stride] * 2, [padding] * 2, [1, 1], 32, True,
                                                  dtype, True)
-    assert grouped["unmet"] and (grouped["forward"], grouped["dgrad"]) == (False, "pytorch"), grouped
+    assert grouped["unmet"] and (grouped["forward"], grouped["dgrad"], grouped["wgrad"]) == (False, "pytorch",
+                                                                                             "pytorch"), grouped
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_the_depthwise_wgrad_kernel_is_deterministic_and_matches_float64(extension, dtype):
+    """Our stride-2 wgrad (cudnn_fusion::conv_wgrad) on a batch large enough for many blocks' partial sums: the same
+    bits on every call (fixed-order sums, no atomics), as accurate as PyTorch's against float64, and PyTorch's where
+    the input is off a 16-byte boundary."""
+    torch.manual_seed(0)
+    x = torch.randn(16, 96, 30, 30, device="cuda").to(dtype).contiguous(memory_format=CL)
+    dz = torch.randn(16, 96, 15, 15, device="cuda").to(dtype).contiguous(memory_format=CL)
+    args = ([96, 1, 3, 3], [2, 2], [1, 1], [1, 1], [1, 1], 96)
+    ran = _profile_kernels(lambda: torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args))
+    assert any("depthwise_conv_wgrad" in n for n in ran), ran
+    first = torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args)
+    for _ in range(3):
+        assert torch.equal(torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args), first)
+    assert first.shape == (96, 1, 3, 3) and first.dtype == dtype
+    eager = torch.nn.grad.conv2d_weight(x, (96, 1, 3, 3), dz, 2, 1, 1, 96)
+    reference = torch.nn.grad.conv2d_weight(x.double(), (96, 1, 3, 3), dz.double(), 2, 1, 1, 96)
+    assert_as_accurate_as_eager("dweight", first, eager, reference, dtype)
+    # an NHWC view 2 elements past a 16-byte boundary: PyTorch's wgrad, the same numbers as eager's
+    storage = torch.empty(x.numel() + 2, device="cuda", dtype=dtype)
+    shifted = storage[2:].view(16, 30, 30, 96).permute(0, 3, 1, 2)
+    shifted.copy_(x)
+    assert shifted.is_contiguous(memory_format=CL) and shifted.data_ptr() % 16 != 0
+    ran = _profile_kernels(lambda: torch.ops.cudnn_fusion.conv_wgrad(dz, shifted, *args))
+    assert not any("depthwise_conv_wgrad" in n for n in ran), ran
+    assert_as_accurate_as_eager("dweight (misaligned)", torch.ops.cudnn_fusion.conv_wgrad(dz, shifted, *args), eager,
+                                reference, dtype)
 
 
 def test_a_misaligned_input_runs_one_element_at_a_time_and_matches(extension, no_tf32):
@@ -223,6 +261,9 @@ def test_conv_bn_relu_training_runs_our_kernels_and_matches_float64(extension, s
     ours = any("depthwise_conv_dgrad" in n for n in names)
     theirs = any("dgrad" in n and "depthwise_conv_dgrad" not in n for n in names)
     assert (ours, theirs) == ((stride == 2), False), names
+    ours = any("depthwise_conv_wgrad" in n for n in names)  # at stride 2 (bf16, 64 channels)
+    theirs = any("wgrad" in n and "depthwise_conv_wgrad" not in n for n in names)
+    assert (ours, theirs) == ((stride == 2), (stride == 1)), names
     assert not any("depthwise_conv_forward" in n for n in names), names  # no epilogue: cuDNN's forward is faster
     cudnn_forwards = [n for n in names if "conv2d_c1_k1" in n]
     assert len(cudnn_forwards) == (1 if stride == 2 else 2), names  # the forward, and at stride 1 dgrad
@@ -236,7 +277,8 @@ def test_conv_bn_relu_training_runs_our_kernels_and_matches_float64(extension, s
         values = [getattr(m[1], name) for m in (plain, eager, reference)]
         assert_as_accurate_as_eager(name, *values, torch.bfloat16)
     note = "conv: PyTorch's cuDNN call; its dgrad: " + (
-        "our depthwise kernel" if stride == 2 else "PyTorch's forward kernel with the filter turned 180 degrees")
+        "our depthwise kernel; its wgrad: our depthwise kernel" if stride == 2
+        else "PyTorch's forward kernel with the filter turned 180 degrees")
     assert note in fused.fusion_status.reason, fused.fusion_status
 
 

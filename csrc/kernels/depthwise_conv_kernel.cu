@@ -17,11 +17,12 @@
 // (depthwise_conv_forward_rows): a thread walks the input rows of 8 output rows once, with no shared memory and no
 // barrier. The strip kernels above stay for one element at a time, filters or bias not on a vector boundary and
 // batches over 65535. dgrad is built for stride 2 only: at stride 1 PyTorch's kernel runs (depthwise_kernel_steps).
-// No wgrad: one written as these (per-thread sums of a strip's taps, fixed-order partial sums) ran 2.7-26x slower
-// than PyTorch's (cuDNN's) depthwise wgrad on MobileNet layers (benchmarks/bench_depthwise.py, H100, 2026-11-23). A
-// second (2026-11-24, not kept): a thread per 4 or 8 channels of an output row, walking it with the 3x3 input window in
-// registers (or re-reading it from L1), fixed-order partial sums: correct, but 1.2-3x slower than PyTorch's over the
-// 15 benchmarked layers in every variant (bfloat16 sums 3.6-5.3 ms against 2.2; 103-226 registers, latency-bound).
+// wgrad (depthwise_conv_wgrad_tiled) stages tiles of dy and x in shared memory and sums each channel's 9 taps per
+// thread over many tiles, then in a fixed order across warps, blocks and parts: deterministic. Two earlier wgrad
+// kernels that read global memory directly (per-thread sums of a strip's taps; a thread per channel vector walking an
+// output row with the 3x3 window in registers) ran 1.2-26x slower than PyTorch's and were not kept (H100,
+// 2026-11-23 and -24). This one is compute-bound at stride 1 (Nsight Compute: SM throughput 70%, DRAM 31-58% on
+// three stride-1 layers): it runs at stride 2 only (depthwise_kernel_steps).
 #include "kernels/depthwise_conv_kernel.h"
 
 #include <type_traits>
@@ -564,6 +565,167 @@ __global__ void __launch_bounds__(nhwc::kThreads) depthwise_conv_dgrad(const T* 
   }
 }
 
+// wgrad for channels that fill 16-byte vectors: dw[c, kh, kw] = sum over n, oh, ow of dy[n, oh, ow, c] *
+// x[n, oh*S - pad_h + kh, ow*S - pad_w + kw, c], in float, in a fixed order (no atomics: the same inputs give the
+// same bits). A block takes 32 lanes of 4 bytes of channels (two 16-bit channels or one float per lane) and walks its
+// share of the output tiles (tile t, t + gridDim.x, ...; a tile: up to kWgradRows x WgradTile<S>::kColumns outputs of
+// one image). It copies the tile's dy and the x they read into shared memory with asynchronous copies; then each warp
+// takes one output row and walks its input columns once, adding each to the taps of the (up to 3) outputs that read
+// it. Each thread keeps its 9 taps' sums over all its tiles in registers; at the end the block adds its warps' sums
+// in order and writes one partial sum per tap and channel, which depthwise_conv_wgrad_sum adds up in order.
+constexpr int kWgradRows = 8;  // output rows of a tile: one per warp
+constexpr int kWgradThreads = kWgradRows * 32;
+constexpr int kWgradPixelBytes = 32 * 4;  // a tile position: 32 lanes of 4 bytes
+
+template <int S>
+struct WgradTile {
+  static constexpr int kColumns = S == 1 ? 16 : 8;  // output columns of a tile, at most
+  static constexpr int kInputRows = (kWgradRows - 1) * S + 3;
+  static constexpr int kInputColumns = (kColumns - 1) * S + 3;
+  static constexpr int kSharedBytes = (kInputRows * kInputColumns + kWgradRows * kColumns) * kWgradPixelBytes;
+};
+
+// rows x columns positions of src ([n][height][width][channels]) from (row0, col0), the 32 lanes from channel c0, into
+// `tile` ([rows][pitch][32 lanes]) with asynchronous 16-byte copies: zeros outside the image. The 16-byte chunks past
+// the last channel are left as they are (their lanes' sums are never written). Each thread copies one chunk of every
+// kWgradThreads / kChunks-th position, stepping through the positions without dividing.
+template <typename T>
+__device__ inline void stage_wgrad_tile(unsigned char* tile, const T* __restrict__ src, int64_t n, int row0, int col0,
+                                        int rows, int columns, int pitch, int64_t height, int64_t width,
+                                        int64_t channels, int64_t c0) {
+  constexpr int kChunks = kWgradPixelBytes / 16;
+  constexpr int kChunkChannels = 16 / static_cast<int>(sizeof(T));
+  constexpr int kStep = kWgradThreads / kChunks;  // positions between a thread's copies
+  const int chunk = threadIdx.x % kChunks;
+  const int64_t c = c0 + chunk * kChunkChannels;
+  if (c >= channels) return;
+  int r = 0;
+  int col = threadIdx.x / kChunks;
+  while (col >= columns) {
+    col -= columns;
+    ++r;
+  }
+  const T* image = src + n * height * width * channels + c;
+  for (; r < rows;) {
+    const int row = row0 + r;
+    const int column = col0 + col;
+    const bool valid = row >= 0 && row < height && column >= 0 && column < width;
+    copy_async_16(tile + (r * pitch + col) * kWgradPixelBytes + chunk * 16,
+                  valid ? image + (static_cast<int64_t>(row) * width + column) * channels : src, valid);
+    col += kStep;
+    while (col >= columns) {
+      col -= columns;
+      ++r;
+    }
+  }
+}
+
+template <typename T, int S>
+__global__ void __launch_bounds__(kWgradThreads) depthwise_conv_wgrad_tiled(
+    const T* __restrict__ x, const T* __restrict__ dy, float* __restrict__ partial, DepthwiseShape s, int tile_rows,
+    int tile_columns, int tiles_h, int tiles_w, int64_t tiles) {
+  constexpr int L = 4 / static_cast<int>(sizeof(T));  // channels per lane
+  constexpr int K = 3;
+  using Tile = WgradTile<S>;
+  extern __shared__ __align__(16) unsigned char shared[];
+  unsigned char* x_tile = shared;  // [kInputRows][kInputColumns][32 lanes]
+  unsigned char* dy_tile = shared + Tile::kInputRows * Tile::kInputColumns * kWgradPixelBytes;  // [rows][kColumns][32]
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * 32 * L;
+
+  float acc[K * K][L];
+  zero(acc);
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int tw = static_cast<int>(t % tiles_w);
+    const int64_t rest = t / tiles_w;
+    const int th = static_cast<int>(rest % tiles_h);
+    const int64_t n = rest / tiles_h;
+    const int oh0 = th * tile_rows;
+    const int ow0 = tw * tile_columns;
+    const int rows = min(tile_rows, static_cast<int>(s.out_h - oh0));
+    const int columns = min(tile_columns, static_cast<int>(s.out_w - ow0));
+    const int input_columns = (columns - 1) * S + K;
+    __syncthreads();  // every warp is done with the previous tile
+    stage_wgrad_tile<T>(x_tile, x, n, oh0 * S - s.pad_h, ow0 * S - s.pad_w, (rows - 1) * S + K, input_columns,
+                        Tile::kInputColumns, s.h, s.w, s.channels, c0);
+    stage_wgrad_tile<T>(dy_tile, dy, n, oh0, ow0, rows, columns, Tile::kColumns, s.out_h, s.out_w, s.channels, c0);
+    wait_async_copies();
+    __syncthreads();
+    if (warp >= rows) continue;
+    const auto* g = reinterpret_cast<const Pack<T, L>*>(dy_tile) + warp * Tile::kColumns * 32 + lane;
+    float d[Tile::kColumns][L];
+#pragma unroll
+    for (int ow = 0; ow < Tile::kColumns; ++ow) {
+      const Pack<T, L> pack = g[ow * 32];
+#pragma unroll
+      for (int l = 0; l < L; ++l) d[ow][l] = to_float(pack.v[l]);
+    }
+#pragma unroll
+    for (int kh = 0; kh < K; ++kh) {
+      const auto* in = reinterpret_cast<const Pack<T, L>*>(x_tile) + (warp * S + kh) * Tile::kInputColumns * 32 + lane;
+#pragma unroll
+      for (int e = 0; e < Tile::kInputColumns; ++e) {
+        if (e >= input_columns) break;
+        const Pack<T, L> pack = in[e * 32];
+        float xv[L];
+#pragma unroll
+        for (int l = 0; l < L; ++l) xv[l] = to_float(pack.v[l]);
+#pragma unroll
+        for (int kw = 0; kw < K; ++kw) {
+          const int ow = (e - kw) / S;  // the output that reads input column e through tap kw, if any
+          if (e - kw >= 0 && (e - kw) % S == 0 && ow < Tile::kColumns && ow < columns) {
+#pragma unroll
+            for (int l = 0; l < L; ++l) acc[kh * K + kw][l] = fmaf(d[ow][l], xv[l], acc[kh * K + kw][l]);
+          }
+        }
+      }
+    }
+  }
+  // the block's sum per tap and channel: its warps' sums in order
+  __syncthreads();
+  float* sums = reinterpret_cast<float*>(shared);  // [kWgradRows][K*K][32 * L]
+#pragma unroll
+  for (int tap = 0; tap < K * K; ++tap)
+#pragma unroll
+    for (int l = 0; l < L; ++l) sums[(warp * K * K + tap) * 32 * L + lane * L + l] = acc[tap][l];
+  __syncthreads();
+  for (int i = threadIdx.x; i < K * K * 32 * L; i += kWgradThreads) {
+    const int tap = i / (32 * L);
+    const int local = i - tap * 32 * L;
+    const int64_t c = c0 + local;
+    if (c >= s.channels) continue;
+    float sum = 0.f;
+    for (int wp = 0; wp < kWgradRows; ++wp) sum += sums[(wp * K * K + tap) * 32 * L + local];
+    partial[(static_cast<int64_t>(blockIdx.x) * K * K + tap) * s.channels + c] = sum;
+  }
+}
+
+// dw[c, tap] = the sum of partial[p, tap, c] over p: block (channels / 32, tap); threads: 32 channels x
+// kWgradSumGroups, group j adding parts j, j + kWgradSumGroups, ..., then the groups added in order.
+constexpr int kWgradSumGroups = 32;
+
+template <typename T>
+__global__ void __launch_bounds__(32 * kWgradSumGroups) depthwise_conv_wgrad_sum(const float* __restrict__ partial,
+                                                                                int64_t parts, T* __restrict__ dw,
+                                                                                int64_t channels) {
+  __shared__ float sums[kWgradSumGroups][33];
+  const int lane = threadIdx.x % 32;
+  const int group = threadIdx.x / 32;
+  const int tap = blockIdx.y;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + lane;
+  float sum = 0.f;
+  if (c < channels) {
+    for (int64_t p = group; p < parts; p += kWgradSumGroups) sum += partial[(p * 9 + tap) * channels + c];
+  }
+  sums[group][lane] = sum;
+  __syncthreads();
+  if (group != 0 || c >= channels) return;
+  float total = 0.f;
+  for (int j = 0; j < kWgradSumGroups; ++j) total += sums[j][lane];
+  dw[c * 9 + tap] = from_float<T>(total);
+}
+
 // Block (bx, by): threadIdx.x walks groups of V channels, threadIdx.y the strips of a tile of band(by) rows. The
 // groups are split evenly over the fewest blocks of at most 64 (72 groups: two blocks of 36, not 64 and 8, whose
 // second block left most of its threads idle: 576 channels in bf16 ran 16% slower than PyTorch's, H100). The
@@ -695,6 +857,79 @@ cudaError_t dgrad_typed(const DepthwiseShape& s, const void* dy, const void* w, 
   });
 }
 
+// How a wgrad launch splits the outputs: tiles of tile_rows x tile_columns (the out_h and out_w split evenly into
+// tiles no larger than the kernel's), and the blocks per channel group (parts): enough to fill every
+// multiprocessor once, no more than the tiles.
+struct WgradPlan {
+  int tile_rows, tile_columns, tiles_h, tiles_w;
+  int64_t tiles, channel_groups, parts;
+};
+
+template <typename T, int S>
+int wgrad_blocks_per_multiprocessor() {
+  static const int blocks = [] {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, depthwise_conv_wgrad_tiled<T, S>, kWgradThreads,
+                                                      WgradTile<S>::kSharedBytes) != cudaSuccess) {
+      cudaGetLastError();
+      n = 1;
+    }
+    return std::max(n, 1);
+  }();
+  return blocks;
+}
+
+template <typename T, int S>
+WgradPlan wgrad_plan(const DepthwiseShape& s, int multiprocessors) {
+  WgradPlan plan;
+  const int64_t split_h = (s.out_h + kWgradRows - 1) / kWgradRows;
+  const int64_t split_w = (s.out_w + WgradTile<S>::kColumns - 1) / WgradTile<S>::kColumns;
+  plan.tile_rows = static_cast<int>((s.out_h + split_h - 1) / split_h);
+  plan.tile_columns = static_cast<int>((s.out_w + split_w - 1) / split_w);
+  plan.tiles_h = static_cast<int>((s.out_h + plan.tile_rows - 1) / plan.tile_rows);
+  plan.tiles_w = static_cast<int>((s.out_w + plan.tile_columns - 1) / plan.tile_columns);
+  plan.tiles = s.n * plan.tiles_h * plan.tiles_w;
+  constexpr int64_t kLaneChannels = 4 / sizeof(T);
+  plan.channel_groups = (s.channels + 32 * kLaneChannels - 1) / (32 * kLaneChannels);
+  const int64_t resident = static_cast<int64_t>(multiprocessors) * wgrad_blocks_per_multiprocessor<T, S>();
+  plan.parts = std::max<int64_t>(1, std::min(plan.tiles, (resident + plan.channel_groups - 1) / plan.channel_groups));
+  return plan;
+}
+
+bool wgrad_takes(const DepthwiseShape& s, bool vectors) {
+  return vectors && s.kernel == 3 && (s.stride == 1 || s.stride == 2) && s.out_h > 0 && s.out_w > 0 && s.n > 0;
+}
+
+template <typename T, typename Fn>
+auto by_wgrad_stride(const DepthwiseShape& s, Fn&& fn) {
+  return s.stride == 1 ? fn(std::integral_constant<int, 1>{}) : fn(std::integral_constant<int, 2>{});
+}
+
+template <typename T>
+int64_t wgrad_parts_typed(const DepthwiseShape& s, int multiprocessors) {
+  return by_wgrad_stride<T>(s, [&](auto stride) { return wgrad_plan<T, decltype(stride)::value>(s, multiprocessors).parts; });
+}
+
+template <typename T>
+cudaError_t wgrad_typed(const DepthwiseShape& s, const void* x, const void* dy, void* dw, float* partial,
+                        int64_t parts, int multiprocessors, cudaStream_t stream) {
+  return by_wgrad_stride<T>(s, [&](auto stride) -> cudaError_t {
+    constexpr int S = decltype(stride)::value;
+    const WgradPlan plan = wgrad_plan<T, S>(s, multiprocessors);
+    if (plan.parts != parts || plan.channel_groups > 65535) return cudaErrorInvalidValue;
+    depthwise_conv_wgrad_tiled<T, S><<<dim3(static_cast<unsigned>(plan.parts),
+                                            static_cast<unsigned>(plan.channel_groups)),
+                                       kWgradThreads, WgradTile<S>::kSharedBytes, stream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(dy), partial, s, plan.tile_rows, plan.tile_columns,
+        plan.tiles_h, plan.tiles_w, plan.tiles);
+    cudaError_t status = cudaGetLastError();
+    if (status != cudaSuccess) return status;
+    depthwise_conv_wgrad_sum<T><<<dim3(static_cast<unsigned>((s.channels + 31) / 32), 9), 32 * kWgradSumGroups, 0,
+                                  stream>>>(partial, parts, static_cast<T*>(dw), s.channels);
+    return cudaGetLastError();
+  });
+}
+
 template <template <typename> class Fn, typename... Args>
 cudaError_t by_type(ElementType type, Args&&... args) {
   switch (type) {
@@ -718,6 +953,11 @@ struct Dgrad {
   template <typename... Args>
   static cudaError_t run(Args&&... args) { return dgrad_typed<T>(args...); }
 };
+template <typename T>
+struct Wgrad {
+  template <typename... Args>
+  static cudaError_t run(Args&&... args) { return wgrad_typed<T>(args...); }
+};
 int vector_elements(int element_bytes) { return 16 / element_bytes; }
 
 }  // namespace
@@ -735,6 +975,26 @@ cudaError_t launch_depthwise_conv_forward(ElementType type, const DepthwiseShape
 cudaError_t launch_depthwise_conv_dgrad(ElementType type, const DepthwiseShape& shape, const void* dy,
                                         const void* weight, void* dx, bool vectors, cudaStream_t stream) {
   return by_type<Dgrad>(type, shape, dy, weight, dx, vectors, stream);
+}
+
+int64_t depthwise_wgrad_parts(ElementType type, const DepthwiseShape& shape, bool vectors, int multiprocessors) {
+  if (!wgrad_takes(shape, vectors)) return 0;
+  switch (type) {
+    case ElementType::kHalf:
+      return wgrad_parts_typed<__half>(shape, multiprocessors);
+    case ElementType::kBFloat16:
+      return wgrad_parts_typed<__nv_bfloat16>(shape, multiprocessors);
+    case ElementType::kFloat:
+      return wgrad_parts_typed<float>(shape, multiprocessors);
+  }
+  return 0;
+}
+
+cudaError_t launch_depthwise_conv_wgrad(ElementType type, const DepthwiseShape& shape, const void* x, const void* dy,
+                                        void* dw, float* partial, int64_t parts, bool vectors, int multiprocessors,
+                                        cudaStream_t stream) {
+  if (!wgrad_takes(shape, vectors) || parts <= 0) return cudaErrorInvalidValue;
+  return by_type<Wgrad>(type, shape, x, dy, dw, partial, parts, multiprocessors, stream);
 }
 
 }  // namespace tcf

@@ -1,5 +1,5 @@
 // Our CUDA kernels for depthwise convolution (groups == in_channels == out_channels) on dense NHWC tensors: the
-// forward with bias, residual and activation in its epilogue, and dgrad (see depthwise_conv_kernel.cu). cuDNN's fused
+// forward with bias, residual and activation in its epilogue, dgrad and wgrad (see depthwise_conv_kernel.cu). cuDNN's fused
 // graphs run grouped convolutions many times slower than its plain depthwise kernel, which fuses nothing.
 // Plain CUDA types only, so the .cu file compiles without torch's headers.
 #pragma once
@@ -37,5 +37,15 @@ cudaError_t launch_depthwise_conv_forward(ElementType type, const DepthwiseShape
 // dx [n, h, w, channels] from dy [n, out_h, out_w, channels]; stride 2 only (else cudaErrorInvalidValue).
 cudaError_t launch_depthwise_conv_dgrad(ElementType type, const DepthwiseShape& shape, const void* dy,
                                         const void* weight, void* dx, bool vectors, cudaStream_t stream);
+
+// dw [channels, 1, kernel, kernel] = the sums over n, out_h, out_w of dy times the x each output read, in float in a
+// fixed order, rounded once to the element type; x and dy as above, 16-byte vectors only (`vectors`), stride 1 or 2.
+// Two launches: the first writes `parts` x 9 x channels float partial sums into `partial` (the caller's scratch),
+// the second adds them up. depthwise_wgrad_parts: the parts a launch on `multiprocessors` multiprocessors writes (0:
+// the kernels do not take the shape).
+int64_t depthwise_wgrad_parts(ElementType type, const DepthwiseShape& shape, bool vectors, int multiprocessors);
+cudaError_t launch_depthwise_conv_wgrad(ElementType type, const DepthwiseShape& shape, const void* x, const void* dy,
+                                        void* dw, float* partial, int64_t parts, bool vectors, int multiprocessors,
+                                        cudaStream_t stream);
 
 }  // namespace tcf

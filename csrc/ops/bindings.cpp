@@ -459,6 +459,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         out["unmet"] = unmet;
         out["forward"] = false;
         out["dgrad"] = "pytorch";
+        out["wgrad"] = "pytorch";
         if (!unmet.empty()) return out;  // stride, dilation and the filter's size are as our kernels take them
         tcf::ConvProblem p;
         p.dtype = tcf::dtype_from_name(dtype);
@@ -471,13 +472,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         out["dgrad"] = steps.dgrad == tcf::DepthwiseDgrad::kOurKernel       ? "ours"
                        : steps.dgrad == tcf::DepthwiseDgrad::kTurnedForward ? "turned_forward"
                                                                              : "pytorch";
+        out["wgrad"] = steps.wgrad ? "ours" : "pytorch";
         return out;
       },
       py::arg("in_channels"), py::arg("w_size"), py::arg("stride"), py::arg("padding"), py::arg("dilation"),
       py::arg("groups"), py::arg("channels_last"), py::arg("dtype"), py::arg("has_epilogue"),
       "unmet: '' when our depthwise kernels may run this convolution (symmetric padding), else why not; forward: "
       "whether our kernel runs it; dgrad: 'ours', 'turned_forward' (PyTorch's forward with the filter turned 180 "
-      "degrees) or 'pytorch'");
+      "degrees) or 'pytorch'; wgrad: 'ours' or 'pytorch'");
   m.def("batch_norm_layer_verdict", &tcf::batch_norm_layer_verdict, py::arg("x_size"), py::arg("channels_last"),
         "The unmet requirements of a BatchNorm layer in training (empty: cuDNN is asked); -1: a size not known yet");
   m.def("set_benchmark_tuning", &tcf::set_benchmark_tuning_py, py::arg("candidates"), py::arg("aten_timed"),

@@ -17,6 +17,14 @@ at::Tensor call_conv_dgrad(const at::Tensor& grad_z, const at::Tensor& weight, a
   return op.call(grad_z, weight, x_size, stride, padding_pre, padding_post, dilation, groups, policy);
 }
 
+at::Tensor call_conv_wgrad(const at::Tensor& grad_z, const at::Tensor& x, at::IntArrayRef weight_size,
+                           at::IntArrayRef stride, at::IntArrayRef padding_pre, at::IntArrayRef padding_post,
+                           at::IntArrayRef dilation, int64_t groups, int64_t policy) {
+  static auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("cudnn_fusion::conv_wgrad", "").typed<decltype(conv_wgrad)>();
+  return op.call(grad_z, x, weight_size, stride, padding_pre, padding_post, dilation, groups, policy);
+}
+
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -38,14 +46,6 @@ std::tuple<at::Tensor, at::Tensor> call_relu_bias_backward(const at::Tensor& gra
                        .findSchemaOrThrow("cudnn_fusion::relu_bias_backward", "")
                        .typed<decltype(relu_bias_backward)>();
   return op.call(grad_out, out, activation, policy);
-}
-
-at::Tensor call_conv_wgrad(const at::Tensor& grad_z, const at::Tensor& x, at::IntArrayRef weight_size,
-                           at::IntArrayRef stride, at::IntArrayRef padding_pre, at::IntArrayRef padding_post,
-                           at::IntArrayRef dilation, int64_t groups, int64_t policy) {
-  static auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("cudnn_fusion::conv_wgrad", "").typed<decltype(conv_wgrad)>();
-  return op.call(grad_z, x, weight_size, stride, padding_pre, padding_post, dilation, groups, policy);
 }
 
 class ConvBiasActFunction : public torch::autograd::Function<ConvBiasActFunction> {

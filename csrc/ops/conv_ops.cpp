@@ -155,7 +155,11 @@ at::Tensor conv_gradient(GraphKind kind, const at::Tensor& grad_z, const at::Ten
   auto aten = [&]() { return dgrad ? fallback_dgrad(dz, operand_dense, p) : fallback_wgrad(dz, operand_dense, p); };
   // our kernel or PyTorch's, as depthwise_kernel_steps measured them; PyTorch's allocates its own output
   bool depthwise = depthwise_kernel_takes(p);
-  auto depthwise_dgrad = depthwise && dgrad ? depthwise_kernel_steps(p, false).dgrad : DepthwiseDgrad::kPyTorch;
+  if (depthwise && !dgrad) {
+    auto dw = depthwise_kernel_steps(p, false).wgrad ? depthwise_conv_wgrad(dz, operand_dense, p) : at::Tensor();
+    return dw.defined() ? dw : aten();
+  }
+  auto depthwise_dgrad = depthwise ? depthwise_kernel_steps(p, false).dgrad : DepthwiseDgrad::kPyTorch;
   if (depthwise_dgrad == DepthwiseDgrad::kTurnedForward) return depthwise_dgrad_as_forward(dz, operand_dense, p);
   if (depthwise && depthwise_dgrad != DepthwiseDgrad::kOurKernel) return aten();
   auto out = at::empty(out_size, options);

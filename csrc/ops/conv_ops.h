@@ -47,6 +47,11 @@ at::Tensor call_conv_dgrad(const at::Tensor& grad_z, const at::Tensor& weight, a
                            at::IntArrayRef stride, at::IntArrayRef padding_pre, at::IntArrayRef padding_post,
                            at::IntArrayRef dilation, int64_t groups, int64_t policy);
 
+// conv_wgrad through the dispatcher, as call_conv_dgrad.
+at::Tensor call_conv_wgrad(const at::Tensor& grad_z, const at::Tensor& x, at::IntArrayRef weight_size,
+                           at::IntArrayRef stride, at::IntArrayRef padding_pre, at::IntArrayRef padding_post,
+                           at::IntArrayRef dilation, int64_t groups, int64_t policy);
+
 // grad_weight of the convolution, given grad_z.
 at::Tensor conv_wgrad(const at::Tensor& grad_z, const at::Tensor& x, at::IntArrayRef weight_size,
                       at::IntArrayRef stride, at::IntArrayRef padding_pre, at::IntArrayRef padding_post,

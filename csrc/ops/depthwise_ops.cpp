@@ -4,6 +4,7 @@
 
 #include <c10/core/DeviceGuard.h>
 
+#include "core/device.h"
 #include "kernels/depthwise_conv_kernel.h"
 #include "ops/conv_ops.h"
 #include "ops/kernel_launch.h"
@@ -90,6 +91,9 @@ DepthwiseSteps depthwise_kernel_steps(const ConvProblem& p, bool has_epilogue) {
              p.pad_pre[0] < p.w_size[2] && p.pad_pre[1] < p.w_size[3]) {
     steps.dgrad = DepthwiseDgrad::kTurnedForward;
   }
+  const int element_bytes = static_cast<int>(c10::elementSize(p.dtype));
+  steps.wgrad = p.stride[0] == 2 && (p.dtype == at::kBFloat16 || p.dtype == at::kHalf) &&
+                depthwise_vectors_fit(p.w_size[0], element_bytes);
   return steps;
 }
 
@@ -107,7 +111,7 @@ std::string describe_depthwise_steps(const DepthwiseSteps& steps) {
       out += ", dgrad in PyTorch's kernel";
       break;
   }
-  return out + ", wgrad in PyTorch's kernel";
+  return out + (steps.wgrad ? ", wgrad in our kernel" : ", wgrad in PyTorch's kernel");
 }
 
 std::string depthwise_kernel_unmet(const ConvProblem& p) {
@@ -139,6 +143,23 @@ void depthwise_conv_dgrad(const at::Tensor& dz, const at::Tensor& weight, const 
                                            w.data_ptr(), dx.data_ptr(), vectors(shape.x_size[1], {&dz, &dx}),
                                            current_stream()),
                "dgrad");
+}
+
+at::Tensor depthwise_conv_wgrad(const at::Tensor& dz, const at::Tensor& x, const ConvShape& shape) {
+  if (!vectors(shape.x_size[1], {&x, &dz})) return at::Tensor();
+  c10::DeviceGuard guard(dz.device());
+  const auto type = element_type(dz.scalar_type());
+  const auto s = shape_of(shape);
+  const int multiprocessors = multiprocessor_count(dz.get_device());
+  const int64_t parts = depthwise_wgrad_parts(type, s, true, multiprocessors);
+  if (parts <= 0) return at::Tensor();
+  auto partial = at::empty({parts, 9, shape.x_size[1]}, dz.options().dtype(at::kFloat));
+  auto dw = at::empty(at::IntArrayRef(shape.w_size), dz.options().memory_format(at::MemoryFormat::ChannelsLast));
+  poison_output(dw);
+  check_launch(launch_depthwise_conv_wgrad(type, s, x.data_ptr(), dz.data_ptr(), dw.data_ptr(),
+                                           partial.data_ptr<float>(), parts, true, multiprocessors, current_stream()),
+               "wgrad");
+  return dw;
 }
 
 at::Tensor depthwise_dgrad_as_forward(const at::Tensor& dz, const at::Tensor& weight, const ConvShape& shape) {
@@ -187,15 +208,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_conv_backward(
                                     stride, padding, dilation, false, {0, 0}, groups, which);
   };
   auto p = depthwise_problem(x, weight, stride, padding, dilation, groups);
-  if (!mask[0] || !p.has_value() || depthwise_kernel_steps(*p, false).dgrad == DepthwiseDgrad::kPyTorch) {
-    return aten(mask);
+  if (!p.has_value()) return aten(mask);
+  const auto steps = depthwise_kernel_steps(*p, false);
+  const bool our_dx = mask[0] && steps.dgrad != DepthwiseDgrad::kPyTorch;
+  const bool our_dw = mask[1] && steps.wgrad;
+  if (!our_dx && !our_dw) return aten(mask);
+  // cudnn_fusion::conv_dgrad and conv_wgrad run the steps depthwise_kernel_steps picked; PyTorch's the rest
+  auto dz = grad_z.contiguous(at::MemoryFormat::ChannelsLast);
+  at::Tensor dx, dw, db;
+  if (our_dx) dx = call_conv_dgrad(dz, weight, x.sizes(), stride, padding, padding, dilation, groups, 0);
+  if (our_dw) dw = call_conv_wgrad(dz, x, weight.sizes(), stride, padding, padding, dilation, groups, 0);
+  const std::array<bool, 3> rest{mask[0] && !our_dx, mask[1] && !our_dw, mask[2]};
+  if (rest[0] || rest[1] || rest[2]) {
+    auto [aten_dx, aten_dw, aten_db] = aten(rest);
+    if (rest[0]) dx = aten_dx;
+    if (rest[1]) dw = aten_dw;
+    db = aten_db;
   }
-  // cudnn_fusion::conv_dgrad runs the step depthwise_kernel_steps picked
-  auto dx = call_conv_dgrad(grad_z.contiguous(at::MemoryFormat::ChannelsLast), weight, x.sizes(), stride, padding,
-                            padding, dilation, groups, 0);
-  if (!mask[1] && !mask[2]) return {dx, at::Tensor(), at::Tensor()};
-  auto rest = aten({false, mask[1], mask[2]});
-  return {dx, std::get<1>(rest), std::get<2>(rest)};
+  return {dx, dw, db};
 }
 
 }  // namespace tcf

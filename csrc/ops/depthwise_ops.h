@@ -29,7 +29,9 @@ std::string depthwise_kernel_unmet(const ConvProblem& p);
 // is faster for the conv alone); dgrad at stride 2, where ours was faster. At stride 1 in bfloat16, dgrad runs as
 // PyTorch's (cuDNN's) forward of grad_z with the filter turned 180 degrees: the same sums, and cuDNN's bfloat16
 // depthwise forward took 0.61x the time of its dgrad over those layers (its float16 and float32 dgrad were as fast as
-// that forward: they stay). wgrad is always PyTorch's. The rest runs PyTorch's kernels.
+// that forward: they stay). wgrad in our kernel at stride 2 in bfloat16 and float16, where the channels fill its
+// 16-byte vectors: there it took 0.79-0.95x of PyTorch's time on the five stride-2 layers, and at stride 1 0.88-1.53x
+// (bfloat16, H100); float32 was not measured. The rest runs PyTorch's kernels.
 enum class DepthwiseDgrad {
   kPyTorch,        // PyTorch's (cuDNN's) dgrad
   kOurKernel,      // our dgrad kernel
@@ -38,6 +40,7 @@ enum class DepthwiseDgrad {
 struct DepthwiseSteps {
   bool forward = false;
   DepthwiseDgrad dgrad = DepthwiseDgrad::kPyTorch;
+  bool wgrad = false;  // our wgrad kernel (else PyTorch's)
 };
 // For a convolution our kernels take (depthwise_kernel_takes); p's stride, padding and dtype decide.
 DepthwiseSteps depthwise_kernel_steps(const ConvProblem& p, bool has_epilogue);
@@ -51,14 +54,16 @@ void depthwise_conv_forward(const at::Tensor& x, const at::Tensor& weight, const
                             const at::Tensor& residual, const ConvShape& shape, int activation, const at::Tensor& y);
 void depthwise_conv_dgrad(const at::Tensor& dz, const at::Tensor& weight, const ConvShape& shape,
                           const at::Tensor& dx);
+// The weight gradient [channels, 1, 3, 3] in dz's dtype (dz, x: dense channels_last), summed in a fixed order; undefined
+// where the tensors are not on 16-byte boundaries (the caller runs PyTorch's then).
+at::Tensor depthwise_conv_wgrad(const at::Tensor& dz, const at::Tensor& x, const ConvShape& shape);
 // dx of a stride-1 depthwise convolution as PyTorch's forward of dz with the filter turned 180 degrees and padding
 // kernel - 1 - padding (DepthwiseDgrad::kTurnedForward: symmetric padding below the kernel size), channels_last.
 at::Tensor depthwise_dgrad_as_forward(const at::Tensor& dz, const at::Tensor& weight, const ConvShape& shape);
 
 // The conv inside the conv + BatchNorm op (symmetric padding, arguments as at::convolution's): PyTorch's convolution,
-// and its backward with dx as depthwise_kernel_steps picks it (cudnn_fusion::conv_dgrad where that is not PyTorch's
-// dgrad). Returns (dx, dweight, dbias)
-// for `mask`.
+// and its backward with dx and dweight as depthwise_kernel_steps picks them (cudnn_fusion::conv_dgrad and conv_wgrad
+// where those are not PyTorch's). Returns (dx, dweight, dbias) for `mask`.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_conv_backward(
     const at::Tensor& grad_z, const at::Tensor& x, const at::Tensor& weight, bool has_bias, at::IntArrayRef stride,
     at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups, std::array<bool, 3> mask);

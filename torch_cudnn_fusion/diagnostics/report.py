@@ -146,12 +146,10 @@ def _explain_batch_norm(path: str, module: nn.Module, decision: Decision, config
     activation = getattr(module, "activation", None)
     operations = ()
     if isinstance(module, Conv2dBN):
-        from ..ops.batch_norm import DGRAD_NOTES, depthwise_dgrad
+        from ..ops.batch_norm import backward_notes
 
-        dgrad = None
-        if config is not None:
-            dgrad = DGRAD_NOTES.get(depthwise_dgrad(module, module.weight, config.channels_last, config.dtype))
-        operations = (f"conv (PyTorch's cuDNN call; dgrad: {dgrad})" if dgrad else "conv (PyTorch's cuDNN call)",)
+        notes = [] if config is None else backward_notes(module, module.weight, config.channels_last, config.dtype)
+        operations = ("conv (" + "; ".join(["PyTorch's cuDNN call"] + notes) + ")",)
     operations += ("batchnorm (batch statistics, running-statistics update)",)
     operations += (("add residual",) if has_residual else ()) + ((activation,) if activation else ())
     engine = {"cudnn_graph": "cuDNN batchnorm graph", "cudnn_legacy": "legacy cuDNN BatchNorm API"}.get(
