@@ -93,8 +93,8 @@ def test_depthwise_conv_matches_float64(extension, no_tf32, dtype, case):
                                                        activation).backward(grad))
     assert any("depthwise_conv_forward" in n for n in ran), ran
     assert any("depthwise_conv_dgrad" in n for n in ran) == (stride == 2), ran
-    # wgrad in our kernel at stride 2 in 16-bit dtypes where the channels fill its 16-byte vectors, else PyTorch's
-    ours_wgrad = stride == 2 and dtype != torch.float32 and channels % 8 == 0
+    # wgrad in our kernel at stride 2 in bfloat16 where the channels fill its 16-byte vectors, else PyTorch's
+    ours_wgrad = stride == 2 and dtype == torch.bfloat16 and channels % 8 == 0
     assert any("depthwise_conv_wgrad" in n for n in ran) == ours_wgrad, ran
     if stride == 1 and dtype == torch.bfloat16 and padding < kernel:  # dgrad as cuDNN's forward, the filter turned
         assert not any("dgrad" in n and "depthwise_conv_dgrad" not in n for n in ran), ran
@@ -105,7 +105,8 @@ def test_depthwise_conv_matches_float64(extension, no_tf32, dtype, case):
     (1, 2, "bfloat16", 64, "turned_forward", "pytorch"),
     (1, 3, "bfloat16", 64, "pytorch", "pytorch"),  # padding past the filter: no forward computes that dgrad
     (1, 1, "float16", 64, "pytorch", "pytorch"), (1, 1, "float32", 64, "pytorch", "pytorch"),  # cuDNN's dgrad as fast
-    (2, 1, "bfloat16", 64, "ours", "ours"), (2, 1, "float16", 64, "ours", "ours"),
+    (2, 1, "bfloat16", 64, "ours", "ours"),
+    (2, 1, "float16", 64, "ours", "pytorch"),  # cuDNN's float16 wgrad was faster than ours
     (2, 1, "float32", 64, "ours", "pytorch"),  # our wgrad was not measured in float32
     (2, 1, "bfloat16", 60, "ours", "pytorch"),  # channels that do not fill the wgrad kernel's 16-byte vectors
 ])
@@ -128,12 +129,12 @@ def test_the_depthwise_backward_rule(extension, stride, padding, dtype, channels
                                                                                              "pytorch"), grouped
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_the_depthwise_wgrad_kernel_is_deterministic_and_matches_float64(extension, dtype):
-    """Our stride-2 wgrad (cudnn_fusion::conv_wgrad) on a batch large enough for many blocks' partial sums: the same
+def test_the_depthwise_wgrad_kernel_is_deterministic_and_matches_float64(extension):
+    """Our stride-2 bfloat16 wgrad (cudnn_fusion::conv_wgrad) on a batch large enough for many blocks' partial sums: the same
     bits on every call (fixed-order sums, no atomics), as accurate as PyTorch's against float64, and PyTorch's where
     the input is off a 16-byte boundary."""
     torch.manual_seed(0)
+    dtype = torch.bfloat16
     x = torch.randn(16, 96, 30, 30, device="cuda").to(dtype).contiguous(memory_format=CL)
     dz = torch.randn(16, 96, 15, 15, device="cuda").to(dtype).contiguous(memory_format=CL)
     args = ([96, 1, 3, 3], [2, 2], [1, 1], [1, 1], [1, 1], 96)
