@@ -30,7 +30,7 @@ std::string depthwise_kernel_unmet(const ConvProblem& p);
 // PyTorch's (cuDNN's) forward of grad_z with the filter turned 180 degrees: the same sums, and cuDNN's bfloat16
 // depthwise forward took 0.61x the time of its dgrad over those layers (its float16 and float32 dgrad were as fast as
 // that forward: they stay). wgrad in our kernel at stride 2 in bfloat16, where the channels fill its 16-byte vectors:
-// there it took 0.71-0.93x of PyTorch's time on the five stride-2 layers (H100); at stride 1 it took 0.88-1.53x (a
+// there it took 0.71-0.92x of PyTorch's time on the five stride-2 layers (H100); at stride 1 it took 0.88-1.53x (a
 // development harness), and in float16 PyTorch's was 4-24% faster than ours at stride 2; float32 was not measured.
 // The rest runs PyTorch's kernels.
 enum class DepthwiseDgrad {
