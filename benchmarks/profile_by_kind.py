@@ -6,7 +6,8 @@ kernel put in the wrong kind shows in the output.
 
 Two more times tell the host's share: "loop ms", a step's median among back-to-back steps (the host runs ahead, as
 in a training loop), and "host ms", the host's time to issue one step from an idle GPU. "step ms" times one step
-from an idle GPU: where the host issues kernels slower than they run, it waits on the host.
+from an idle GPU: where the host issues kernels slower than they run, it waits on the host. Every variant is timed
+before any is profiled, each time built afresh: a process that has run torch.profiler may launch kernels slower after it.
 
     python benchmarks/profile_by_kind.py [--model mobilenet_v1|mobilenet_v2|resnet50] [--batch 256] [--no-compile]
                                          [--json out.json]
@@ -135,6 +136,39 @@ def run_header(args) -> dict:
             "model": args.model, "batch": args.batch}
 
 
+def measure_variant(row: dict, phase: str, make, mode: str, x, target, args) -> None:
+    """Fills `row` for a fresh variant from `make`: its step, loop and host times and peak memory (phase "time"), or
+    its kernels by kind (phase "profile"). A variant that fails is reported in the row, not fatal."""
+    model = None
+    torch.cuda.reset_peak_memory_stats()  # the peak over building the variant, its warm-up and its steps
+    try:
+        model = make()
+        model.train(mode == "train")
+        fn = train_step_fn(model, x, target) if mode == "train" else inference_fn(model, x)
+        if phase == "time":
+            row["step_ms"] = median_ms(fn, warmup=args.warmup, repeats=args.repeats)
+            row["loop_ms"] = interleaved_median_ms({"fn": fn}, warmup=1, repeats=args.repeats, calls=5)["fn"]
+            row["host_ms"] = host_ms(fn, args.repeats)
+            row["peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
+        else:
+            for _ in range(args.warmup):
+                fn()
+            row["kinds"] = by_kind(kernel_ms_per_step(fn, args.steps))
+            row["kernel_ms"] = sum(kind["ms"] for kind in row["kinds"].values())
+    except Exception as error:  # noqa: BLE001 — a variant that fails is reported, not fatal
+        row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+    # as each row finishes, so that a run cut short still shows the rows it measured
+    if "error" in row:
+        print(f"{mode} / {row['variant']} ({phase}): {row['error']}", flush=True)
+    elif phase == "time":
+        print(f"{mode} / {row['variant']}: step {row['step_ms']:.2f} ms, loop {row['loop_ms']:.2f} ms, host "
+              f"{row['host_ms']:.2f} ms, peak {row['peak_mib']:.0f} MiB", flush=True)
+    else:
+        print(f"{mode} / {row['variant']}: kernels {row['kernel_ms']:.2f} ms", flush=True)
+    del model
+    torch.cuda.empty_cache()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -146,29 +180,19 @@ def main() -> None:
     args = p.parse_args()
     _, x, target, variants = setup(args.model, args.batch, with_compile=not args.no_compile)
     out = {**run_header(args), "rows": []}
-    for mode in ("train", "inference"):
-        for variant, make in variants.items():
-            row = {"variant": variant, "mode": mode}
-            model = None
-            torch.cuda.reset_peak_memory_stats()  # the peak over building the variant, its warm-up and its steps
-            try:
-                model = make()
-                model.train(mode == "train")
-                fn = train_step_fn(model, x, target) if mode == "train" else inference_fn(model, x)
-                row["step_ms"] = median_ms(fn, warmup=args.warmup, repeats=args.repeats)
-                row["loop_ms"] = interleaved_median_ms({"fn": fn}, warmup=1, repeats=args.repeats, calls=5)["fn"]
-                row["host_ms"] = host_ms(fn, args.repeats)
-                row["kinds"] = by_kind(kernel_ms_per_step(fn, args.steps))
-                row["kernel_ms"] = sum(kind["ms"] for kind in row["kinds"].values())
-                row["peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
-            except Exception as error:  # noqa: BLE001 — a variant that fails is reported, not fatal
-                row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
-            out["rows"].append(row)
-            # as each row finishes, so that a run cut short still shows the rows it measured
-            print(f"{mode} / {variant}: " + (row.get("error") or f"step {row['step_ms']:.2f} ms, peak "
-                                            f"{row['peak_mib']:.0f} MiB"), flush=True)
-            del model
-            torch.cuda.empty_cache()
+    # Every variant is timed before any is profiled: torch.profiler can leave the process slower to launch kernels
+    # after it stops (pytorch/pytorch#144455), which would charge a variant timed after another's profile.
+    for phase in ("time", "profile"):
+        for mode in ("train", "inference"):
+            for variant, make in variants.items():
+                if phase == "time":
+                    row = {"variant": variant, "mode": mode}
+                    out["rows"].append(row)
+                else:
+                    row = next(r for r in out["rows"] if r["variant"] == variant and r["mode"] == mode)
+                    if "error" in row:
+                        continue
+                measure_variant(row, phase, make, mode, x, target, args)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
