@@ -12,6 +12,7 @@
 #include "ops/conv_ops.h"
 #include "ops/depthwise_ops.h"
 #include "ops/run_graph.h"
+#include "ops/stem_ops.h"
 #include "ops/tensor_checks.h"
 #include "graphs/engine_listing.h"
 #include "core/engine_policy.h"
@@ -402,6 +403,7 @@ TORCH_LIBRARY(cudnn_fusion, m) {
       "int[2] dilation, int groups, Tensor weight, Tensor bias, Tensor(a!)? running_mean, Tensor(b!)? running_var, "
       "Tensor(c!)? num_batches_tracked, Tensor? residual, float momentum, float eps, int activation, "
       "int implementation, ScalarType? conv_dtype=None, int policy=0) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("space_to_depth(Tensor x, int[2] padding_pre, int[2] out_size, ScalarType? dtype=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(cudnn_fusion, CUDA, m) {
@@ -416,6 +418,7 @@ TORCH_LIBRARY_IMPL(cudnn_fusion, CUDA, m) {
   m.impl("batch_norm_act_backward_", &tcf::batch_norm_act_backward_);
   m.impl("batch_norm_backward_dx", &tcf::batch_norm_backward_dx);
   m.impl("conv_batch_norm_act", &tcf::conv_batch_norm_act_forward);
+  m.impl("space_to_depth", &tcf::space_to_depth);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

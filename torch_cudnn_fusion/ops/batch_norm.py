@@ -16,6 +16,7 @@ from .conv import autocast_dtype, eager_activation, odd_residual, tensor_signatu
 from .decide import Decision
 from .layer_call import LayerCall
 from .library import conv_memory_format, conv_output_size
+from .stem import stem_input, stem_weight
 
 
 def _eager_batch_norm_act(x, running_mean, running_var, weight, bias, training, momentum, eps, activation, residual):
@@ -247,7 +248,7 @@ def _decide_conv_batch_norm(x, conv, conv_weight, conv_bias, running_mean, weigh
     """(decision, config, run) for a training conv + BatchNorm call, from x and the layer: the conv's output size,
     dtype (autocast's, where on) and layout (channels_last when x or the weight is, as PyTorch's cuDNN conv) are
     known before it runs. run = (fused, implementation, update running statistics, policy id, conv dtype, activation
-    code, identity scale and shift or None)."""
+    code, identity scale and shift or None, the conv's space-to-depth form (ops/stem.py) or None)."""
     act = _check_activation(activation)
     if not isinstance(x, torch.Tensor) or x.dim() != 4:
         raise ValueError(f"expected 4D input (got {x.dim() if isinstance(x, torch.Tensor) else type(x).__name__}D "
@@ -268,15 +269,18 @@ def _decide_conv_batch_norm(x, conv, conv_weight, conv_bias, running_mean, weigh
         config = decide.batch_norm_config(x.device, z_dtype, channels_last, z_size, update, residual is not None, act,
                                           eps, needs_grad, policy.key)
         decision = decide.decide_batch_norm(config)
-        if decision.fused:
-            # a new Decision, not decision._replace: dynamo cannot trace namedtuple._replace (torch 2.11)
-            reason = "; ".join(filter(None, (conv_note(conv, conv_weight, channels_last, z_dtype),
-                                                decision.reason)))
-            decision = Decision(decision.fused, reason, decision.backward, decision.implementation)
+    stem = None
+    if decision.fused:
+        stem = decide.stem_plan(x, conv_weight, conv.stride, conv.padding, conv.padding, conv.dilation, conv.groups,
+                                conv.padding_mode, z_dtype)
+        # a new Decision, not decision._replace: dynamo cannot trace namedtuple._replace (torch 2.11)
+        reason = "; ".join(filter(None, (conv_note(conv, conv_weight, channels_last, z_dtype),
+                                            stem.note if stem is not None else "", decision.reason)))
+        decision = Decision(decision.fused, reason, decision.backward, decision.implementation)
     decide.raise_if_strict(decision, strict, where)
     identity = _identity_affine(weight, bias, conv_weight.shape[0], x.device) if decision.fused else None
     run = (decision.fused, _implementation(decision), update, policy_id(policy.key) if decision.fused else 0,
-           conv_dtype, int(act), identity)
+           conv_dtype, int(act), identity, stem)
     return decision, config, run
 
 
@@ -315,6 +319,8 @@ def _recordable(run: tuple, weight, bias, running_mean, num_batches_tracked, x) 
     """Whether C++ can check and run a repeat of this call: ConvBatchNormCall hands the op the tensors as they are,
     so the BatchNorm's scale, shift and running statistics must be float32 already."""
     update = run[2]
+    if run[7] is not None:  # the space-to-depth form: the record would run the op on x as given
+        return False
     affine_as_is = (weight is None and bias is None) or _float32_affine(weight, bias)
     stats_as_is = running_mean.dtype == torch.float32 if update else num_batches_tracked is None
     return x.is_cuda and affine_as_is and stats_as_is
@@ -324,7 +330,7 @@ def _run_conv_batch_norm(run: tuple, x, conv, conv_weight, conv_bias, running_me
                          weight, bias, momentum, eps, activation, residual):
     """The call as decided: the one op where fused (it casts the conv's operands under autocast itself, writes the
     running statistics and counts the step in one launch), else the eager composition."""
-    fused, implementation, update, policy, conv_dtype, activation_code, identity = run
+    fused, implementation, update, policy, conv_dtype, activation_code, identity, stem = run
     if not fused:
         if num_batches_tracked is not None:
             num_batches_tracked.add_(1)
@@ -340,7 +346,11 @@ def _run_conv_batch_norm(run: tuple, x, conv, conv_weight, conv_bias, running_me
     if update and running_mean.dtype != torch.float32:  # the op updates float32 statistics: a copy, written back
         stats = (running_mean.float(), running_var.float())
     weight, bias = _affine_or_identity(weight, bias, identity)
-    y = _conv_bn_op(x, conv_weight, conv_bias, conv.stride, conv.padding, conv.dilation, conv.groups, weight, bias,
+    stride, padding, dilation, groups = conv.stride, conv.padding, conv.dilation, conv.groups
+    if stem is not None:  # the same sums as a stride-1 conv of the rearranged x and filter (ops/stem.py)
+        x, conv_weight = stem_input(x, stem), stem_weight(conv_weight, stem)
+        stride, padding, dilation, groups = (1, 1), (0, 0), (1, 1), 1
+    y = _conv_bn_op(x, conv_weight, conv_bias, stride, padding, dilation, groups, weight, bias,
                     stats[0], stats[1], num_batches_tracked, residual, float(momentum), float(eps),
                     activation_code, implementation, conv_dtype, policy)[0]
     if stats[0] is not running_mean:

@@ -15,6 +15,7 @@ from . import decide
 from .decide import Decision
 from .layer_call import LayerCall
 from .library import conv_output_size
+from .stem import stem_input, stem_weight
 
 _IntPair = Union[int, Sequence[int]]
 
@@ -193,8 +194,10 @@ def conv2d_bias_act(
                      torch.is_grad_enabled(), torch.backends.cudnn.allow_tf32,
                      autocast and torch.get_autocast_dtype(device_type), torch.are_deterministic_algorithms_enabled())
         if call.signature == signature:
-            if autocast:
-                x, weight, bias = _autocast((x, weight, bias), device_type)
+            if autocast:  # the space-to-depth form casts x as it rearranges it
+                stem = call.run[2]
+                x_cast, weight, bias = _autocast((x if stem is None else None, weight, bias), device_type)
+                x = x_cast if stem is None else x
             return _run(call.run, x, weight, bias, residual, padding_mode)
     passed = (x, weight, bias)  # as the caller passed them: what a record compares a repeat with
 
@@ -213,22 +216,34 @@ def conv2d_bias_act(
     if residual is not None:  # eager broadcasts or promotes the sum: the layer does exactly that
         expected = conv_output_size(x.shape, weight.shape, stride_, padding_pre, padding_post, dilation_)
         odd = odd_residual(residual, expected, x.dtype, x.device)
-    config = None
+    config, stem = None, None
     if odd:
         decision = Decision.eager(odd)
     else:
-        config = decide.conv_config(x, weight, bias, residual, stride_, padding_pre, padding_post, dilation_, groups,
-                                    act, padding_mode, policy.key)
-        decision = decide.decide_conv(config)
+        stem = decide.stem_plan(x, weight, stride_, padding_pre, padding_post, dilation_, groups, padding_mode, x.dtype)
+        if stem is not None:  # decided on the form cuDNN will see; where it refuses that, on the conv as given
+            config = decide.conv_config(stem_input(passed[0], stem), stem_weight(weight, stem), bias, residual, (1, 1),
+                                        (0, 0), (0, 0), (1, 1), 1, act, padding_mode, policy.key)
+            decision = decide.decide_conv(config)
+            if decision.fused:
+                decision = Decision(True, "; ".join(filter(None, (stem.note, decision.reason))), decision.backward,
+                                    decision.implementation)
+            else:
+                stem = None
+        if stem is None:
+            config = decide.conv_config(x, weight, bias, residual, stride_, padding_pre, padding_post, dilation_,
+                                        groups, act, padding_mode, policy.key)
+            decision = decide.decide_conv(config)
     decide.raise_if_strict(decision, strict, where)
-    run = (decision.fused, (list(stride_), list(padding_pre), list(padding_post), list(dilation_), groups, act,
-                            policy_id(policy.key) if decision.fused else 0))
+    geometry = (([1, 1], [0, 0], [0, 0], [1, 1], 1) if stem is not None
+                else (list(stride_), list(padding_pre), list(padding_post), list(dilation_), groups))
+    run = (decision.fused, (*geometry, act, policy_id(policy.key) if decision.fused else 0), stem)
     if call is not None:
         recorded = None
-        if signature is not None and decision.fused:
+        if signature is not None and decision.fused and stem is None:  # the record runs the op on x as given
             recorded = _extension.require().ConvBiasActCall(*passed, residual, *run[1])
         call.remember(decision, config, signature if not odd else None, run, recorded)
-    return _run(run, x, weight, bias, residual, padding_mode)
+    return _run(run, passed[0] if stem is not None else x, weight, bias, residual, padding_mode)
 
 
 _fused_op = None  # torch.ops.cudnn_fusion.conv_bias_act.default, looked up once
@@ -236,12 +251,15 @@ _fused_op = None  # torch.ops.cudnn_fusion.conv_bias_act.default, looked up once
 
 def _run(run: tuple, x, weight, bias, residual, padding_mode):
     """The call as decided: run = (fused, (stride, padding_pre, padding_post, dilation, groups, activation, policy
-    id))."""
+    id), the space-to-depth form or None). weight and bias come in the conv's dtype; so does x, but for the form,
+    which rearranges x as given (the geometry is then the form's)."""
     global _fused_op
-    fused, args = run
+    fused, args, stem = run
     if fused:
         if _fused_op is None:
             _fused_op = torch.ops.cudnn_fusion.conv_bias_act.default
+        if stem is not None:
+            x, weight = stem_input(x, stem), stem_weight(weight, stem)
         return _fused_op(x, weight, bias, residual, *args)
     stride, padding_pre, padding_post, dilation, groups, activation, _ = args
     return _eager(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, activation,

@@ -227,6 +227,27 @@ def _python_reason(device_type: str, dtype: torch.dtype, padding_mode: str = "ze
     return ""
 
 
+STEM_KERNELS = range(3, 8)  # the filter sizes the space-to-depth form takes (measured: 3x3 and 7x7)
+
+
+def stem_plan(x: torch.Tensor, weight: torch.Tensor, stride, padding_pre, padding_post, dilation, groups: int,
+              padding_mode: str, dtype: torch.dtype):
+    """The space-to-depth form (ops/stem.py) for a fused conv with these arguments, `dtype` the conv's (autocast's
+    where on), or None where it does not take it: a stem conv, stride 2 with 1 to 4 input channels, zero padding on
+    both sides of at most half the filter, one group, no dilation, in float16 or bfloat16, channels_last (the form's
+    input is; the output's layout is then eager's), on CUDA."""
+    from .stem import plan
+
+    takes = (
+        x.device.type == "cuda" and x.dim() == 4 and 1 <= x.shape[1] <= 4 and groups == 1
+        and tuple(stride) == (2, 2) and tuple(dilation) == (1, 1) and padding_mode == "zeros"
+        and tuple(padding_pre) == tuple(padding_post) and dtype in (torch.float16, torch.bfloat16)
+        and all(k in STEM_KERNELS and 2 * p <= k for k, p in zip(weight.shape[2:], padding_pre))
+        and conv_memory_format(x, weight) == torch.channels_last
+    )
+    return plan(x.shape, weight.shape, tuple(padding_pre), dtype, x.device) if takes else None
+
+
 def decide_conv(config: ConvConfig) -> Decision:
     """The decision for a conv layer configuration (traced code keeps the decision it traced)."""
     return _decide_conv(tuple(config))

@@ -1,0 +1,189 @@
+"""Stem convs in their space-to-depth form (torch_cudnn_fusion/ops/stem.py): the geometry against F.conv2d in
+float64 (CPU), our rearranging kernel against the same rearrangement in torch ops, and fused stem layers in training
+and eval against eager and a float64 reference."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import torch_cudnn_fusion as tcf
+from torch_cudnn_fusion.ops.stem import plan, space_to_depth_backward, stem_weight
+
+from conftest import assert_as_accurate_as_eager, gpu
+
+NOTE = "space-to-depth"
+
+
+def rearranged(x, stem):
+    """What cudnn_fusion::space_to_depth computes, in torch ops: 2x2 blocks of pixels as channels ((a * 2 + b) * C +
+    c), then zero padding around the blocks and past 4 * C channels."""
+    n, c, h, w = x.shape
+    (top, left), (rows, cols), channels = stem.padding_pre, stem.out_size, stem.channels
+    half_h, half_w = (h + 1) // 2, (w + 1) // 2
+    x = F.pad(x, (0, 2 * half_w - w, 0, 2 * half_h - h))
+    blocks = x.reshape(n, c, half_h, 2, half_w, 2).permute(0, 3, 5, 1, 2, 4).reshape(n, 4 * c, half_h, half_w)
+    blocks = F.pad(blocks, (left, cols - left - half_w, top, rows - top - half_h))
+    return F.pad(blocks, (0, 0, 0, 0, 0, channels - 4 * c))
+
+
+GEOMETRIES = [(c, k, p, size) for c in (1, 2, 3, 4) for k, p in ((3, 1), (7, 3), (5, 2), (4, 1), (3, 0), (6, 3))
+              for size in ((224, 224), (17, 12), (9, 9))]
+
+
+@pytest.mark.parametrize("c, k, p, size", GEOMETRIES)
+def test_the_space_to_depth_form_computes_the_strided_conv(c, k, p, size):
+    """conv2d(rearranged x, rearranged filter) at stride 1 equals conv2d(x, filter) at stride 2 in float64 (odd
+    sizes, the largest padding the form takes, even filters included), and the rearrangement's gradient is its
+    inverse."""
+    torch.manual_seed(0)
+    x = torch.randn(2, c, *size, dtype=torch.float64)
+    w = torch.randn(5, c, k, k, dtype=torch.float64)
+    stem = plan(x.shape, w.shape, (p, p), torch.float64, torch.device("cpu"))
+    expected = F.conv2d(x, w, None, 2, p)
+    got = F.conv2d(rearranged(x, stem), stem_weight(w, stem))
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    leaf = x.clone().requires_grad_()
+    out = rearranged(leaf, stem)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    torch.testing.assert_close(space_to_depth_backward(grad, x.shape, x.dtype, stem.padding_pre), leaf.grad)
+
+
+@gpu
+@pytest.mark.parametrize("in_dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("layout", ["nchw", "channels_last", "strided"])
+@pytest.mark.parametrize("c", [1, 2, 3, 4])
+def test_the_space_to_depth_kernel_matches_torch_ops(extension, in_dtype, out_dtype, layout, c):
+    """Our kernel writes every element (outputs poisoned) as the rearrangement in torch ops, bit for bit, from x in
+    any dtype and layout; and its autograd gives x the inverse rearrangement's gradient."""
+    torch.manual_seed(c)
+    x = torch.randn(3, c, 23, 30, device="cuda").to(in_dtype)
+    if layout == "channels_last":
+        x = x.to(memory_format=torch.channels_last)
+    elif layout == "strided":
+        x = torch.randn(3, c, 46, 31, device="cuda").to(in_dtype)[:, :, ::2, 1:]
+    for k, p in ((3, 1), (7, 3)):
+        stem = plan(x.shape, (8, c, k, k), (p, p), out_dtype, x.device)
+        got = torch.ops.cudnn_fusion.space_to_depth(x, stem.padding_pre, stem.out_size, out_dtype)
+        assert got.is_contiguous(memory_format=torch.channels_last) and got.dtype == out_dtype
+        assert torch.equal(got, rearranged(x, stem).to(out_dtype))
+        leaf = x.detach().float().requires_grad_()
+        out = torch.ops.cudnn_fusion.space_to_depth(leaf, stem.padding_pre, stem.out_size, out_dtype)
+        grad = torch.randn_like(out)
+        out.backward(grad)
+        assert torch.equal(leaf.grad, space_to_depth_backward(grad, x.shape, torch.float32, stem.padding_pre))
+
+
+@gpu
+def test_space_to_depth_names_the_argument_it_refuses(extension):
+    x = torch.randn(2, 5, 8, 8, device="cuda")
+    with pytest.raises(RuntimeError, match="1 to 4 channels, got x of shape"):
+        torch.ops.cudnn_fusion.space_to_depth(x, [1, 1], [5, 5], torch.bfloat16)
+    with pytest.raises(RuntimeError, match="float16 or bfloat16, got dtype Float"):
+        torch.ops.cudnn_fusion.space_to_depth(x[:, :3], [1, 1], [5, 5], torch.float32)
+    with pytest.raises(RuntimeError, match="padding_pre must be two sizes >= 0"):
+        torch.ops.cudnn_fusion.space_to_depth(x[:, :3], [-1, 1], [5, 5], torch.bfloat16)
+
+
+# in channels, out channels, kernel, padding, input size
+STEMS = {"mobilenet 3x3": (3, 32, 3, 1, (32, 32)), "resnet 7x7 odd": (3, 64, 7, 3, (23, 29)),
+         "gray 5x5": (1, 16, 5, 2, (20, 20)), "rgba 3x3 no padding": (4, 16, 3, 0, (19, 19))}
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("stem", list(STEMS))
+def test_a_fused_stem_layer_trains_and_evaluates_as_eager(extension, dtype, stem):
+    """A Conv2dBNReLU stem under autocast runs in the space-to-depth form (its status says so): three training steps
+    on fresh float32 NCHW batches (as a data loader gives them) that require grad: the output and every gradient (x's,
+    the conv's, BatchNorm's) against eager and a float64 reference, the running statistics; then eval (the folded
+    conv + bias + ReLU in the form) against eager."""
+    cin, cout, k, p, size = STEMS[stem]
+    torch.manual_seed(0)
+    conv, bn = nn.Conv2d(cin, cout, k, 2, p, bias=False), nn.BatchNorm2d(cout)
+    with torch.no_grad():
+        bn.weight.uniform_(0.5, 1.5), bn.bias.normal_()
+    conv, bn = conv.cuda().to(memory_format=torch.channels_last), bn.cuda()
+    eager = nn.Sequential(copy.deepcopy(conv), copy.deepcopy(bn), nn.ReLU())
+    reference = copy.deepcopy(eager).double()
+    fused = tcf.nn.Conv2dBNReLU.from_modules(conv, bn)
+    for step in range(3):
+        x = torch.randn(8, cin, *size, device="cuda")
+        results = []
+        for model, precision in ((fused, None), (eager, None), (reference, torch.float64)):
+            leaf = x.detach().to(precision or x.dtype).requires_grad_()
+            for prm in model.parameters():
+                prm.grad = None
+            with torch.autocast("cuda", dtype, enabled=precision is None):
+                y = model(leaf)
+            grad = torch.randn(y.shape, device="cuda", generator=torch.Generator("cuda").manual_seed(step))
+            y.backward(grad.to(y.dtype))
+            results.append((y.detach(), [leaf.grad] + [prm.grad for prm in model.parameters()]))
+        (y, grads), (y_e, grads_e), (y_r, grads_r) = results
+        assert y.shape == y_e.shape and y.is_contiguous(memory_format=torch.channels_last)
+        assert_as_accurate_as_eager(f"step {step} y", y, y_e, y_r, dtype)
+        for i, (g, g_e, g_r) in enumerate(zip(grads, grads_e, grads_r, strict=True)):
+            assert g.shape == g_e.shape
+            assert_as_accurate_as_eager(f"step {step} gradient {i}", g, g_e, g_r, dtype)
+        torch.testing.assert_close(bn.running_var, eager[1].running_var, rtol=1e-2, atol=1e-3)
+        torch.testing.assert_close(bn.running_mean, eager[1].running_mean, rtol=1e-2, atol=1e-2)
+    assert fused.fusion_status.fused and NOTE in fused.fusion_status.reason, fused.fusion_status
+    fused.eval(), eager.eval(), reference.eval()
+    x = torch.randn(8, cin, *size, device="cuda")
+    with torch.no_grad(), torch.autocast("cuda", dtype):
+        y, y_e = fused(x), eager(x)
+    y_r = reference(x.double())
+    assert fused.fusion_status.fused and NOTE in fused.fusion_status.reason, fused.fusion_status
+    assert_as_accurate_as_eager("eval y", y, y_e, y_r, dtype)
+
+
+@gpu
+def test_a_fused_stem_conv_relu_trains_in_the_form_and_compiles(extension):
+    """Conv2dReLU (conv + bias + ReLU as one graph) of a stem in bfloat16: forward and its gradients in the form as
+    eager's, eagerly and under torch.compile."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 32, 3, 2, 1).cuda().to(memory_format=torch.channels_last)
+    eager = nn.Sequential(copy.deepcopy(conv), nn.ReLU())
+    reference = copy.deepcopy(eager).double()
+    fused = tcf.nn.Conv2dReLU.from_conv(conv)
+    x = torch.randn(8, 3, 40, 40, device="cuda")
+    for model in (fused, torch.compile(tcf.nn.Conv2dReLU.from_conv(copy.deepcopy(conv)))):
+        results = []
+        for m, precision in ((model, None), (eager, None), (reference, torch.float64)):
+            for prm in m.parameters():
+                prm.grad = None
+            with torch.autocast("cuda", torch.bfloat16, enabled=precision is None):
+                y = m(x.to(precision or x.dtype))
+            y.float().square().sum().backward()
+            results.append((y.detach(), [prm.grad for prm in m.parameters()]))
+        (y, grads), (y_e, grads_e), (y_r, grads_r) = results
+        assert_as_accurate_as_eager("y", y, y_e, y_r, torch.bfloat16)
+        for i, (g, g_e, g_r) in enumerate(zip(grads, grads_e, grads_r, strict=True)):
+            assert_as_accurate_as_eager(f"gradient {i}", g, g_e, g_r, torch.bfloat16)
+    assert fused.fusion_status.fused and NOTE in fused.fusion_status.reason, fused.fusion_status
+
+
+@gpu
+@pytest.mark.parametrize("case", ["float32", "nchw", "stride 1", "5 channels", "groups"])
+def test_convs_the_form_does_not_take_run_as_before(extension, case):
+    """float32 without autocast, an NCHW model, stride 1, more than 4 input channels, grouped: no space-to-depth (the
+    status says nothing of it) and the output's layout is eager's."""
+    cin, stride, groups, dtype = (5 if case == "5 channels" else 4 if case == "groups" else 3,
+                                  1 if case == "stride 1" else 2, 2 if case == "groups" else 1,
+                                  None if case == "float32" else torch.bfloat16)
+    conv = nn.Conv2d(cin, 16, 3, stride, 1, groups=groups, bias=False).cuda()
+    bn = nn.BatchNorm2d(16).cuda()
+    if case != "nchw":
+        conv = conv.to(memory_format=torch.channels_last)
+    fused = tcf.nn.Conv2dBNReLU.from_modules(copy.deepcopy(conv), copy.deepcopy(bn))
+    eager = nn.Sequential(conv, bn, nn.ReLU())
+    x = torch.randn(4, cin, 16, 16, device="cuda")
+    with torch.autocast("cuda", dtype or torch.bfloat16, enabled=dtype is not None):
+        y, y_e = fused(x), eager(x)
+    assert NOTE not in fused.fusion_status.reason, fused.fusion_status
+    assert y.stride() == y_e.stride() and y.dtype == y_e.dtype

@@ -1,0 +1,99 @@
+"""A stem conv (stride 2, 1 to 4 input channels) in its space-to-depth form: the same sums as a stride-1 conv over
+2x2 blocks of pixels stacked as channels (4 * C, zero-padded to 8 or 16), with the filter rearranged to match.
+
+cuDNN's engines for a conv of 3 input channels at stride 2 are slow; the same sums over 16 channels at stride 1 run
+much faster (see docs/benchmarks.md, "Stem convs in their space-to-depth form"). Which convs take the form is decided
+in ops/decide.py (stem_plan); the rearranged input comes from our kernel (cudnn_fusion::space_to_depth, which also
+casts it to the conv's dtype), the rearranged filter from a gather here, so autograd carries the filter's gradient
+back.
+
+Geometry, per spatial dim, for kernel k, padding p (both sides) and input size H: the output row i reads input rows
+2i - p + t, t < k. With q = ceil(p / 2) block rows of zeros before the input, that row is block row i + Y (Y < k')
+at offset a in its block, where t = 2 (Y - q) + a + p; k' = floor((k - 1 - p) / 2) + q + 1, and the rearranged
+input has Ho + k' - 1 block rows, Ho = floor((H + 2p - k) / 2) + 1 the conv's output rows.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+
+class StemPlan(NamedTuple):
+    padding_pre: tuple[int, int]  # block rows and columns of zeros before x's first in the rearranged input
+    out_size: tuple[int, int]  # the rearranged input's height and width, in blocks
+    channels: int  # its channels: 8 (x of 1 or 2 channels) or 16
+    kernel: tuple[int, int]  # the rearranged filter's size
+    index: torch.Tensor  # per element of the rearranged filter (channels, kh', kw'), the one of the flattened filter
+    dtype: torch.dtype  # the conv's (the rearranged input is written in it)
+    note: str
+
+
+def block_geometry(size: int, kernel: int, padding: int) -> tuple[int, int, int]:
+    """(block rows of zeros before the input, the rearranged filter's rows, the rearranged input's block rows) for one
+    spatial dim (see the module's docstring)."""
+    before = (padding + 1) // 2
+    rows = (kernel - 1 - padding) // 2 + before + 1
+    out = (size + 2 * padding - kernel) // 2 + 1
+    return before, rows, out + rows - 1
+
+
+def filter_index(in_channels: int, kernel_size: tuple[int, int], padding: tuple[int, int], channels: int,
+                 kernel: tuple[int, int], before: tuple[int, int]) -> list[int]:
+    """For each element (k, Y, X) of the rearranged filter, the index of the original filter's element in its
+    flattened [C * kh * kw] form, or C * kh * kw (a zero) where none lands there."""
+    kh, kw = kernel_size
+    zero = in_channels * kh * kw
+    index = []
+    for k in range(channels):
+        block, c = divmod(k, in_channels)
+        a, b = divmod(block, 2)
+        for y in range(kernel[0]):
+            for x in range(kernel[1]):
+                ty = 2 * (y - before[0]) + a + padding[0]
+                tx = 2 * (x - before[1]) + b + padding[1]
+                inside = block < 4 and 0 <= ty < kh and 0 <= tx < kw
+                index.append(c * kh * kw + ty * kw + tx if inside else zero)
+    return index
+
+
+def plan(x_size, w_size, padding, dtype: torch.dtype, device: torch.device) -> StemPlan:
+    """The form's geometry for a conv of these sizes (stride 2, dilation 1, one group, padding on both sides)."""
+    in_channels = int(x_size[1])
+    geometry = [block_geometry(int(x_size[2 + i]), int(w_size[2 + i]), int(padding[i])) for i in range(2)]
+    before = (geometry[0][0], geometry[1][0])
+    kernel = (geometry[0][1], geometry[1][1])
+    channels = 8 if in_channels <= 2 else 16
+    index = filter_index(in_channels, (int(w_size[2]), int(w_size[3])), tuple(padding), channels, kernel, before)
+    note = (f"stem: the {w_size[2]}x{w_size[3]} stride-2 conv of {in_channels} channels runs as a {kernel[0]}x"
+            f"{kernel[1]} stride-1 conv of {channels} (2x2 blocks of pixels as channels, space-to-depth: our kernel "
+            "rearranges x)")
+    return StemPlan(before, (geometry[0][2], geometry[1][2]), channels, kernel,
+                    torch.tensor(index, dtype=torch.long, device=device), dtype, note)
+
+
+def stem_input(x: torch.Tensor, stem: StemPlan) -> torch.Tensor:
+    """x rearranged for the form, in the conv's dtype (our kernel: one pass, also the cast)."""
+    return torch.ops.cudnn_fusion.space_to_depth.default(x, stem.padding_pre, stem.out_size, stem.dtype)
+
+
+def stem_weight(weight: torch.Tensor, stem: StemPlan) -> torch.Tensor:
+    """The filter rearranged for the form (a gather: its gradient flows back to `weight`)."""
+    out_channels = weight.shape[0]
+    flat = torch.cat([weight.reshape(out_channels, -1), weight.new_zeros(out_channels, 1)], 1)
+    rearranged = flat[:, stem.index].reshape(out_channels, stem.channels, *stem.kernel)
+    return rearranged.contiguous(memory_format=torch.channels_last)
+
+
+def space_to_depth_backward(grad: torch.Tensor, x_size, x_dtype: torch.dtype, padding_pre) -> torch.Tensor:
+    """The gradient of cudnn_fusion::space_to_depth's x: each of x's pixels takes its channel's gradient back from
+    the one place it went (pixels the conv does not read take zero)."""
+    n, c, h, w = x_size
+    half_h, half_w = (h + 1) // 2, (w + 1) // 2
+    top, left = padding_pre
+    g = grad[:, : 4 * c]
+    g = F.pad(g, (-left, left + half_w - g.shape[3], -top, top + half_h - g.shape[2]))
+    g = g.reshape(n, 2, 2, c, half_h, half_w).permute(0, 3, 4, 1, 5, 2).reshape(n, c, 2 * half_h, 2 * half_w)
+    return g[:, :, :h, :w].to(x_dtype)
