@@ -187,3 +187,38 @@ def test_convs_the_form_does_not_take_run_as_before(extension, case):
         y, y_e = fused(x), eager(x)
     assert NOTE not in fused.fusion_status.reason, fused.fusion_status
     assert y.stride() == y_e.stride() and y.dtype == y_e.dtype
+
+
+@gpu
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_training_stem_layer_keeps_no_more_for_backward_than_eager(extension, x_dtype):
+    """The op keeps x in the conv's dtype for its weight gradient, not the larger rearranged x (backward rearranges it
+    again): after a training forward of a ResNet stem under bfloat16 autocast, the memory the fused layer holds is no
+    more than eager's. And a bfloat16 x, which it then keeps as it is (as eager does), modified in place before
+    backward is an error, as in eager."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 64, 7, 2, 3, bias=False).cuda().to(memory_format=torch.channels_last)
+    bn = nn.BatchNorm2d(64).cuda()
+    eager = nn.Sequential(copy.deepcopy(conv), copy.deepcopy(bn), nn.ReLU())
+    fused = tcf.nn.Conv2dBNReLU.from_modules(conv, bn)
+    x = torch.randn(32, 3, 224, 224, device="cuda").to(x_dtype)
+    held = {}
+    for name, model in (("fused", fused), ("eager", eager)):
+        with torch.autocast("cuda", torch.bfloat16):
+            model(x)  # decisions made, plans built
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        with torch.autocast("cuda", torch.bfloat16):
+            y = model(x)
+        held[name] = torch.cuda.memory_allocated() - before
+        y.float().sum().backward()
+        del y
+    assert NOTE in fused.fusion_status.reason, fused.fusion_status
+    assert held["fused"] <= held["eager"], held
+    if x_dtype == torch.bfloat16:
+        for model in (fused, eager):
+            with torch.autocast("cuda", torch.bfloat16):
+                y = model(x)
+            x.add_(1)
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                y.float().sum().backward()

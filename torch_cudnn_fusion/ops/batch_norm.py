@@ -16,7 +16,7 @@ from .conv import autocast_dtype, eager_activation, odd_residual, tensor_signatu
 from .decide import Decision
 from .layer_call import LayerCall
 from .library import conv_memory_format, conv_output_size
-from .stem import stem_input, stem_weight
+from .stem import run_in_form
 
 
 def _eager_batch_norm_act(x, running_mean, running_var, weight, bias, training, momentum, eps, activation, residual):
@@ -346,13 +346,14 @@ def _run_conv_batch_norm(run: tuple, x, conv, conv_weight, conv_bias, running_me
     if update and running_mean.dtype != torch.float32:  # the op updates float32 statistics: a copy, written back
         stats = (running_mean.float(), running_var.float())
     weight, bias = _affine_or_identity(weight, bias, identity)
-    stride, padding, dilation, groups = conv.stride, conv.padding, conv.dilation, conv.groups
-    if stem is not None:  # the same sums as a stride-1 conv of the rearranged x and filter (ops/stem.py)
-        x, conv_weight = stem_input(x, stem), stem_weight(conv_weight, stem)
-        stride, padding, dilation, groups = (1, 1), (0, 0), (1, 1), 1
-    y = _conv_bn_op(x, conv_weight, conv_bias, stride, padding, dilation, groups, weight, bias,
-                    stats[0], stats[1], num_batches_tracked, residual, float(momentum), float(eps),
-                    activation_code, implementation, conv_dtype, policy)[0]
+    if stem is None:
+        y = _conv_bn_op(x, conv_weight, conv_bias, conv.stride, conv.padding, conv.dilation, conv.groups, weight, bias,
+                        stats[0], stats[1], num_batches_tracked, residual, float(momentum), float(eps),
+                        activation_code, implementation, conv_dtype, policy)[0]
+    else:  # the same sums as a stride-1 conv of the rearranged x and filter (ops/stem.py)
+        y = run_in_form(stem, x, conv_weight, lambda xs, ws: _conv_bn_op(
+            xs, ws, conv_bias, (1, 1), (0, 0), (1, 1), 1, weight, bias, stats[0], stats[1], num_batches_tracked,
+            residual, float(momentum), float(eps), activation_code, implementation, conv_dtype, policy)[0])
     if stats[0] is not running_mean:
         with torch.no_grad():
             running_mean.copy_(stats[0])

@@ -15,7 +15,7 @@ from . import decide
 from .decide import Decision
 from .layer_call import LayerCall
 from .library import conv_output_size
-from .stem import stem_input, stem_weight
+from .stem import run_in_form, stem_input, stem_weight
 
 _IntPair = Union[int, Sequence[int]]
 
@@ -259,7 +259,7 @@ def _run(run: tuple, x, weight, bias, residual, padding_mode):
         if _fused_op is None:
             _fused_op = torch.ops.cudnn_fusion.conv_bias_act.default
         if stem is not None:
-            x, weight = stem_input(x, stem), stem_weight(weight, stem)
+            return run_in_form(stem, x, weight, lambda xs, ws: _fused_op(xs, ws, bias, residual, *args))
         return _fused_op(x, weight, bias, residual, *args)
     stride, padding_pre, padding_post, dilation, groups, activation, _ = args
     return _eager(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, activation,

@@ -15,7 +15,7 @@ input has Ho + k' - 1 block rows, Ho = floor((H + 2p - k) / 2) + 1 the conv's ou
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -85,6 +85,37 @@ def stem_weight(weight: torch.Tensor, stem: StemPlan) -> torch.Tensor:
     flat = torch.cat([weight.reshape(out_channels, -1), weight.new_zeros(out_channels, 1)], 1)
     rearranged = flat[:, stem.index].reshape(out_channels, stem.channels, *stem.kernel)
     return rearranged.contiguous(memory_format=torch.channels_last)
+
+
+def run_in_form(stem: StemPlan, x: torch.Tensor, weight: torch.Tensor,
+                fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """fn(rearranged x, rearranged weight): the conv op's call in the form. Under autograd the op does not keep the
+    rearranged x for its weight gradient (zero channels and padding make it larger than what eager keeps): it keeps
+    x in the conv's dtype, which is what eager's autocast conv keeps, and backward rearranges that again (one more
+    pass of our kernel)."""
+    xs, ws = stem_input(x, stem), stem_weight(weight, stem)
+    if not torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return fn(xs, ws)
+    version = x._version
+
+    def pack(t: torch.Tensor):
+        if t is not xs:
+            return t
+        return ("stem", x if x.dtype == stem.dtype else x.to(stem.dtype), x.dtype == stem.dtype)
+
+    def unpack(saved):
+        if not (isinstance(saved, tuple) and saved[0] == "stem"):
+            return saved
+        _, source, is_x = saved
+        if is_x and source._version != version:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an inplace operation: "
+                f"the input of a stem conv (version {version} in the forward, {source._version} now), which "
+                "backward rearranges again (torch_cudnn_fusion.ops.stem)")
+        return stem_input(source, stem)
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        return fn(xs, ws)
 
 
 def space_to_depth_backward(grad: torch.Tensor, x_size, x_dtype: torch.dtype, padding_pre) -> torch.Tensor:
