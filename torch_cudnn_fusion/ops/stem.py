@@ -15,6 +15,7 @@ input has Ho + k' - 1 block rows, Ho = floor((H + 2p - k) / 2) + 1 the conv's ou
 
 from __future__ import annotations
 
+import weakref
 from typing import Callable, NamedTuple
 
 import torch
@@ -97,11 +98,14 @@ def run_in_form(stem: StemPlan, x: torch.Tensor, weight: torch.Tensor,
     if not torch.is_grad_enabled() or torch.compiler.is_compiling():
         return fn(xs, ws)
     version = x._version
+    # weak references: autograd may keep the pack hook as long as what it saved, and it must not keep xs alive
+    xs_ref, x_ref = weakref.ref(xs), weakref.ref(x)
 
     def pack(t: torch.Tensor):
-        if t is not xs:
+        if t is not xs_ref():
             return t
-        return ("stem", x if x.dtype == stem.dtype else x.to(stem.dtype), x.dtype == stem.dtype)
+        source = x_ref()
+        return ("stem", source if source.dtype == stem.dtype else source.to(stem.dtype), source.dtype == stem.dtype)
 
     def unpack(saved):
         if not (isinstance(saved, tuple) and saved[0] == "stem"):
