@@ -193,9 +193,10 @@ def test_convs_the_form_does_not_take_run_as_before(extension, case):
 @pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_a_training_stem_layer_keeps_no_more_for_backward_than_eager(extension, x_dtype):
     """The op keeps x in the conv's dtype for its weight gradient, not the larger rearranged x (backward rearranges it
-    again): after a training forward of a ResNet stem under bfloat16 autocast, the memory the fused layer holds is no
-    more than eager's. And a bfloat16 x, which it then keeps as it is (as eager does), modified in place before
-    backward is an error, as in eager."""
+    again): after a training forward of a ResNet stem under bfloat16 autocast, the bytes the fused layer holds exceed
+    eager's by no more than its rearranged filter's excess over eager's filter (16 channels of 4x4 for 3 of 7x7).
+    Requested bytes, not the allocator's blocks: a block's rounding depends on what the cache held. And a bfloat16 x,
+    which it then keeps as it is (as eager does), modified in place before backward is an error, as in eager."""
     torch.manual_seed(0)
     conv = nn.Conv2d(3, 64, 7, 2, 3, bias=False).cuda().to(memory_format=torch.channels_last)
     bn = nn.BatchNorm2d(64).cuda()
@@ -207,14 +208,15 @@ def test_a_training_stem_layer_keeps_no_more_for_backward_than_eager(extension, 
         with torch.autocast("cuda", torch.bfloat16):
             model(x)  # decisions made, plans built
         torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
+        before = torch.cuda.memory_stats()["requested_bytes.all.current"]
         with torch.autocast("cuda", torch.bfloat16):
             y = model(x)
-        held[name] = torch.cuda.memory_allocated() - before
+        held[name] = torch.cuda.memory_stats()["requested_bytes.all.current"] - before
         y.float().sum().backward()
         del y
     assert NOTE in fused.fusion_status.reason, fused.fusion_status
-    assert held["fused"] <= held["eager"], held
+    filter_excess = (64 * 16 * 4 * 4 - 64 * 3 * 7 * 7) * 2  # bfloat16
+    assert held["fused"] <= held["eager"] + filter_excess, held
     if x_dtype == torch.bfloat16:
         for model in (fused, eager):
             with torch.autocast("cuda", torch.bfloat16):
