@@ -6,31 +6,10 @@
 // so the rearrangement replaces the autocast cast eager runs on x anyway.
 #include "kernels/space_to_depth_kernel.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#include "kernels/nhwc_rows.cuh"
 
 namespace tcf {
 namespace {
-
-constexpr int kThreads = 256;
-
-template <typename T>
-struct Convert;
-template <>
-struct Convert<float> {
-  __device__ static float to(float v) { return v; }
-  __device__ static float from(float v) { return v; }
-};
-template <>
-struct Convert<__half> {
-  __device__ static float to(__half v) { return __half2float(v); }
-  __device__ static __half from(float v) { return __float2half_rn(v); }
-};
-template <>
-struct Convert<__nv_bfloat16> {
-  __device__ static float to(__nv_bfloat16 v) { return __bfloat162float(v); }
-  __device__ static __nv_bfloat16 from(float v) { return __float2bfloat16_rn(v); }
-};
 
 // One thread per output pixel: its values built in registers (kC input channels, 8 or 16 output channels), stored as
 // 16-byte vectors.
@@ -56,11 +35,11 @@ __global__ void space_to_depth(const In* __restrict__ x, Out* __restrict__ out, 
       const In* source = x + n * s.stride_n + h * s.stride_h + w * s.stride_w;
 #pragma unroll
       for (int c = 0; c < kC; ++c) {
-        values.v[q * kC + c] = Convert<Out>::from(inside ? Convert<In>::to(source[c * s.stride_c]) : 0.f);
+        values.v[q * kC + c] = nhwc::from_float<Out>(inside ? nhwc::to_float(source[c * s.stride_c]) : 0.f);
       }
     }
 #pragma unroll
-    for (int k = 4 * kC; k < kChannels; ++k) values.v[k] = Convert<Out>::from(0.f);
+    for (int k = 4 * kC; k < kChannels; ++k) values.v[k] = nhwc::from_float<Out>(0.f);
     uint4* target = reinterpret_cast<uint4*>(out + pixel * kChannels);
 #pragma unroll
     for (int i = 0; i < static_cast<int>(kChannels * sizeof(Out) / 16); ++i) target[i] = values.vectors[i];
@@ -70,22 +49,22 @@ __global__ void space_to_depth(const In* __restrict__ x, Out* __restrict__ out, 
 template <typename In, typename Out>
 cudaError_t launch(const void* x, void* out, const SpaceToDepthShape& s, cudaStream_t stream) {
   const int64_t pixels = s.n * s.out_h * s.out_w;
-  const int64_t blocks = pixels > 0 ? (pixels + kThreads - 1) / kThreads : 1;
+  const int64_t blocks = pixels > 0 ? (pixels + nhwc::kThreads - 1) / nhwc::kThreads : 1;
   const unsigned grid = static_cast<unsigned>(blocks < 65535 * 16 ? blocks : 65535 * 16);  // grid-stride beyond
   const auto* in = static_cast<const In*>(x);
   auto* target = static_cast<Out*>(out);
   switch (s.c) {
     case 1:
-      space_to_depth<In, Out, 1><<<grid, kThreads, 0, stream>>>(in, target, s);
+      space_to_depth<In, Out, 1><<<grid, nhwc::kThreads, 0, stream>>>(in, target, s);
       break;
     case 2:
-      space_to_depth<In, Out, 2><<<grid, kThreads, 0, stream>>>(in, target, s);
+      space_to_depth<In, Out, 2><<<grid, nhwc::kThreads, 0, stream>>>(in, target, s);
       break;
     case 3:
-      space_to_depth<In, Out, 3><<<grid, kThreads, 0, stream>>>(in, target, s);
+      space_to_depth<In, Out, 3><<<grid, nhwc::kThreads, 0, stream>>>(in, target, s);
       break;
     case 4:
-      space_to_depth<In, Out, 4><<<grid, kThreads, 0, stream>>>(in, target, s);
+      space_to_depth<In, Out, 4><<<grid, nhwc::kThreads, 0, stream>>>(in, target, s);
       break;
     default:
       return cudaErrorInvalidValue;
