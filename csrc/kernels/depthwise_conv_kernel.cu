@@ -896,24 +896,28 @@ WgradPlan wgrad_plan(const DepthwiseShape& s, int multiprocessors) {
   return plan;
 }
 
-bool wgrad_takes(const DepthwiseShape& s, bool vectors) {
-  return vectors && s.kernel == 3 && (s.stride == 1 || s.stride == 2) && s.out_h > 0 && s.out_w > 0 && s.n > 0;
+bool wgrad_takes(const DepthwiseShape& s) {
+  return s.kernel == 3 && (s.stride == 1 || s.stride == 2) && s.out_h > 0 && s.out_w > 0 && s.n > 0;
 }
 
-template <typename T, typename Fn>
+template <typename Fn>
 auto by_wgrad_stride(const DepthwiseShape& s, Fn&& fn) {
   return s.stride == 1 ? fn(std::integral_constant<int, 1>{}) : fn(std::integral_constant<int, 2>{});
 }
 
+// The parts of a launch, or 0 where the grid cannot hold the channel groups (PyTorch's kernel runs then).
 template <typename T>
 int64_t wgrad_parts_typed(const DepthwiseShape& s, int multiprocessors) {
-  return by_wgrad_stride<T>(s, [&](auto stride) { return wgrad_plan<T, decltype(stride)::value>(s, multiprocessors).parts; });
+  return by_wgrad_stride(s, [&](auto stride) -> int64_t {
+    const WgradPlan plan = wgrad_plan<T, decltype(stride)::value>(s, multiprocessors);
+    return plan.channel_groups > 65535 ? 0 : plan.parts;
+  });
 }
 
 template <typename T>
 cudaError_t wgrad_typed(const DepthwiseShape& s, const void* x, const void* dy, void* dw, float* partial,
                         int64_t parts, int multiprocessors, cudaStream_t stream) {
-  return by_wgrad_stride<T>(s, [&](auto stride) -> cudaError_t {
+  return by_wgrad_stride(s, [&](auto stride) -> cudaError_t {
     constexpr int S = decltype(stride)::value;
     const WgradPlan plan = wgrad_plan<T, S>(s, multiprocessors);
     if (plan.parts != parts || plan.channel_groups > 65535) return cudaErrorInvalidValue;
@@ -930,17 +934,18 @@ cudaError_t wgrad_typed(const DepthwiseShape& s, const void* x, const void* dy, 
   });
 }
 
+// Fn<T>::run(args...) for the element type (ElementType has no other values).
 template <template <typename> class Fn, typename... Args>
-cudaError_t by_type(ElementType type, Args&&... args) {
+auto by_type(ElementType type, Args&&... args) -> decltype(Fn<float>::run(args...)) {
   switch (type) {
     case ElementType::kHalf:
       return Fn<__half>::run(args...);
     case ElementType::kBFloat16:
       return Fn<__nv_bfloat16>::run(args...);
     case ElementType::kFloat:
-      return Fn<float>::run(args...);
+      break;
   }
-  return cudaErrorInvalidValue;
+  return Fn<float>::run(args...);
 }
 
 template <typename T>
@@ -957,6 +962,11 @@ template <typename T>
 struct Wgrad {
   template <typename... Args>
   static cudaError_t run(Args&&... args) { return wgrad_typed<T>(args...); }
+};
+template <typename T>
+struct WgradParts {
+  template <typename... Args>
+  static int64_t run(Args&&... args) { return wgrad_parts_typed<T>(args...); }
 };
 int vector_elements(int element_bytes) { return 16 / element_bytes; }
 
@@ -977,23 +987,14 @@ cudaError_t launch_depthwise_conv_dgrad(ElementType type, const DepthwiseShape& 
   return by_type<Dgrad>(type, shape, dy, weight, dx, vectors, stream);
 }
 
-int64_t depthwise_wgrad_parts(ElementType type, const DepthwiseShape& shape, bool vectors, int multiprocessors) {
-  if (!wgrad_takes(shape, vectors)) return 0;
-  switch (type) {
-    case ElementType::kHalf:
-      return wgrad_parts_typed<__half>(shape, multiprocessors);
-    case ElementType::kBFloat16:
-      return wgrad_parts_typed<__nv_bfloat16>(shape, multiprocessors);
-    case ElementType::kFloat:
-      return wgrad_parts_typed<float>(shape, multiprocessors);
-  }
-  return 0;
+int64_t depthwise_wgrad_parts(ElementType type, const DepthwiseShape& shape, int multiprocessors) {
+  return wgrad_takes(shape) ? by_type<WgradParts>(type, shape, multiprocessors) : 0;
 }
 
 cudaError_t launch_depthwise_conv_wgrad(ElementType type, const DepthwiseShape& shape, const void* x, const void* dy,
-                                        void* dw, float* partial, int64_t parts, bool vectors, int multiprocessors,
+                                        void* dw, float* partial, int64_t parts, int multiprocessors,
                                         cudaStream_t stream) {
-  if (!wgrad_takes(shape, vectors) || parts <= 0) return cudaErrorInvalidValue;
+  if (!wgrad_takes(shape) || parts <= 0) return cudaErrorInvalidValue;
   return by_type<Wgrad>(type, shape, x, dy, dw, partial, parts, multiprocessors, stream);
 }
 

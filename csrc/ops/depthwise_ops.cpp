@@ -150,13 +150,13 @@ at::Tensor depthwise_conv_wgrad(const at::Tensor& dz, const at::Tensor& x, const
   const auto type = element_type(dz.scalar_type());
   const auto s = shape_of(shape);
   const int multiprocessors = multiprocessor_count(dz.get_device());
-  const int64_t parts = depthwise_wgrad_parts(type, s, true, multiprocessors);
+  const int64_t parts = depthwise_wgrad_parts(type, s, multiprocessors);
   if (parts <= 0) return at::Tensor();
   auto partial = at::empty({parts, 9, shape.x_size[1]}, dz.options().dtype(at::kFloat));
   auto dw = at::empty(at::IntArrayRef(shape.w_size), dz.options().memory_format(at::MemoryFormat::ChannelsLast));
   poison_output(dw);
   check_launch(launch_depthwise_conv_wgrad(type, s, x.data_ptr(), dz.data_ptr(), dw.data_ptr(),
-                                           partial.data_ptr<float>(), parts, true, multiprocessors, current_stream()),
+                                           partial.data_ptr<float>(), parts, multiprocessors, current_stream()),
                "wgrad");
   return dw;
 }
