@@ -27,7 +27,7 @@ class StemPlan(NamedTuple):
     out_size: tuple[int, int]  # the rearranged input's height and width, in blocks
     channels: int  # its channels: 8 (x of 1 or 2 channels) or 16
     kernel: tuple[int, int]  # the rearranged filter's size
-    index: torch.Tensor  # per element of the rearranged filter (channels, kh', kw'), the one of the flattened filter
+    index: torch.Tensor  # per element of the rearranged filter (kh', kw', channels), the one of the flattened filter
     dtype: torch.dtype  # the conv's (the rearranged input is written in it)
     note: str
 
@@ -43,16 +43,16 @@ def block_geometry(size: int, kernel: int, padding: int) -> tuple[int, int, int]
 
 def filter_index(in_channels: int, kernel_size: tuple[int, int], padding: tuple[int, int], channels: int,
                  kernel: tuple[int, int], before: tuple[int, int]) -> list[int]:
-    """For each element (k, Y, X) of the rearranged filter, the index of the original filter's element in its
-    flattened [C * kh * kw] form, or C * kh * kw (a zero) where none lands there."""
+    """For each element of the rearranged filter, in channels_last order (Y, X, k), the index of the original
+    filter's element in its flattened [C * kh * kw] form, or C * kh * kw (a zero) where none lands there."""
     kh, kw = kernel_size
     zero = in_channels * kh * kw
     index = []
-    for k in range(channels):
-        block, c = divmod(k, in_channels)
-        a, b = divmod(block, 2)
-        for y in range(kernel[0]):
-            for x in range(kernel[1]):
+    for y in range(kernel[0]):
+        for x in range(kernel[1]):
+            for k in range(channels):
+                block, c = divmod(k, in_channels)
+                a, b = divmod(block, 2)
                 ty = 2 * (y - before[0]) + a + padding[0]
                 tx = 2 * (x - before[1]) + b + padding[1]
                 inside = block < 4 and 0 <= ty < kh and 0 <= tx < kw
@@ -80,12 +80,20 @@ def stem_input(x: torch.Tensor, stem: StemPlan) -> torch.Tensor:
     return torch.ops.cudnn_fusion.space_to_depth.default(x, stem.padding_pre, stem.out_size, stem.dtype)
 
 
+def input_like(x: torch.Tensor, stem: StemPlan) -> torch.Tensor:
+    """An empty tensor with the properties of x's rearranged form (what a decision needs, without running the
+    kernel): its sizes, the conv's dtype, channels_last, a fresh allocation's alignment, x's requires_grad."""
+    form = torch.empty((x.shape[0], stem.channels, *stem.out_size), dtype=stem.dtype, device=x.device,
+                       memory_format=torch.channels_last)
+    return form.requires_grad_(x.requires_grad)
+
+
 def stem_weight(weight: torch.Tensor, stem: StemPlan) -> torch.Tensor:
-    """The filter rearranged for the form (a gather: its gradient flows back to `weight`)."""
+    """The filter rearranged for the form, channels_last (one zero appended and one gather: its gradient flows back
+    to `weight`)."""
     out_channels = weight.shape[0]
-    flat = torch.cat([weight.reshape(out_channels, -1), weight.new_zeros(out_channels, 1)], 1)
-    rearranged = flat[:, stem.index].reshape(out_channels, stem.channels, *stem.kernel)
-    return rearranged.contiguous(memory_format=torch.channels_last)
+    flat = F.pad(weight.reshape(out_channels, -1), (0, 1))
+    return flat[:, stem.index].view(out_channels, *stem.kernel, stem.channels).permute(0, 3, 1, 2)
 
 
 def run_in_form(stem: StemPlan, x: torch.Tensor, weight: torch.Tensor,
