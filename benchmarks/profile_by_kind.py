@@ -10,7 +10,7 @@ from an idle GPU: where the host issues kernels slower than they run, it waits o
 before any is profiled, each time built afresh: a process that has run torch.profiler may launch kernels slower after it.
 
     python benchmarks/profile_by_kind.py [--model mobilenet_v1|mobilenet_v2|resnet50] [--batch 256] [--no-compile]
-                                         [--json out.json]
+                                         [--fused-compile] [--json out.json]
 """
 
 from __future__ import annotations
@@ -115,10 +115,10 @@ def model_arguments(p: argparse.ArgumentParser, default_model: str, compile_opti
     p.add_argument("--json", default=None)
 
 
-def setup(model: str, batch: int, with_compile: bool = False):
-    """(plain model, input batch, targets, {"eager": ..., "fused": ..., and with_compile "torch.compile": ...} makers
-    of fresh variants), as every profile here takes them: cudnn.benchmark on, seed 0, channels_last, a 224x224 batch
-    on the GPU."""
+def setup(model: str, batch: int, with_compile: bool = False, fused_compile: bool = False):
+    """(plain model, input batch, targets, {"eager": ..., "fused": ..., with_compile "torch.compile": ..., and
+    fused_compile "fused + compile": torch.compile of the fused model} makers of fresh variants), as every profile
+    here takes them: cudnn.benchmark on, seed 0, channels_last, a 224x224 batch on the GPU."""
     torch.backends.cudnn.benchmark = True
     torch.manual_seed(0)
     x = torch.randn(batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
@@ -127,6 +127,8 @@ def setup(model: str, batch: int, with_compile: bool = False):
     variants = {"eager": lambda: copy.deepcopy(plain), "fused": lambda: tcf.fuse(copy.deepcopy(plain))[0]}
     if with_compile:
         variants["torch.compile"] = lambda: torch.compile(copy.deepcopy(plain))
+    if fused_compile:
+        variants["fused + compile"] = lambda: torch.compile(tcf.fuse(copy.deepcopy(plain))[0])
     return plain, x, target, variants
 
 
@@ -150,6 +152,8 @@ def measure_variant(row: dict, phase: str, make, mode: str, x, target, args) -> 
             row["loop_ms"] = interleaved_median_ms({"fn": fn}, warmup=1, repeats=args.repeats, calls=5)["fn"]
             row["host_ms"] = host_ms(fn, args.repeats)
             row["peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
+            # the bytes the tensors asked for, before the allocator rounds each to its block size
+            row["peak_requested_mib"] = torch.cuda.memory_stats()["requested_bytes.all.peak"] / 2**20
         else:
             for _ in range(args.warmup):
                 fn()
@@ -177,8 +181,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=5, help="profiled steps per variant and mode")
     p.add_argument("--repeats", type=int, default=20, help="timed steps per variant and mode (CUDA-event median)")
     p.add_argument("--top", type=int, default=3, help="kernels listed per kind")
+    p.add_argument("--fused-compile", action="store_true", help="also torch.compile of the fused model")
     args = p.parse_args()
-    _, x, target, variants = setup(args.model, args.batch, with_compile=not args.no_compile)
+    _, x, target, variants = setup(args.model, args.batch, with_compile=not args.no_compile,
+                                   fused_compile=args.fused_compile)
     out = {**run_header(args), "rows": []}
     # Every variant is timed before any is profiled: torch.profiler can leave the process slower to launch kernels
     # after it stops (pytorch/pytorch#144455), which would charge a variant timed after another's profile.
@@ -198,10 +204,11 @@ def main() -> None:
             json.dump(out, f, indent=1)
     print(f"\n{args.model}, batch {args.batch}, 224x224, bf16 autocast, channels_last ({out['gpu']}, torch "
           f"{out['torch']}, cuDNN {out['cudnn']}); GPU kernel ms per step by kind, the step's median, and the peak of "
-          "torch.cuda.max_memory_allocated over the variant (the input batch and the plain model included); loop ms: "
-          "a step among 5 back-to-back, host ms: the host's time to issue a step")
+          "torch.cuda.max_memory_allocated over the variant (the input batch and the plain model included) and of the "
+          "bytes its tensors requested (req MiB: before the allocator's rounding to blocks); loop ms: a step among 5 "
+          "back-to-back, host ms: the host's time to issue a step")
     header = (f"{'mode':<10}{'variant':<15}{'step ms':>9}{'loop ms':>9}{'host ms':>9}{'kernels':>9}"
-              + "".join(f"{k:>20}" for k in KIND_NAMES) + f"{'peak MiB':>10}")
+              + "".join(f"{k:>20}" for k in KIND_NAMES) + f"{'peak MiB':>10}{'req MiB':>10}")
     print(header)
     for row in out["rows"]:
         if "error" in row:
@@ -209,7 +216,8 @@ def main() -> None:
             continue
         print(f"{row['mode']:<10}{row['variant']:<15}{row['step_ms']:>9.2f}{row['loop_ms']:>9.2f}{row['host_ms']:>9.2f}"
               f"{row['kernel_ms']:>9.2f}"
-              + "".join(f"{row['kinds'][k]['ms']:>20.2f}" for k in KIND_NAMES) + f"{row['peak_mib']:>10.0f}")
+              + "".join(f"{row['kinds'][k]['ms']:>20.2f}" for k in KIND_NAMES) + f"{row['peak_mib']:>10.0f}"
+              + f"{row['peak_requested_mib']:>10.0f}")
     print("\nheaviest kernels of each kind (ms per step):")
     for row in out["rows"]:
         if "error" in row:
