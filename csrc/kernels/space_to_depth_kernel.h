@@ -14,16 +14,14 @@ namespace tcf {
 // out_w, out_channels] of `out_type` (float16 or bfloat16), out_channels 8 where C <= 2 else 16, on a 16-byte
 // boundary. Writes
 //   out[n, R, X, (a * 2 + b) * C + c] = x[n, c, 2 * (R - pad_top) + a, 2 * (X - pad_left) + b]
-// where that pixel is inside x, and 0 everywhere else (the padding, the channels past 4 * C). `cast`, when not null:
-// [N, C, H, W] of `out_type` with the cast_stride_* element strides, where every element of x is also written,
-// converted (the copy of x autograd keeps, written in the same pass). Asynchronous on `stream`.
+// where that pixel is inside x, and 0 everywhere else (the padding, the channels past 4 * C). Asynchronous on
+// `stream`.
 struct SpaceToDepthShape {
   int64_t n, c, h, w;
   int64_t stride_n, stride_c, stride_h, stride_w;
   int64_t pad_top, pad_left, out_h, out_w, out_channels;
-  int64_t cast_stride_n = 0, cast_stride_c = 0, cast_stride_h = 0, cast_stride_w = 0;
 };
-cudaError_t launch_space_to_depth(ElementType in_type, ElementType out_type, const void* x, void* out, void* cast,
+cudaError_t launch_space_to_depth(ElementType in_type, ElementType out_type, const void* x, void* out,
                                   const SpaceToDepthShape& shape, cudaStream_t stream);
 
 }  // namespace tcf

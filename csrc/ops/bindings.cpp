@@ -404,8 +404,6 @@ TORCH_LIBRARY(cudnn_fusion, m) {
       "Tensor(c!)? num_batches_tracked, Tensor? residual, float momentum, float eps, int activation, "
       "int implementation, ScalarType? conv_dtype=None, int policy=0) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("space_to_depth(Tensor x, int[2] padding_pre, int[2] out_size, ScalarType? dtype=None) -> Tensor");
-  m.def("space_to_depth_with_cast(Tensor x, int[2] padding_pre, int[2] out_size, ScalarType dtype) -> "
-        "(Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(cudnn_fusion, CUDA, m) {
@@ -421,7 +419,6 @@ TORCH_LIBRARY_IMPL(cudnn_fusion, CUDA, m) {
   m.impl("batch_norm_backward_dx", &tcf::batch_norm_backward_dx);
   m.impl("conv_batch_norm_act", &tcf::conv_batch_norm_act_forward);
   m.impl("space_to_depth", &tcf::space_to_depth);
-  m.impl("space_to_depth_with_cast", &tcf::space_to_depth_with_cast);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

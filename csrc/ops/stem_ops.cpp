@@ -9,12 +9,8 @@
 
 namespace tcf {
 
-namespace {
-
-// The form, and with `with_cast` x converted to the form's dtype in x's layout, from one launch.
-std::tuple<at::Tensor, at::Tensor> run_space_to_depth(const at::Tensor& x, at::IntArrayRef padding_pre,
-                                                      at::IntArrayRef out_size, std::optional<at::ScalarType> dtype,
-                                                      bool with_cast) {
+at::Tensor space_to_depth(const at::Tensor& x, at::IntArrayRef padding_pre, at::IntArrayRef out_size,
+                          std::optional<at::ScalarType> dtype) {
   check_4d_cuda(x, "x");
   const int64_t channels = x.size(1);
   TORCH_CHECK(channels >= 1 && channels <= 4, "cudnn_fusion: space_to_depth takes x of 1 to 4 channels, got x of shape ",
@@ -29,40 +25,17 @@ std::tuple<at::Tensor, at::Tensor> run_space_to_depth(const at::Tensor& x, at::I
   const int64_t out_channels = channels <= 2 ? 8 : 16;
   auto out = at::empty({x.size(0), out_channels, out_size[0], out_size[1]},
                        x.options().dtype(out_type).memory_format(at::MemoryFormat::ChannelsLast));
-  // x's layout where x is dense (empty_like keeps its strides), else contiguous
-  at::Tensor cast = with_cast ? at::empty_like(x, x.options().dtype(out_type)) : at::Tensor();
-  // under the tests' poisoning: an element the kernel did not write shows
-  if (out.numel() > 0) poison_output(out);
-  if (with_cast && cast.numel() > 0) poison_output(cast);
-  if (out.numel() == 0 && (!with_cast || cast.numel() == 0)) return {out, cast};
+  if (out.numel() == 0) return out;
+  poison_output(out);  // under the tests' poisoning: an element the kernel did not write shows
   SpaceToDepthShape shape{x.size(0),      channels,       x.size(2),      x.size(3),   x.stride(0),
                           x.stride(1),    x.stride(2),    x.stride(3),    padding_pre[0], padding_pre[1],
                           out_size[0],    out_size[1],    out_channels};
-  if (with_cast) {
-    shape.cast_stride_n = cast.stride(0);
-    shape.cast_stride_c = cast.stride(1);
-    shape.cast_stride_h = cast.stride(2);
-    shape.cast_stride_w = cast.stride(3);
-  }
   c10::DeviceGuard guard(x.device());
   const auto status = launch_space_to_depth(element_type(x.scalar_type()), element_type(out_type), x.data_ptr(),
-                                            out.data_ptr(), with_cast ? cast.data_ptr() : nullptr, shape,
-                                            current_stream());
+                                            out.data_ptr(), shape, current_stream());
   TORCH_CHECK(status == cudaSuccess, "cudnn_fusion: the space-to-depth kernel failed to launch: ",
               cudaGetErrorString(status));
-  return {out, cast};
-}
-
-}  // namespace
-
-at::Tensor space_to_depth(const at::Tensor& x, at::IntArrayRef padding_pre, at::IntArrayRef out_size,
-                          std::optional<at::ScalarType> dtype) {
-  return std::get<0>(run_space_to_depth(x, padding_pre, out_size, dtype, false));
-}
-
-std::tuple<at::Tensor, at::Tensor> space_to_depth_with_cast(const at::Tensor& x, at::IntArrayRef padding_pre,
-                                                            at::IntArrayRef out_size, at::ScalarType dtype) {
-  return run_space_to_depth(x, padding_pre, out_size, dtype, true);
+  return out;
 }
 
 }  // namespace tcf

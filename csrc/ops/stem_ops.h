@@ -1,6 +1,6 @@
-// The space-to-depth form of a stem conv's input (kernels/space_to_depth_kernel.h), as the ops
-// cudnn_fusion::space_to_depth and space_to_depth_with_cast. Which convs take that form, and the filter that goes with
-// it, are Python's (torch_cudnn_fusion/ops/stem.py).
+// The space-to-depth form of a stem conv's input (kernels/space_to_depth_kernel.h), as the op
+// cudnn_fusion::space_to_depth. Which convs take that form, and the filter that goes with it, are Python's
+// (torch_cudnn_fusion/ops/stem.py).
 #pragma once
 
 #include <optional>
@@ -14,10 +14,5 @@ namespace tcf {
 // (2 * (R - padding_pre[0]) + a, 2 * (X - padding_pre[1]) + b), zero outside x and past 4 * C.
 at::Tensor space_to_depth(const at::Tensor& x, at::IntArrayRef padding_pre, at::IntArrayRef out_size,
                           std::optional<at::ScalarType> dtype);
-
-// The same, and x converted to `dtype` in x's layout (x's strides where x is dense), from the same pass: the copy of x
-// a stem's backward keeps, where eager's autocast would cast x in a pass of its own.
-std::tuple<at::Tensor, at::Tensor> space_to_depth_with_cast(const at::Tensor& x, at::IntArrayRef padding_pre,
-                                                            at::IntArrayRef out_size, at::ScalarType dtype);
 
 }  // namespace tcf

@@ -122,10 +122,6 @@ def _fake_space_to_depth(x, padding_pre, out_size, dtype=None):
     return _empty([x.shape[0], channels, *out_size], x, torch.channels_last, dtype or x.dtype)
 
 
-def _fake_space_to_depth_with_cast(x, padding_pre, out_size, dtype):
-    return _fake_space_to_depth(x, padding_pre, out_size, dtype), torch.empty_like(x, dtype=dtype)
-
-
 def _space_to_depth_setup(ctx, inputs, output) -> None:
     x, padding_pre = inputs[0], inputs[1]
     ctx.x_size, ctx.x_dtype, ctx.padding_pre = tuple(x.shape), x.dtype, tuple(padding_pre)
@@ -135,15 +131,6 @@ def _space_to_depth_backward(ctx, grad):
     from .stem import space_to_depth_backward
 
     return space_to_depth_backward(grad, ctx.x_size, ctx.x_dtype, ctx.padding_pre), None, None, None
-
-
-def _space_to_depth_with_cast_backward(ctx, grad, grad_cast):
-    from .stem import space_to_depth_backward
-
-    grad_x = space_to_depth_backward(grad, ctx.x_size, ctx.x_dtype, ctx.padding_pre)
-    if grad_cast is not None:  # the cast's gradient, as a cast's backward gives it
-        grad_x = grad_x + grad_cast.to(ctx.x_dtype)
-    return grad_x, None, None, None
 
 
 def register_python_parts() -> None:
@@ -165,8 +152,5 @@ def register_python_parts() -> None:
     torch.library.register_fake("cudnn_fusion::conv_batch_norm_act")(_fake_conv_batch_norm_act)
     torch.library.register_fake("cudnn_fusion::space_to_depth")(_fake_space_to_depth)
     torch.library.register_autograd("cudnn_fusion::space_to_depth", _space_to_depth_backward,
-                                    setup_context=_space_to_depth_setup)
-    torch.library.register_fake("cudnn_fusion::space_to_depth_with_cast")(_fake_space_to_depth_with_cast)
-    torch.library.register_autograd("cudnn_fusion::space_to_depth_with_cast", _space_to_depth_with_cast_backward,
                                     setup_context=_space_to_depth_setup)
     _registered = True

@@ -4,8 +4,8 @@
 cuDNN's engines for a conv of 3 input channels at stride 2 are slow; the same sums over 16 channels at stride 1 run
 much faster (see docs/benchmarks.md, "Stem convs in their space-to-depth form"). Which convs take the form is decided
 in ops/decide.py (stem_plan); the rearranged input comes from our kernel (cudnn_fusion::space_to_depth, which also
-casts it to the conv's dtype; space_to_depth_with_cast also writes that cast of x for backward), the rearranged filter
-from a gather here, so autograd carries the filter's gradient back.
+casts it to the conv's dtype), the rearranged filter from a gather here, so autograd carries the filter's gradient
+back.
 
 Geometry, per spatial dim, for kernel k, padding p (both sides) and input size H: the output row i reads input rows
 2i - p + t, t < k. With q = ceil(p / 2) block rows of zeros before the input, that row is block row i + Y (Y < k')
@@ -100,32 +100,26 @@ def run_in_form(stem: StemPlan, x: torch.Tensor, weight: torch.Tensor,
                 fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """fn(rearranged x, rearranged weight): the conv op's call in the form. Under autograd the op does not keep the
     rearranged x for its weight gradient (zero channels and padding make it larger than what eager keeps): it keeps
-    x in the conv's dtype, which is what eager's autocast conv keeps (written by the rearranging kernel in the same
-    pass where x has another dtype), and backward rearranges that again (one more pass of our kernel)."""
-    ws = stem_weight(weight, stem)
+    x in the conv's dtype, which is what eager's autocast conv keeps, and backward rearranges that again (one more
+    pass of our kernel)."""
+    xs, ws = stem_input(x, stem), stem_weight(weight, stem)
     if not torch.is_grad_enabled() or torch.compiler.is_compiling():
-        return fn(stem_input(x, stem), ws)
-    if x.dtype == stem.dtype:
-        xs, kept = stem_input(x, stem), x
-    else:
-        xs, cast = torch.ops.cudnn_fusion.space_to_depth_with_cast.default(x, stem.padding_pre, stem.out_size,
-                                                                           stem.dtype)
-        kept = cast.detach()  # kept for the form's backward only: no gradient flows through it
-    version, is_x = x._version, kept is x
-    # weak references: autograd may keep the pack hook as long as what it saved, and it must not keep xs (or a cast
-    # the op did not save) alive
-    xs_ref, kept_ref = weakref.ref(xs), weakref.ref(kept)
+        return fn(xs, ws)
+    version = x._version
+    # weak references: autograd may keep the pack hook as long as what it saved, and it must not keep xs alive
+    xs_ref, x_ref = weakref.ref(xs), weakref.ref(x)
 
     def pack(t: torch.Tensor):
         if t is not xs_ref():
             return t
-        return ("stem", kept_ref(), is_x)
+        source = x_ref()
+        return ("stem", source if source.dtype == stem.dtype else source.to(stem.dtype), source.dtype == stem.dtype)
 
     def unpack(saved):
         if not (isinstance(saved, tuple) and saved[0] == "stem"):
             return saved
-        _, source, from_x = saved
-        if from_x and source._version != version:
+        _, source, is_x = saved
+        if is_x and source._version != version:
             raise RuntimeError(
                 "one of the variables needed for gradient computation has been modified by an inplace operation: "
                 f"the input of a stem conv (version {version} in the forward, {source._version} now), which "
