@@ -118,9 +118,8 @@ __global__ void batch_norm_act_backward_finalize(const float* __restrict__ parti
                                                  float* __restrict__ dbias, float* __restrict__ coefficient,
                                                  int64_t rows, int64_t channels) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
-  float sums[2];  // of g and of g * xc: the reduce pass wrote their partials one after the other
-  nhwc::sum_partials<2>(partial, parts, channels, c, sums);
-  const float sum_g = sums[0], sum_gx = sums[1];
+  const float sum_g = nhwc::sum_partials(partial, parts, channels, c);
+  const float sum_gx = nhwc::sum_partials(partial + static_cast<int64_t>(parts) * channels, parts, channels, c);
   if (threadIdx.y == 0 && c < channels) {
     const float invstd = save_invstd[c];
     const float m = static_cast<float>(rows);

@@ -75,55 +75,22 @@ __device__ inline void write_block_partial(const float (&sums)[V], float* shared
   __syncthreads();  // `shared` may be reused by the caller
 }
 
-// The fixed-order column sums of K arrays of `parts` rows of partial sums (array k at partial + k * parts *
-// channels) for the channel of thread x of a (32, 32) block with one block per 32 channels. Each of the 32 threads
-// down the rows keeps kChains running sums per array, so that that many loads per array are in flight rather than
-// one (a single chain made the sum a series of dependent L2 round trips: ~8 us for 1056 rows); then one thread adds
-// the 32 threads' results. Valid in thread y 0.
-template <int K>
-__device__ inline void sum_partials(const float* __restrict__ partial, int parts, int64_t channels, int64_t c,
-                                    float (&sums)[K]) {
-  constexpr int kChains = 4;
-  __shared__ float shared[K][32][33];
+// The fixed-order column sum of `parts` rows of partial sums for the channel of thread x of a (32, 32) block with
+// one block per 32 channels: 32 threads down the rows, then one thread adds their 32 results. Valid in thread y 0.
+__device__ inline float sum_partials(const float* __restrict__ partial, int parts, int64_t channels, int64_t c) {
+  __shared__ float shared[32][33];
   __syncthreads();  // an earlier call's readers are done with `shared`
-  float total[K][kChains];
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-#pragma unroll
-    for (int j = 0; j < kChains; ++j) total[k][j] = 0.f;
-  }
+  float total = 0.f;
   if (c < channels) {
-    const int64_t array = static_cast<int64_t>(parts) * channels;
-    int p = threadIdx.y;
-    for (; p + 32 * (kChains - 1) < parts; p += 32 * kChains) {
-#pragma unroll
-      for (int j = 0; j < kChains; ++j) {
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-          total[k][j] += partial[k * array + static_cast<int64_t>(p + 32 * j) * channels + c];
-        }
-      }
-    }
-    for (; p < parts; p += 32) {
-#pragma unroll
-      for (int k = 0; k < K; ++k) total[k][0] += partial[k * array + static_cast<int64_t>(p) * channels + c];
-    }
+    for (int p = threadIdx.y; p < parts; p += 32) total += partial[static_cast<int64_t>(p) * channels + c];
   }
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    float chains = 0.f;
-#pragma unroll
-    for (int j = 0; j < kChains; ++j) chains += total[k][j];
-    shared[k][threadIdx.y][threadIdx.x] = chains;
-  }
+  shared[threadIdx.y][threadIdx.x] = total;
   __syncthreads();
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    sums[k] = 0.f;
-    if (threadIdx.y == 0) {
-      for (int r = 0; r < 32; ++r) sums[k] += shared[k][r][threadIdx.x];
-    }
+  float sum = 0.f;
+  if (threadIdx.y == 0) {
+    for (int r = 0; r < 32; ++r) sum += shared[r][threadIdx.x];
   }
+  return sum;
 }
 
 }  // namespace nhwc

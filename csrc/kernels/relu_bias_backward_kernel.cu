@@ -72,9 +72,8 @@ template <typename T>
 __global__ void finalize_bias_grad(const float* __restrict__ partial, T* __restrict__ dbias, int parts,
                                    int64_t channels) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
-  float sum[1];
-  nhwc::sum_partials<1>(partial, parts, channels, c, sum);
-  if (threadIdx.y == 0 && c < channels) dbias[c] = from_float<T>(sum[0]);
+  float sum = nhwc::sum_partials(partial, parts, channels, c);
+  if (threadIdx.y == 0 && c < channels) dbias[c] = from_float<T>(sum);
 }
 
 template <typename T>
