@@ -10,11 +10,16 @@ statistics (memory_allocated, max_memory_allocated; the caching allocator's rese
 
     python benchmarks/memory_by_phase.py [--model resnet50|mobilenet_v1|mobilenet_v2] [--batch 256] [--no-compile]
                                          [--json out.json]
+
+With --peak-tensors, instead: the caching allocator's trace of one training step of eager and of fused, the tensors
+live at each one's peak of requested bytes, and those that only one of them holds (by size), with where each was
+allocated.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import sys
@@ -60,12 +65,83 @@ def measure(make, x, target, warmup: int) -> dict:
     return {k: v / MIB for k, v in row.items()}
 
 
+def tensors_at_peak(make, x, target, warmup: int) -> dict:
+    """The requested bytes resident before a step (after warm-up) and the tensors live at the step's peak of requested
+    bytes, from the caching allocator's trace of that step: {"base": bytes, "peak": bytes above base, "live": [(size,
+    where it was allocated)]} ("where": the Python frames outside torch's internals; none for an allocation made in
+    C++ with no Python caller, such as autograd's backward thread)."""
+    model = make()
+    model.train()
+    step = train_step_fn(model, x, target)
+    for _ in range(1 + warmup):
+        step()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_stats()["requested_bytes.all.current"]
+    torch.cuda.memory._record_memory_history(stacks="python", max_entries=1_000_000)
+    try:
+        step()
+        torch.cuda.synchronize()
+        trace = torch.cuda.memory._snapshot()["device_traces"][torch.cuda.current_device()]
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    live, current, peak, at_peak = {}, 0, 0, {}
+    for event in trace:  # an alloc event's size is the bytes requested
+        if event["action"] == "alloc":
+            live[event["addr"]] = (event["size"], event.get("frames", []))
+            current += event["size"]
+            if current > peak:
+                peak, at_peak = current, dict(live)
+        elif event["action"] == "free_requested" and event["addr"] in live:
+            current -= live.pop(event["addr"])[0]
+
+    def where(frames) -> str:
+        kept = [f"{f['filename'].split('/')[-1]}:{f['line']}:{f['name']}" for f in frames
+                if "site-packages/torch/_" not in f["filename"]]
+        return " < ".join(kept[:4])
+
+    del model, step
+    return {"base": base, "peak": peak, "live": [(size, where(frames)) for size, frames in at_peak.values()]}
+
+
+def print_peak_difference(rows: dict) -> None:
+    """The tensors live at the peak in one variant with no tensor of the same size to match in the other."""
+    sizes = {name: collections.Counter(size for size, _ in row["live"]) for name, row in rows.items()}
+    (a, row_a), (b, row_b) = rows.items()
+    print(f"\ntensors at the step's peak of requested bytes: {a} base {row_a['base']} B + peak {row_a['peak']} B, "
+          f"{b} base {row_b['base']} B + peak {row_b['peak']} B; {b} - {a}: "
+          f"{row_b['base'] + row_b['peak'] - row_a['base'] - row_a['peak']} B")
+    for name, other in ((a, b), (b, a)):
+        unmatched = sizes[name] - sizes[other]
+        print(f"live at the peak only in {name}: {sum(s * c for s, c in unmatched.items())} B in "
+              f"{sum(unmatched.values())} tensors")
+        for size, place in sorted(rows[name]["live"], key=lambda item: -item[0]):
+            if unmatched[size] > 0:
+                unmatched[size] -= 1
+                print(f"  {size:>12}  {place or '(no Python frame)'}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     model_arguments(p, "resnet50")
     p.add_argument("--warmup", type=int, default=2, help="steps between the first and the measured one")
+    p.add_argument("--peak-tensors", action="store_true",
+                   help="instead: the tensors live at eager's and fused's peak, and those only one of them holds")
     args = p.parse_args()
+    if args.peak_tensors:
+        _, x, target, variants = setup(args.model, args.batch)
+        rows = {}
+        for variant in ("eager", "fused"):
+            rows[variant] = tensors_at_peak(variants[variant], x, target, args.warmup)
+            torch.cuda.empty_cache()
+        header = run_header(args)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({**header, "rows": rows}, f, indent=1)
+        print(f"{args.model}, batch {args.batch}, training step, bf16 autocast, channels_last ({header['gpu']}, torch "
+              f"{header['torch']}, cuDNN {header['cudnn']})")
+        print_peak_difference(rows)
+        return
     _, x, target, variants = setup(args.model, args.batch, with_compile=not args.no_compile)
     out = {**run_header(args), "rows": []}
     for variant, make in variants.items():
