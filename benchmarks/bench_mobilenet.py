@@ -25,16 +25,17 @@ from timing import graph_replay_ms, interleaved_samples_ms, median_ms, quartiles
 from torch_cudnn_fusion.models import mobilenet_v1  # noqa: E402
 
 
-def train_step_fn(model, x, target, between=None):
-    """A training step of `model` (SGD with momentum, bf16 autocast); `between(phase)`, when given, is called with
-    "start" (after zero_grad), "forward" (after the loss) and "backward" (after backward, before the SGD step)."""
+def train_step_fn(model, x, target, between=None, dtype=torch.bfloat16):
+    """A training step of `model` (SGD with momentum, autocast to `dtype`, no loss scaling); `between(phase)`, when
+    given, is called with "start" (after zero_grad), "forward" (after the loss) and "backward" (after backward, before
+    the SGD step)."""
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     mark = between or (lambda phase: None)
 
     def step():
         opt.zero_grad(set_to_none=True)
         mark("start")
-        with torch.autocast("cuda", torch.bfloat16):
+        with torch.autocast("cuda", dtype):
             loss = F.cross_entropy(model(x), target)
         mark("forward")
         loss.backward()
@@ -44,9 +45,9 @@ def train_step_fn(model, x, target, between=None):
     return step
 
 
-def inference_fn(model, x):
+def inference_fn(model, x, dtype=torch.bfloat16):
     def run():
-        with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
+        with torch.no_grad(), torch.autocast("cuda", dtype):
             model(x)
 
     return run

@@ -1,8 +1,8 @@
 """Where a model's GPU time goes, by kind of kernel, for eager, torch.compile and fused (tcf.fuse) in one run: a
-training step (forward, backward, SGD) and an inference batch, bf16 autocast, channels_last. torch.profiler's CUDA
-kernel times over a few steps after warm-up, per step, grouped as dense conv, depthwise conv, BatchNorm,
-ReLU/elementwise and other; the step's CUDA-event median beside them. Each kind lists its heaviest kernels, so a
-kernel put in the wrong kind shows in the output.
+training step (forward, backward, SGD) and an inference batch, bf16 autocast (or --dtype float16), channels_last.
+torch.profiler's CUDA kernel times over a few steps after warm-up, per step, grouped as dense conv, depthwise conv,
+BatchNorm, ReLU/elementwise and other; the step's CUDA-event median beside them. Each kind lists its heaviest
+kernels, so a kernel put in the wrong kind shows in the output.
 
 Two more times tell the host's share: "loop ms", a step's median among back-to-back steps (the host runs ahead, as
 in a training loop), and "host ms", the host's time to issue one step from an idle GPU. "step ms" times one step
@@ -10,7 +10,7 @@ from an idle GPU: where the host issues kernels slower than they run, it waits o
 before any is profiled, each time built afresh: a process that has run torch.profiler may launch kernels slower after it.
 
     python benchmarks/profile_by_kind.py [--model mobilenet_v1|mobilenet_v2|resnet50] [--batch 256] [--no-compile]
-                                         [--fused-compile] [--json out.json]
+                                         [--fused-compile] [--dtype bfloat16|float16] [--json out.json]
 """
 
 from __future__ import annotations
@@ -146,7 +146,8 @@ def measure_variant(row: dict, phase: str, make, mode: str, x, target, args) -> 
     try:
         model = make()
         model.train(mode == "train")
-        fn = train_step_fn(model, x, target) if mode == "train" else inference_fn(model, x)
+        dtype = getattr(torch, args.dtype)
+        fn = train_step_fn(model, x, target, dtype=dtype) if mode == "train" else inference_fn(model, x, dtype)
         if phase == "time":
             row["step_ms"] = median_ms(fn, warmup=args.warmup, repeats=args.repeats)
             row["loop_ms"] = interleaved_median_ms({"fn": fn}, warmup=1, repeats=args.repeats, calls=5)["fn"]
@@ -182,10 +183,12 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=20, help="timed steps per variant and mode (CUDA-event median)")
     p.add_argument("--top", type=int, default=3, help="kernels listed per kind")
     p.add_argument("--fused-compile", action="store_true", help="also torch.compile of the fused model")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"],
+                   help="the autocast dtype (float16 runs without loss scaling: GradScaler's small kernels left out)")
     args = p.parse_args()
     _, x, target, variants = setup(args.model, args.batch, with_compile=not args.no_compile,
                                    fused_compile=args.fused_compile)
-    out = {**run_header(args), "rows": []}
+    out = {**run_header(args), "dtype": args.dtype, "rows": []}
     # Every variant is timed before any is profiled: torch.profiler can leave the process slower to launch kernels
     # after it stops (pytorch/pytorch#144455), which would charge a variant timed after another's profile.
     for phase in ("time", "profile"):
@@ -202,7 +205,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
-    print(f"\n{args.model}, batch {args.batch}, 224x224, bf16 autocast, channels_last ({out['gpu']}, torch "
+    print(f"\n{args.model}, batch {args.batch}, 224x224, {args.dtype} autocast, channels_last ({out['gpu']}, torch "
           f"{out['torch']}, cuDNN {out['cudnn']}); GPU kernel ms per step by kind, the step's median, and the peak of "
           "torch.cuda.max_memory_allocated over the variant (the input batch and the plain model included) and of the "
           "bytes its tensors requested (req MiB: before the allocator's rounding to blocks); loop ms: a step among 5 "
