@@ -63,14 +63,15 @@ def test_opcheck_every_op(extension):
                            reserve, 1e-5, 1, False, 0))
     # the two steps the autograd node runs after a residual add, with y (its mask) and without
     for mask in (y, None):
-        grad_z, coefficient, _, _ = ops.batch_norm_act_backward_reduce(_input(2, c, 9, 9), z.detach(), mask,
-                                                                       scale.detach(), shift.detach(), save_mean,
-                                                                       save_invstd, 1)
+        grad_z, grad_scale, grad_shift = ops.batch_norm_act_backward_reduce(_input(2, c, 9, 9), z.detach(), mask,
+                                                                            scale.detach(), shift.detach(), save_mean,
+                                                                            save_invstd, 1)
         torch.library.opcheck(ops.batch_norm_act_backward_reduce.default,
                               (_input(2, c, 9, 9), z.detach(), mask, scale.detach(), shift.detach(), save_mean,
                                save_invstd, 1))
     torch.library.opcheck(ops.batch_norm_backward_dx.default,
-                          (grad_z, z.detach(), scale.detach(), shift.detach(), save_mean, save_invstd, coefficient))
+                          (grad_z, z.detach(), scale.detach(), shift.detach(), save_mean, save_invstd, grad_scale,
+                           grad_shift))
     # the in-place variants the node runs on a gradient only it holds: the result is written over grad_y
     for mask in (y, None):
         torch.library.opcheck(ops.batch_norm_act_backward_reduce_.default,
@@ -95,7 +96,8 @@ def test_opcheck_every_op(extension):
 @pytest.mark.parametrize("activation", [1, 2], ids=["relu", "relu6"])
 def test_the_in_place_batch_norm_backward_ops_match_the_functional_ones(extension, activation):
     """What the autograd node runs on a gradient only it holds gives the functional ops' results bit for bit (one
-    kernel, one launch shape), written over grad_y; a grad_y that cannot take them is refused by name."""
+    kernel, one launch shape), written over grad_y; so do the two steps it runs after a residual add; a grad_y that
+    cannot take them is refused by name."""
     ops = torch.ops.cudnn_fusion
     c = 64
     scale, shift = torch.rand(c, device="cuda") + 0.5, torch.randn(c, device="cuda")
@@ -107,13 +109,14 @@ def test_the_in_place_batch_norm_backward_ops_match_the_functional_ones(extensio
     dw_, db_ = ops.batch_norm_act_backward_(overwritten, z, scale, shift, mean, invstd, activation)
     assert torch.equal(overwritten, dx) and torch.equal(dw_, dw) and torch.equal(db_, db)
     y, mean, invstd, _, _, _ = ops.batch_norm_act(z, scale, shift, None, None, residual, 0.1, 1e-5, activation, 0)
-    grad_z, coefficient, dw, db = ops.batch_norm_act_backward_reduce(grad, z, y, scale, shift, mean, invstd,
-                                                                     activation)
+    dx, dresidual, dw, db = ops.batch_norm_act_backward(grad, z, y, scale, shift, mean, invstd, reserve, 1e-5,
+                                                        activation, True, 0)
+    grad_z, dw_, db_ = ops.batch_norm_act_backward_reduce(grad, z, y, scale, shift, mean, invstd, activation)
+    assert torch.equal(grad_z, dresidual) and torch.equal(dw_, dw) and torch.equal(db_, db)
+    assert torch.equal(ops.batch_norm_backward_dx(grad_z, z, scale, shift, mean, invstd, dw_, db_), dx)
     overwritten = grad.clone()
-    coefficient_, dw_, db_ = ops.batch_norm_act_backward_reduce_(overwritten, z, y, scale, shift, mean, invstd,
-                                                                 activation)
-    assert torch.equal(overwritten, grad_z) and torch.equal(coefficient_, coefficient)
-    assert torch.equal(dw_, dw) and torch.equal(db_, db)
+    dw_, db_ = ops.batch_norm_act_backward_reduce_(overwritten, z, y, scale, shift, mean, invstd, activation)
+    assert torch.equal(overwritten, grad_z) and torch.equal(dw_, dw) and torch.equal(db_, db)
     nchw = grad.contiguous()
     with pytest.raises(RuntimeError, match="writes its result over grad_y: grad_y must be channels_last-contiguous"):
         ops.batch_norm_act_backward_(nchw, z, scale, shift, mean, invstd, activation)

@@ -8,8 +8,8 @@
 // mask then costs no read. Eager runs ReLU backward as one more pass over memory (threshold_backward reads dy and y,
 // writes dz) before BatchNorm's backward reads dz twice: here the mask is applied as dy is read.
 // Three launches: per-block partial sums of g and g * xc; their fixed-order sum (deterministic, no atomics) into
-// dweight, dbias and the dx coefficients; dx. With a residual, the first writes g (the residual's gradient) and the
-// last reads it back instead of dy and y.
+// dweight and dbias; dx, with its coefficients dbias / M and invstd * dweight / M taken from those two. With a
+// residual, the first writes g (the residual's gradient) and the last reads it back instead of dy and y.
 #include "kernels/batch_norm_backward_kernel.h"
 
 #include "kernels/nhwc_rows.cuh"
@@ -112,31 +112,28 @@ __global__ void __launch_bounds__(nhwc::kThreads, 2) batch_norm_act_backward_red
                                channels);
 }
 
-// Pass 2, one block per 32 channels: dbias, dweight, and coefficient[c] = (dbias / M, invstd^2 * sum(g xc) / M).
+// Pass 2, one block per 32 channels: dbias and dweight.
 __global__ void batch_norm_act_backward_finalize(const float* __restrict__ partial, int parts,
                                                  const float* __restrict__ save_invstd, float* __restrict__ dweight,
-                                                 float* __restrict__ dbias, float* __restrict__ coefficient,
-                                                 int64_t rows, int64_t channels) {
+                                                 float* __restrict__ dbias, int64_t channels) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   const float sum_g = nhwc::sum_partials(partial, parts, channels, c);
   const float sum_gx = nhwc::sum_partials(partial + static_cast<int64_t>(parts) * channels, parts, channels, c);
   if (threadIdx.y == 0 && c < channels) {
-    const float invstd = save_invstd[c];
-    const float m = static_cast<float>(rows);
     dbias[c] = sum_g;
-    dweight[c] = sum_gx * invstd;
-    coefficient[c] = sum_g / m;
-    coefficient[channels + c] = sum_gx * invstd * invstd / m;
+    dweight[c] = sum_gx * save_invstd[c];
   }
 }
 
-// Pass 3: dx. g is read back from dz when pass 1 wrote it, else recomputed from dy (and y) as pass 1 did.
+// Pass 3: dx. g is read back from dz when pass 1 wrote it, else recomputed from dy (and y) as pass 1 did. The
+// coefficients from pass 2's sums: dbias / M and invstd * dweight / M (= invstd^2 * sum(g xc) / M).
 template <typename T, int V, bool kFromY>
 __global__ void __launch_bounds__(nhwc::kThreads, 2) batch_norm_act_backward_dx(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ y,
                                            const T* __restrict__ dz, const float* __restrict__ save_mean,
                                            const float* __restrict__ save_invstd, const float* __restrict__ weight,
-                                           const float* __restrict__ bias, const float* __restrict__ coefficient,
-                                           T* __restrict__ dx, int64_t rows, int64_t channels, int activation) {
+                                           const float* __restrict__ bias, const float* __restrict__ dweight,
+                                           const float* __restrict__ dbias, T* __restrict__ dx, int64_t rows,
+                                           int64_t channels, int activation) {
   using P = Pack<T, V>;
   const int64_t groups = channels / V;
   const int64_t group = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -144,11 +141,12 @@ __global__ void __launch_bounds__(nhwc::kThreads, 2) batch_norm_act_backward_dx(
   const int64_t column = group * V;
   Channels<V> ch;
   ch.load(save_mean, save_invstd, weight, bias, column);
+  const float m = static_cast<float>(rows);
   float mean_g[V], slope[V], scale[V];
 #pragma unroll
   for (int v = 0; v < V; ++v) {
-    mean_g[v] = coefficient[column + v];
-    slope[v] = coefficient[channels + column + v];
+    mean_g[v] = dbias[column + v] / m;
+    slope[v] = dweight[column + v] * ch.invstd[v] / m;
     scale[v] = ch.invstd[v] * ch.weight[v];
   }
   const int64_t step = static_cast<int64_t>(gridDim.y) * blockDim.y;
@@ -203,13 +201,12 @@ cudaError_t launch_passes(const BatchNormActBackwardArgs& a, int multiprocessors
     cudaError_t status = cudaGetLastError();
     if (status != cudaSuccess) return status;
     batch_norm_act_backward_finalize<<<static_cast<unsigned>((a.channels + 31) / 32), dim3(32, 32), 0, stream>>>(
-        a.partial, static_cast<int>(shape.grid.y), a.save_invstd, a.dweight, a.dbias, a.coefficient, a.rows,
-        a.channels);
+        a.partial, static_cast<int>(shape.grid.y), a.save_invstd, a.dweight, a.dbias, a.channels);
     status = cudaGetLastError();
     if (status != cudaSuccess || a.passes == kBackwardReduce) return status;
   }
   batch_norm_act_backward_dx<T, V, kFromY><<<shape.grid, shape.block, 0, stream>>>(
-      dy, x, y, dz, a.save_mean, a.save_invstd, a.weight, a.bias, a.coefficient, static_cast<T*>(a.dx), a.rows,
+      dy, x, y, dz, a.save_mean, a.save_invstd, a.weight, a.bias, a.dweight, a.dbias, static_cast<T*>(a.dx), a.rows,
       a.channels, a.activation);
   return cudaGetLastError();
 }

@@ -10,8 +10,8 @@
 
 namespace tcf {
 
-// Which passes a launch runs: all three; or the first two (dz, dweight, dbias and the coefficients dx needs) and,
-// in a later launch, the last (dx from dz and the coefficients), so that a caller can free dy in between.
+// Which passes a launch runs: all three; or the first two (dz, dweight and dbias) and, in a later launch, the last
+// (dx from dz, dweight and dbias), so that a caller can free dy in between.
 enum BatchNormBackwardPasses : int { kBackwardAllPasses = 0, kBackwardReduce = 1, kBackwardDx = 2 };
 
 // Tensors are [rows, channels] NHWC views in the element type; per-channel ones float32.
@@ -25,10 +25,9 @@ struct BatchNormActBackwardArgs {
   const float* bias;
   void* dz;                  // null, or where the masked gradient goes (the residual's gradient)
   void* dx;                  // dz or dx may be dy itself: each element is read, then written, by one thread
-  float* dweight;
+  float* dweight;            // outputs, and kBackwardDx's inputs
   float* dbias;
   float* partial;            // batch_norm_act_backward_partial_rows(...) * channels floats of scratch (not kBackwardDx)
-  float* coefficient;        // 2 * channels floats: scratch, or kBackwardReduce's output and kBackwardDx's input
   int64_t rows;
   int64_t channels;
   int activation;            // kActivationRelu or kActivationRelu6

@@ -388,16 +388,16 @@ TORCH_LIBRARY(cudnn_fusion, m) {
       "(Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "batch_norm_act_backward_reduce(Tensor grad_y, Tensor x, Tensor? y, Tensor weight, Tensor bias, "
-      "Tensor save_mean, Tensor save_invstd, int activation) -> (Tensor, Tensor, Tensor, Tensor)");
+      "Tensor save_mean, Tensor save_invstd, int activation) -> (Tensor, Tensor, Tensor)");
   m.def(
       "batch_norm_act_backward_reduce_(Tensor(a!) grad_y, Tensor x, Tensor? y, Tensor weight, Tensor bias, "
-      "Tensor save_mean, Tensor save_invstd, int activation) -> (Tensor, Tensor, Tensor)");
+      "Tensor save_mean, Tensor save_invstd, int activation) -> (Tensor, Tensor)");
   m.def(
       "batch_norm_act_backward_(Tensor(a!) grad_y, Tensor x, Tensor weight, Tensor bias, Tensor save_mean, "
       "Tensor save_invstd, int activation) -> (Tensor, Tensor)");
   m.def(
       "batch_norm_backward_dx(Tensor grad_z, Tensor x, Tensor weight, Tensor bias, Tensor save_mean, "
-      "Tensor save_invstd, Tensor coefficient) -> Tensor");
+      "Tensor save_invstd, Tensor grad_weight, Tensor grad_bias) -> Tensor");
   m.def(
       "conv_batch_norm_act(Tensor x, Tensor conv_weight, Tensor? conv_bias, int[2] stride, int[2] padding, "
       "int[2] dilation, int groups, Tensor weight, Tensor bias, Tensor(a!)? running_mean, Tensor(b!)? running_var, "

@@ -42,7 +42,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_backward(
 }
 
 // The two steps of BatchNorm's backward after a residual add (bn_ops.h: batch_norm_backward_in_two_steps)
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_backward_reduce(
+std::tuple<at::Tensor, at::Tensor, at::Tensor> call_backward_reduce(
     const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& y, const at::Tensor& weight,
     const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd, int64_t activation) {
   static auto op = c10::Dispatcher::singleton()
@@ -53,12 +53,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_backward_reduce(
 }
 
 // The in-place variants, for a grad_y the node may overwrite (bn_ops.h: batch_norm_backward_may_overwrite)
-std::tuple<at::Tensor, at::Tensor, at::Tensor> call_backward_reduce_(const at::Tensor& grad_y, const at::Tensor& x,
-                                                                     const at::Tensor& y, const at::Tensor& weight,
-                                                                     const at::Tensor& bias,
-                                                                     const at::Tensor& save_mean,
-                                                                     const at::Tensor& save_invstd,
-                                                                     int64_t activation) {
+std::tuple<at::Tensor, at::Tensor> call_backward_reduce_(const at::Tensor& grad_y, const at::Tensor& x,
+                                                         const at::Tensor& y, const at::Tensor& weight,
+                                                         const at::Tensor& bias, const at::Tensor& save_mean,
+                                                         const at::Tensor& save_invstd, int64_t activation) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("cudnn_fusion::batch_norm_act_backward_reduce_", "")
                        .typed<decltype(batch_norm_act_backward_reduce_)>();
@@ -78,11 +76,11 @@ std::tuple<at::Tensor, at::Tensor> call_backward_(const at::Tensor& grad_y, cons
 
 at::Tensor call_backward_dx(const at::Tensor& grad_z, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd,
-                            const at::Tensor& coefficient) {
+                            const at::Tensor& grad_weight, const at::Tensor& grad_bias) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("cudnn_fusion::batch_norm_backward_dx", "")
                        .typed<decltype(batch_norm_backward_dx)>();
-  return op.call(grad_z, x, weight, bias, save_mean, save_invstd, coefficient);
+  return op.call(grad_z, x, weight, bias, save_mean, save_invstd, grad_weight, grad_bias);
 }
 
 variable_list as_list(ForwardOutputs&& out) {
@@ -158,17 +156,15 @@ class BatchNormActFunction : public torch::autograd::Function<BatchNormActFuncti
     }
     bool overwrite = our_kernel && batch_norm_backward_may_overwrite(grad_y, x);
     if (batch_norm_backward_in_two_steps(activation, has_residual, implementation, channels_last)) {
-      at::Tensor coefficient;
       if (overwrite) {
-        std::tie(coefficient, grad_weight, grad_bias) =
-            call_backward_reduce_(grad_y, x, y, weight, bias, mean, invstd, activation);
+        std::tie(grad_weight, grad_bias) = call_backward_reduce_(grad_y, x, y, weight, bias, mean, invstd, activation);
         grad_residual = std::move(grad_y);
       } else {
-        std::tie(grad_residual, coefficient, grad_weight, grad_bias) =
+        std::tie(grad_residual, grad_weight, grad_bias) =
             call_backward_reduce(grad_y, x, y, weight, bias, mean, invstd, activation);
         grad_y.reset();  // freed here where autograd held it alone, before dx is allocated
       }
-      if (need_x) grad_x = call_backward_dx(grad_residual, x, weight, bias, mean, invstd, coefficient);
+      if (need_x) grad_x = call_backward_dx(grad_residual, x, weight, bias, mean, invstd, grad_weight, grad_bias);
     } else if (overwrite && !has_residual) {
       std::tie(grad_weight, grad_bias) = call_backward_(grad_y, x, weight, bias, mean, invstd, activation);
       grad_x = std::move(grad_y);

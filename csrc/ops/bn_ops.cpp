@@ -76,15 +76,14 @@ bool run_batch_norm_graph(GraphKind kind, const BatchNormProblem& p, const std::
 }
 
 // BatchNorm's backward after ReLU/ReLU6 in our kernel: dx, dweight, dbias (float32), and dz (the masked gradient)
-// when it is defined; or the part `passes` names (kernels/batch_norm_backward_kernel.h), with `coefficient` [2, C]
-// float32 its output (kBackwardReduce) or input (kBackwardDx); tensors a part does not touch may be undefined.
+// when it is defined; or the part `passes` names (kernels/batch_norm_backward_kernel.h), with dweight and dbias its
+// outputs (kBackwardReduce) or inputs (kBackwardDx); tensors a part does not touch may be undefined.
 // 16-byte accesses where every tensor allows them, else one element at a time.
 void batch_norm_act_backward_with_kernel(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& y,
                                          const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& save_mean,
                                          const at::Tensor& save_invstd, const at::Tensor& dz, const at::Tensor& dx,
                                          const at::Tensor& dweight, const at::Tensor& dbias, Activation activation,
-                                         BatchNormBackwardPasses passes = kBackwardAllPasses,
-                                         const at::Tensor& coefficient = at::Tensor()) {
+                                         BatchNormBackwardPasses passes = kBackwardAllPasses) {
   const int64_t channels = x.size(1);
   const int64_t rows = x.numel() / channels;
   const int element_bytes = static_cast<int>(x.element_size());
@@ -93,10 +92,10 @@ void batch_norm_act_backward_with_kernel(const at::Tensor& dy, const at::Tensor&
   const int multiprocessors = multiprocessor_count(x.device().index());
   const int64_t parts = passes == kBackwardDx ? 0
                         : batch_norm_act_backward_partial_rows(rows, channels, vectors, element_bytes, multiprocessors);
-  // the partial sums, then (unless the caller keeps them) the two rows of coefficients
-  auto scratch = at::empty({parts + (coefficient.defined() ? 0 : 2), channels}, x.options().dtype(at::kFloat));
-  for (const auto* t : {&dx, &dweight, &dbias, &dz}) {  // not an input: dz in kBackwardDx, dy's copy (dy_into)
-    if (t->defined() && !(passes == kBackwardDx && t == &dz) && !(dy.defined() && t->is_same(dy))) poison_output(*t);
+  auto partial = parts > 0 ? at::empty({parts, channels}, x.options().dtype(at::kFloat)) : at::Tensor();
+  for (const auto* t : {&dx, &dweight, &dbias, &dz}) {  // not an input: dz, dweight, dbias in kBackwardDx; dy's copy
+    const bool input = passes == kBackwardDx && t != &dx;
+    if (t->defined() && !input && !(dy.defined() && t->is_same(dy))) poison_output(*t);
   }
   auto pointer = [](const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; };
   auto floats = [](const at::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; };
@@ -111,9 +110,7 @@ void batch_norm_act_backward_with_kernel(const at::Tensor& dy, const at::Tensor&
                                 pointer(dx),
                                 floats(dweight),
                                 floats(dbias),
-                                scratch.data_ptr<float>(),
-                                coefficient.defined() ? coefficient.data_ptr<float>()
-                                                      : scratch.data_ptr<float>() + parts * channels,
+                                floats(partial),
                                 rows,
                                 channels,
                                 static_cast<int>(activation),
@@ -474,8 +471,9 @@ bool batch_norm_backward_may_overwrite(const at::Tensor& grad, const at::Tensor&
 
 namespace {
 
-// The reduce step, its masked gradient written into grad_z (a new tensor, or grad_y itself in place).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_reduce_into(const at::Tensor& grad_y, const at::Tensor& grad_z,
+// The reduce step, its masked gradient written into grad_z (a new tensor, or grad_y itself in place): returns
+// grad_weight, grad_bias.
+std::tuple<at::Tensor, at::Tensor> backward_reduce_into(const at::Tensor& grad_y, const at::Tensor& grad_z,
                                                                     const at::Tensor& x,
                                                                     const std::optional<at::Tensor>& y,
                                                                     const at::Tensor& weight, const at::Tensor& bias,
@@ -491,14 +489,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_reduce_into(const at::Te
   c10::DeviceGuard guard(x.device());
   const auto format = at::MemoryFormat::ChannelsLast;
   auto stats_options = x.options().dtype(at::kFloat);
-  auto coefficient = at::empty({2, x.size(1)}, stats_options);
   auto dweight = at::empty({x.size(1)}, stats_options);
   auto dbias = at::empty({x.size(1)}, stats_options);
   batch_norm_act_backward_with_kernel(dy_into(grad_y, grad_z), x.contiguous(format),
                                       has_y ? y->contiguous(format) : at::Tensor(), weight, bias, save_mean,
-                                      save_invstd, grad_z, at::Tensor(), dweight, dbias, activation, kBackwardReduce,
-                                      coefficient);
-  return {coefficient, dweight, dbias};
+                                      save_invstd, grad_z, at::Tensor(), dweight, dbias, activation, kBackwardReduce);
+  return {dweight, dbias};
 }
 
 void check_overwritable(const at::Tensor& grad_y, const at::Tensor& x, const char* op) {
@@ -509,16 +505,16 @@ void check_overwritable(const at::Tensor& grad_y, const at::Tensor& x, const cha
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward_reduce(
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward_reduce(
     const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& y, const at::Tensor& weight,
     const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd, int64_t activation) {
   auto grad_z = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::ChannelsLast));
-  auto [coefficient, dweight, dbias] = backward_reduce_into(grad_y, grad_z, x, y, weight, bias, save_mean,
-                                                            save_invstd, activation, "batch_norm_act_backward_reduce");
-  return {grad_z, coefficient, dweight, dbias};
+  auto [dweight, dbias] = backward_reduce_into(grad_y, grad_z, x, y, weight, bias, save_mean, save_invstd, activation,
+                                               "batch_norm_act_backward_reduce");
+  return {grad_z, dweight, dbias};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward_reduce_(
+std::tuple<at::Tensor, at::Tensor> batch_norm_act_backward_reduce_(
     const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& y, const at::Tensor& weight,
     const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd, int64_t activation) {
   check_overwritable(grad_y, x, "batch_norm_act_backward_reduce_");
@@ -547,20 +543,17 @@ std::tuple<at::Tensor, at::Tensor> batch_norm_act_backward_(const at::Tensor& gr
 
 at::Tensor batch_norm_backward_dx(const at::Tensor& grad_z, const at::Tensor& x, const at::Tensor& weight,
                                   const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd,
-                                  const at::Tensor& coefficient) {
+                                  const at::Tensor& grad_weight, const at::Tensor& grad_bias) {
   check_two_step_arguments("batch_norm_backward_dx", grad_z, "grad_z", x, weight, bias, save_mean, save_invstd);
-  TORCH_CHECK(coefficient.device() == x.device() && coefficient.scalar_type() == at::kFloat &&
-                  coefficient.is_contiguous() && coefficient.sizes() == at::IntArrayRef({2, x.size(1)}),
-              "cudnn_fusion: coefficient must be batch_norm_act_backward_reduce's: float32, contiguous, shape [2, ",
-              x.size(1), "] on ", x.device(), ", got ", coefficient.scalar_type(), " of shape ", coefficient.sizes(),
-              " on ", coefficient.device());
+  check_per_channel(grad_weight, "grad_weight", x);
+  check_per_channel(grad_bias, "grad_bias", x);
   c10::DeviceGuard guard(x.device());
   const auto format = at::MemoryFormat::ChannelsLast;
   auto dx = at::empty(x.sizes(), x.options().memory_format(format));
   // the activation code is unused here: g is read from grad_z, masked already
   batch_norm_act_backward_with_kernel(at::Tensor(), x.contiguous(format), at::Tensor(), weight, bias, save_mean,
-                                      save_invstd, grad_z.contiguous(format), dx, at::Tensor(), at::Tensor(),
-                                      Activation::kRelu, kBackwardDx, coefficient);
+                                      save_invstd, grad_z.contiguous(format), dx, grad_weight, grad_bias,
+                                      Activation::kRelu, kBackwardDx);
   return dx;
 }
 

@@ -68,22 +68,22 @@ std::tuple<at::Tensor, at::Tensor> batch_norm_act_backward_(const at::Tensor& gr
                                                             const at::Tensor& save_mean,
                                                             const at::Tensor& save_invstd, int64_t activation);
 
-// Step 1: grad_z (the masked gradient, which is also the residual's), the coefficients dx needs ([2, C] float32),
-// grad_weight, grad_bias. x channels_last; y the forward output (the mask after a residual add) or None (recomputed
-// from x).
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward_reduce(
+// Step 1: grad_z (the masked gradient, which is also the residual's), grad_weight, grad_bias. x channels_last; y the
+// forward output (the mask after a residual add) or None (recomputed from x).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward_reduce(
     const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& y, const at::Tensor& weight,
     const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd, int64_t activation);
 
-// Step 1 with grad_z (the masked gradient) written over grad_y: returns the coefficients, grad_weight, grad_bias.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward_reduce_(
+// Step 1 with grad_z (the masked gradient) written over grad_y: returns grad_weight, grad_bias.
+std::tuple<at::Tensor, at::Tensor> batch_norm_act_backward_reduce_(
     const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& y, const at::Tensor& weight,
     const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd, int64_t activation);
 
-// Step 2: grad_x from step 1's grad_z and coefficients.
+// Step 2: grad_x from step 1's grad_z, grad_weight and grad_bias (dx's coefficients are theirs over the rows: no
+// tensor of its own between the steps).
 at::Tensor batch_norm_backward_dx(const at::Tensor& grad_z, const at::Tensor& x, const at::Tensor& weight,
                                   const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd,
-                                  const at::Tensor& coefficient);
+                                  const at::Tensor& grad_weight, const at::Tensor& grad_bias);
 
 // The training Conv2d + BatchNorm2d (+ residual) (+ activation) layer as one op, for the host time of one call
 // instead of several: z = conv2d(x, conv_weight, conv_bias) as ATen computes it (at::convolution: PyTorch's own

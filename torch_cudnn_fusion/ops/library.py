@@ -89,20 +89,18 @@ def _fake_batch_norm_act_backward(grad_y, x, y, weight, bias, save_mean, save_in
 
 
 def _fake_batch_norm_act_backward_reduce(grad_y, x, y, weight, bias, save_mean, save_invstd, activation):
-    return (_empty(x.shape, x, torch.channels_last), x.new_empty((2, x.shape[1]), dtype=torch.float32),
-            weight.new_empty(weight.shape), bias.new_empty(bias.shape))
+    return _empty(x.shape, x, torch.channels_last), weight.new_empty(weight.shape), bias.new_empty(bias.shape)
 
 
 def _fake_batch_norm_act_backward_reduce_(grad_y, x, y, weight, bias, save_mean, save_invstd, activation):
-    return (x.new_empty((2, x.shape[1]), dtype=torch.float32), weight.new_empty(weight.shape),
-            bias.new_empty(bias.shape))
+    return weight.new_empty(weight.shape), bias.new_empty(bias.shape)
 
 
 def _fake_batch_norm_act_backward_(grad_y, x, weight, bias, save_mean, save_invstd, activation):
     return weight.new_empty(weight.shape), bias.new_empty(bias.shape)
 
 
-def _fake_batch_norm_backward_dx(grad_z, x, weight, bias, save_mean, save_invstd, coefficient):
+def _fake_batch_norm_backward_dx(grad_z, x, weight, bias, save_mean, save_invstd, grad_weight, grad_bias):
     return _empty(x.shape, x, torch.channels_last)
 
 
