@@ -28,6 +28,7 @@ class StemPlan(NamedTuple):
     channels: int  # its channels: 8 (x of 1 or 2 channels) or 16
     kernel: tuple[int, int]  # the rearranged filter's size
     index: torch.Tensor  # per element of the rearranged filter (kh', kw', channels), the one of the flattened filter
+    # (int32: the layer keeps it on the GPU)
     dtype: torch.dtype  # the conv's (the rearranged input is written in it)
     note: str
 
@@ -72,7 +73,7 @@ def plan(x_size, w_size, padding, dtype: torch.dtype, device: torch.device) -> S
             f"{kernel[1]} stride-1 conv of {channels} (2x2 blocks of pixels as channels, space-to-depth: our kernel "
             "rearranges x)")
     return StemPlan(before, (geometry[0][2], geometry[1][2]), channels, kernel,
-                    torch.tensor(index, dtype=torch.long, device=device), dtype, note)
+                    torch.tensor(index, dtype=torch.int32, device=device), dtype, note)
 
 
 def stem_input(x: torch.Tensor, stem: StemPlan) -> torch.Tensor:
@@ -96,34 +97,49 @@ def stem_weight(weight: torch.Tensor, stem: StemPlan) -> torch.Tensor:
     return flat[:, stem.index].view(out_channels, *stem.kernel, stem.channels).permute(0, 3, 1, 2)
 
 
+def _modified_error(what: str, version: int, now: int) -> RuntimeError:
+    return RuntimeError(
+        "one of the variables needed for gradient computation has been modified by an inplace operation: "
+        f"the {what} of a stem conv (version {version} in the forward, {now} now), which backward rearranges again "
+        "(torch_cudnn_fusion.ops.stem)")
+
+
 def run_in_form(stem: StemPlan, x: torch.Tensor, weight: torch.Tensor,
                 fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """fn(rearranged x, rearranged weight): the conv op's call in the form. Under autograd the op does not keep the
-    rearranged x for its weight gradient (zero channels and padding make it larger than what eager keeps): it keeps
-    x in the conv's dtype, which is what eager's autocast conv keeps, and backward rearranges that again (one more
-    pass of our kernel)."""
-    xs, ws = stem_input(x, stem), stem_weight(weight, stem)
+    """fn(rearranged x, rearranged weight), both in the conv's dtype: the conv op's call in the form. Under autograd
+    the op keeps neither rearrangement for backward (zero channels and padding make them larger than what eager
+    keeps), and backward rearranges again:
+    - for x, x in the conv's dtype, which is what eager's autocast conv keeps (one more pass of our kernel);
+    - for the filter, `weight` as given, which eager keeps too (its cast, under autocast: that cast is then freed
+      after the forward, and backward casts again)."""
+    cast = weight if weight.dtype == stem.dtype else weight.to(stem.dtype)
+    xs, ws = stem_input(x, stem), stem_weight(cast, stem)
+    del cast
     if not torch.is_grad_enabled() or torch.compiler.is_compiling():
         return fn(xs, ws)
-    version = x._version
-    # weak references: autograd may keep the pack hook as long as what it saved, and it must not keep xs alive
-    xs_ref, x_ref = weakref.ref(xs), weakref.ref(x)
+    version, weight_version = x._version, weight._version
+    # weak references: autograd may keep the pack hook as long as what it saved, and it must not keep xs, ws alive
+    xs_ref, ws_ref, x_ref = weakref.ref(xs), weakref.ref(ws), weakref.ref(x)
 
     def pack(t: torch.Tensor):
+        if t is ws_ref():
+            return ("stem filter", weight)
         if t is not xs_ref():
             return t
         source = x_ref()
         return ("stem", source if source.dtype == stem.dtype else source.to(stem.dtype), source.dtype == stem.dtype)
 
     def unpack(saved):
-        if not (isinstance(saved, tuple) and saved[0] == "stem"):
+        if not (isinstance(saved, tuple) and saved[0] in ("stem", "stem filter")):
             return saved
+        if saved[0] == "stem filter":
+            source = saved[1]
+            if source._version != weight_version:
+                raise _modified_error("filter", weight_version, source._version)
+            return stem_weight(source if source.dtype == stem.dtype else source.to(stem.dtype), stem)
         _, source, is_x = saved
         if is_x and source._version != version:
-            raise RuntimeError(
-                "one of the variables needed for gradient computation has been modified by an inplace operation: "
-                f"the input of a stem conv (version {version} in the forward, {source._version} now), which "
-                "backward rearranges again (torch_cudnn_fusion.ops.stem)")
+            raise _modified_error("input", version, source._version)
         return stem_input(source, stem)
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
