@@ -189,7 +189,7 @@ def test_convs_the_form_does_not_take_run_as_before(extension, no_tf32, case):
     x = torch.randn(4, cin, 16, 16, device="cuda")
     results = []
     for model, precision in ((fused, None), (eager, None), (reference, torch.float64)):
-        leaf = x.to(precision or x.dtype).requires_grad_()
+        leaf = x.detach().to(precision or x.dtype).requires_grad_()
         with torch.autocast("cuda", dtype or torch.bfloat16, enabled=dtype is not None and precision is None):
             y = model(leaf)
         y.double().square().sum().backward()
