@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 
 import torch
@@ -146,7 +147,9 @@ def depthwise_engines(args) -> dict:
     print(f"{'dtype':9s} {'direction':9s} {'asked':14s} {'plans':>5s} {'fastest':34s} {'ms':>8s} {'rel err':>8s}")
     for r in rows:
         if "refused" in r:
-            print(f"{r['dtype']:9s} {r['direction']:9s} {r['asked']:14s}   refused: {r['refused'][:90]}")
+            status = re.search(r"CUDNN_STATUS_\w+", r["refused"])
+            print(f"{r['dtype']:9s} {r['direction']:9s} {r['asked']:14s}   refused: "
+                  f"{status.group(0) if status else r['refused'][:90]}")
         elif "ms" in r:
             print(f"{r['dtype']:9s} {r['direction']:9s} {r['asked']:14s} {r['plans']:5d} {r['fastest'][:34]:34s} "
                   f"{r['ms']:8.3f} {r['relative_error']:8.1e}")
