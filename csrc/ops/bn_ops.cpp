@@ -474,12 +474,10 @@ namespace {
 // The reduce step, its masked gradient written into grad_z (a new tensor, or grad_y itself in place): returns
 // grad_weight, grad_bias.
 std::tuple<at::Tensor, at::Tensor> backward_reduce_into(const at::Tensor& grad_y, const at::Tensor& grad_z,
-                                                                    const at::Tensor& x,
-                                                                    const std::optional<at::Tensor>& y,
-                                                                    const at::Tensor& weight, const at::Tensor& bias,
-                                                                    const at::Tensor& save_mean,
-                                                                    const at::Tensor& save_invstd,
-                                                                    int64_t activation_value, const char* op) {
+                                                        const at::Tensor& x, const std::optional<at::Tensor>& y,
+                                                        const at::Tensor& weight, const at::Tensor& bias,
+                                                        const at::Tensor& save_mean, const at::Tensor& save_invstd,
+                                                        int64_t activation_value, const char* op) {
   check_two_step_arguments(op, grad_y, "grad_y", x, weight, bias, save_mean, save_invstd);
   auto activation = activation_from(activation_value);
   TORCH_CHECK(activation != Activation::kNone, "cudnn_fusion: ", op, " needs an activation (1 ReLU or 2 ReLU6), "
