@@ -110,8 +110,9 @@ def run_in_form(stem: StemPlan, x: torch.Tensor, weight: torch.Tensor,
     the op keeps neither rearrangement for backward (zero channels and padding make them larger than what eager
     keeps), and backward rearranges again:
     - for x, x in the conv's dtype, which is what eager's autocast conv keeps (one more pass of our kernel);
-    - for the filter, `weight` as given, which eager keeps too (its cast, under autocast: that cast is then freed
-      after the forward, and backward casts again)."""
+    - for the filter, the `weight` passed in (a parameter, or the autocast cast a conv layer passes), where eager
+      keeps the same tensor or its cast. A weight modified in place before backward is therefore an error here,
+      where eager under autocast would use the cast it kept."""
     cast = weight if weight.dtype == stem.dtype else weight.to(stem.dtype)
     xs, ws = stem_input(x, stem), stem_weight(cast, stem)
     del cast
