@@ -33,8 +33,14 @@ CASES = {
     "3x3-s2-1000-channels": (1000, 3, 2, 1, 6, 6, True, True, True),
     "3x3-s1-relu6": (48, 3, 1, 1, 11, 12, True, False, "relu6"),  # inputs scaled by 4: some outputs clip at 6
     "3x3-s2-relu6-odd-channels": (21, 3, 2, 1, 9, 9, True, True, "relu6"),
-    # the stride-1 forward's tiles of 8 rows x 2 columns (depthwise_conv_forward_rows), partial in both directions
+    # the stride-1 forward's ring (depthwise_conv_forward_ring: channels a multiple of 8 vectors): one tile of 37
+    # columns, 2 columns a thread, the last thread's second column past the tile; bands of 4 or 5 rows
     "3x3-s1-wide-tiles": (64, 3, 1, 1, 13, 37, True, True, True),
+    # the ring over 3 tiles of 44 columns and bands of 4 rows (the last a partial band), and with padding 2
+    "3x3-s1-ring-tiles": (64, 3, 1, 1, 11, 130, True, True, True),
+    "3x3-s1-ring-padding-2": (128, 3, 1, 2, 6, 5, True, False, True),
+    # the rows kernel's tiles of 8 rows x 2 columns (depthwise_conv_forward_rows), partial in both directions
+    "3x3-s1-rows-tiles": (40, 3, 1, 1, 13, 37, True, True, True),
     # the stride-2 dgrad's 8 x 16 tiles of dx, partial in both directions
     "3x3-s2-wide-dgrad-tiles": (24, 3, 2, 1, 19, 35, True, False, True),
     # stride 1 with padding 0 and 2: in bfloat16 dgrad runs as the forward with the filter turned, padded 2 and 0
@@ -173,26 +179,40 @@ def test_a_misaligned_input_runs_one_element_at_a_time_and_matches(extension, no
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_filters_off_a_vector_boundary_run_the_strip_kernel_and_match(extension, no_tf32, dtype):
-    """The stride-1 forward's rows kernel reads the filters and bias as vectors: where they start off a vector
-    boundary (views one element into their storage) the strip kernel runs instead. Both add the taps in the same
-    order: the same numbers, as accurate as eager's against float64."""
+def test_the_three_stride1_forward_kernels_give_the_same_numbers(extension, no_tf32, dtype):
+    """The stride-1 forward runs one of three kernels: the ring where the channels are a multiple of 8 vectors, else
+    the rows kernel where the filters and bias start on a vector boundary, else the strip kernel. All three add each
+    output's taps in the same order, and each channel's outputs depend on that channel alone: the first 40 of 64
+    channels through the ring, and those 40 alone through the rows kernel (filters on a boundary) and the strip
+    kernel (views one element into their storage), are the same numbers, as accurate as eager's against float64."""
     torch.manual_seed(0)
-    channels = 64
-    x = _leaf(2, channels, 11, 9, dtype=dtype)
-    weight = torch.randn(channels * 9 + 1, device="cuda").to(dtype)[1:].view(channels, 1, 3, 3)
-    bias = torch.randn(channels + 1, device="cuda").to(dtype)[1:]
-    assert weight.data_ptr() % 8 != 0 and bias.data_ptr() % 8 != 0
+    x = _leaf(2, 64, 11, 9, dtype=dtype)
+    weight = torch.randn(64, 1, 3, 3, device="cuda").to(dtype)
+    bias = torch.randn(64, device="cuda").to(dtype)
+    x40 = x[:, :40].contiguous(memory_format=CL)
+    off_boundary_weight = torch.empty(40 * 9 + 1, device="cuda", dtype=dtype)[1:].view(40, 1, 3, 3)
+    off_boundary_bias = torch.empty(41, device="cuda", dtype=dtype)[1:]
+    off_boundary_weight.copy_(weight[:40])
+    off_boundary_bias.copy_(bias[:40])
+    assert off_boundary_weight.data_ptr() % 8 != 0 and off_boundary_bias.data_ptr() % 8 != 0
+    runs = {"ring": (x, weight, bias, 64), "rows": (x40, weight[:40].clone(), bias[:40].clone(), 40),
+            "strip": (x40, off_boundary_weight, off_boundary_bias, 40)}
     results = {}
-    for name, (w, b) in {"strip": (weight, bias), "rows": (weight.clone(), bias.clone())}.items():
-        ran = _profile_kernels(lambda: tcf.conv2d_bias_act(x, w, b, None, 1, 1, 1, channels, "relu", strict=True))
-        assert any("depthwise_conv_forward_rows" in n for n in ran) == (name == "rows"), ran
-        assert any("depthwise_conv_forward<" in n for n in ran) == (name == "strip"), ran
-        results[name] = tcf.conv2d_bias_act(x, w, b, None, 1, 1, 1, channels, "relu", strict=True)
-    eager = F.relu(F.conv2d(x, weight, bias, 1, 1, 1, channels))
-    reference = F.relu(F.conv2d(x.double(), weight.double(), bias.double(), 1, 1, 1, channels))
-    assert torch.equal(results["strip"], results["rows"])
-    assert_as_accurate_as_eager("y", results["rows"], eager, reference, dtype)
+    for name, (inp, w, b, channels) in runs.items():
+        def call():
+            return tcf.conv2d_bias_act(inp, w, b, None, 1, 1, 1, channels, "relu", strict=True)
+        ran = _profile_kernels(call)
+        kernels = {"ring": "depthwise_conv_forward_ring", "rows": "depthwise_conv_forward_rows",
+                   "strip": "depthwise_conv_forward<"}
+        for other, kernel in kernels.items():
+            assert any(kernel in n for n in ran) == (other == name), (name, ran)
+        results[name] = call()
+    ring = results["ring"][:, :40]
+    assert torch.equal(ring, results["rows"])
+    assert torch.equal(ring, results["strip"])
+    eager = F.relu(F.conv2d(x, weight, bias, 1, 1, 1, 64))
+    reference = F.relu(F.conv2d(x.double(), weight.double(), bias.double(), 1, 1, 1, 64))
+    assert_as_accurate_as_eager("y", results["ring"], eager, reference, dtype)
 
 
 def test_depthwise_layers_say_they_run_our_kernel(extension):

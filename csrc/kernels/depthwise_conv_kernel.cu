@@ -13,7 +13,8 @@
 //            block and the strip's columns share their loads as in the forward.
 // With 16-byte vectors the stride-2 forward and dgrad run tiled instead (depthwise_conv_forward_tiled,
 // depthwise_conv_dgrad_tiled): a block first copies its whole input tile into shared memory with asynchronous copies,
-// all in flight at once, then computes from there. The stride-1 forward runs down columns instead
+// all in flight at once, then computes from there. The stride-1 forward streams input rows through a ring in shared
+// memory where the channels are a multiple of 8 vectors (depthwise_conv_forward_ring), else runs down columns
 // (depthwise_conv_forward_rows): a thread walks the input rows of 8 output rows once, with no shared memory and no
 // barrier. The strip kernels above stay for one element at a time, filters or bias not on a vector boundary and
 // batches over 65535. dgrad is built for stride 2 only: at stride 1 PyTorch's kernel runs (depthwise_kernel_steps).
@@ -415,6 +416,114 @@ __global__ void __launch_bounds__(nhwc::kThreads) depthwise_conv_forward_rows(
   }
 }
 
+// The stride-1 forward for 16-byte channel vectors when the channels are a multiple of 8 vectors, from a ring of
+// input rows in shared memory. A block takes 8 vectors of channels (fastest across threads) x tile_w output columns
+// (kRingColumns a thread) of one image and walks a band of output rows. Input rows stream through kRingSlots slots of
+// (tile_w + 2) x 8 vectors, each row copied from global memory once with asynchronous copies issued kRingSlots - 2
+// rows ahead of its first use: one barrier per output row. A thread adds its outputs' 9 taps from the three rows in
+// the slots in depthwise_conv_forward_rows's order (row by row, taps over the padding adding zeros): the two kernels'
+// outputs agree bit for bit. Each quarter-warp reads one column's 128 contiguous bytes, free of bank conflicts.
+// Against the rows kernel (H100, batch 256, bf16, 2026-11-24, a scratch harness): 1 column a thread ran 0-13% faster
+// on the stride-1 layers of MobileNet v1 and v2; 8 or 10 slots instead of 6 no faster; 2 columns a thread 20-24%
+// faster with 8 vectors a block, but slower with 4 or 6 (the v1 32- and v2 144-channel layers: bank conflicts), which
+// keep the rows kernel.
+constexpr int kRingGroups = 8;
+constexpr int kRingColumns = 2;
+constexpr int kRingSlots = 6;
+constexpr int kRingThreads = 256;
+
+template <typename T>
+__global__ void __launch_bounds__(kRingThreads, 2) depthwise_conv_forward_ring(
+    const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, const T* __restrict__ residual,
+    T* __restrict__ y, DepthwiseShape s, int tile_w, int band, int tiles_w, int activation) {
+  constexpr int V = nhwc::Vec<T>::kSize, K = 3, G = kRingGroups, CW = kRingColumns;
+  using P = Pack<T, V>;
+  extern __shared__ __align__(16) unsigned char shared[];
+  auto* ring = reinterpret_cast<P*>(shared);  // [kRingSlots][strips * CW + K - 1][G]
+  const int strips = (tile_w + CW - 1) / CW;
+  const int pitch = (strips * CW + K - 1) * G;  // vectors per slot
+  const int64_t n = blockIdx.z;
+  const int oh0 = static_cast<int>(blockIdx.x / tiles_w) * band;
+  const int ow0 = static_cast<int>(blockIdx.x % tiles_w) * tile_w;
+  const int rows = min(band, static_cast<int>(s.out_h) - oh0);
+  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * G * V;
+  const int ih0 = oh0 - s.pad_h;
+  const int iw0 = ow0 - s.pad_w;
+  const T* image = x + n * s.h * s.w * s.channels;
+
+  // input row e (ih0 + e) into its slot, zeros outside the image; one commit group each, empty past the last row
+  auto issue = [&](int e) {
+    if (e < rows + K - 1) {
+      P* slot = ring + (e % kRingSlots) * pitch;
+      const int ih = ih0 + e;
+      for (int i = threadIdx.x; i < pitch; i += blockDim.x) {
+        const int iw = iw0 + i / G;
+        const bool valid = ih >= 0 && ih < s.h && iw >= 0 && iw < s.w;
+        copy_async_16(slot + i, valid ? image + (static_cast<int64_t>(ih) * s.w + iw) * s.channels + c0 + i % G * V
+                                      : image,
+                      valid);
+      }
+    }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+  };
+  for (int e = 0; e < kRingSlots - 1; ++e) issue(e);
+
+  const int group = threadIdx.x % G;
+  const int column0 = threadIdx.x / G * CW;
+  const int64_t c = c0 + group * V;
+  const bool active = column0 < tile_w && ow0 + column0 < s.out_w;
+  float wr[K * K][V], b[V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+#pragma unroll
+    for (int k = 0; k < K * K; ++k) wr[k][v] = active ? to_float(w[(c + v) * K * K + k]) : 0.f;
+    b[v] = active && bias != nullptr ? to_float(bias[c + v]) : 0.f;
+  }
+
+  for (int r = 0; r < rows; ++r) {
+    // rows up to r + 2 have landed once at most kRingSlots - 4 later groups are pending; the barrier also tells that
+    // every thread is done with row r - 1, whose slot row r + kRingSlots - 1 takes
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kRingSlots - 4) : "memory");
+#endif
+    __syncthreads();
+    issue(r + kRingSlots - 1);
+    if (!active) continue;
+    float acc[CW][V];
+#pragma unroll
+    for (int j = 0; j < CW; ++j)
+#pragma unroll
+      for (int v = 0; v < V; ++v) acc[j][v] = 0.f;
+#pragma unroll
+    for (int kh = 0; kh < K; ++kh) {
+      const P* in = ring + ((r + kh) % kRingSlots) * pitch + column0 * G + group;
+#pragma unroll
+      for (int e = 0; e < CW + K - 1; ++e) {
+        const P pack = in[e * G];
+        float xv[V];
+#pragma unroll
+        for (int v = 0; v < V; ++v) xv[v] = to_float(pack.v[v]);
+#pragma unroll
+        for (int j = 0; j < CW; ++j) {
+          const int kw = e - j;
+          if (kw >= 0 && kw < K) {
+#pragma unroll
+            for (int v = 0; v < V; ++v) acc[j][v] = fmaf(xv[v], wr[kh * K + kw][v], acc[j][v]);
+          }
+        }
+      }
+    }
+    const int64_t row = (n * s.out_h + oh0 + r) * s.out_w;
+#pragma unroll
+    for (int j = 0; j < CW; ++j) {
+      if (column0 + j >= tile_w || ow0 + column0 + j >= s.out_w) break;
+      store_forward<T, V>(acc[j], b, residual, y, (row + ow0 + column0 + j) * s.channels + c, activation);
+    }
+  }
+}
+
 // dgrad at stride 2 for 16-byte channel vectors, from a tile of dy staged in shared memory as the tiled forward
 // does. A block takes a dx tile of kDgradRows x kDgradColumns positions x kTileGroups vectors of channels; the dy rows
 // it reads are oh = (ih + pad_h - kh) / 2 for the even ones among ih + pad_h - kh: floor((ih0 + pad_h - 2) / 2) and
@@ -802,16 +911,68 @@ cudaError_t forward_rows(const DepthwiseShape& s, const void* x, const void* w, 
   return cudaGetLastError();
 }
 
+// How a ring launch splits the work: tiles of tile_w columns (kRingColumns a thread, kRingThreads a block at most,
+// and the slots within the 48 KB of shared memory a launch may ask for) splitting out_w evenly, and bands of rows:
+// enough blocks to fill the GPU several times over (2048), bands of 4 rows at least (the two input rows either side
+// of a band are read by two blocks).
+struct RingPlan {
+  int tile_w, tiles_w, band, bands;
+  int64_t channel_blocks;
+};
+
+constexpr int ring_vectors_per_slot(int tile_w) {
+  return ((tile_w + kRingColumns - 1) / kRingColumns * kRingColumns + 2) * kRingGroups;
+}
+
+RingPlan ring_plan(const DepthwiseShape& s, int vector) {
+  constexpr int kMaxColumns = kRingThreads / kRingGroups * kRingColumns;
+  static_assert(kRingSlots * ring_vectors_per_slot(kMaxColumns - kRingColumns) * 16 <= 48 * 1024, "slots too large");
+  constexpr int kColumns = kMaxColumns - kRingColumns;  // (kColumns + 2) columns of slots fit in 48 KB
+  RingPlan plan;
+  plan.tiles_w = static_cast<int>((s.out_w + kColumns - 1) / kColumns);
+  plan.tile_w = static_cast<int>((s.out_w + plan.tiles_w - 1) / plan.tiles_w);
+  plan.channel_blocks = s.channels / vector / kRingGroups;
+  const int64_t per_band = s.n * plan.tiles_w * plan.channel_blocks;
+  const int64_t most_bands = std::max<int64_t>(1, (s.out_h + 3) / 4);
+  const int64_t bands = std::min<int64_t>(most_bands, std::max<int64_t>(1, (2048 + per_band - 1) / per_band));
+  plan.band = static_cast<int>((s.out_h + bands - 1) / bands);
+  plan.bands = static_cast<int>((s.out_h + plan.band - 1) / plan.band);
+  return plan;
+}
+
+template <typename T>
+bool ring_takes(const DepthwiseShape& s) {
+  constexpr int V = nhwc::Vec<T>::kSize;
+  if (s.kernel != 3 || s.stride != 1 || s.channels % (V * kRingGroups) != 0 || s.n > 65535) return false;
+  const RingPlan plan = ring_plan(s, V);
+  return plan.channel_blocks <= 65535 && static_cast<int64_t>(plan.tiles_w) * plan.bands <= 0x7fffffff;
+}
+
+template <typename T>
+cudaError_t forward_ring(const DepthwiseShape& s, const void* x, const void* w, const void* bias,
+                         const void* residual, void* y, int activation, cudaStream_t stream) {
+  const RingPlan plan = ring_plan(s, nhwc::Vec<T>::kSize);
+  const size_t shared_bytes = static_cast<size_t>(kRingSlots) * ring_vectors_per_slot(plan.tile_w) * 16;
+  const int threads = (plan.tile_w + kRingColumns - 1) / kRingColumns * kRingGroups;
+  depthwise_conv_forward_ring<T><<<dim3(static_cast<unsigned>(plan.tiles_w * plan.bands),
+                                        static_cast<unsigned>(plan.channel_blocks), static_cast<unsigned>(s.n)),
+                                   threads, shared_bytes, stream>>>(
+      static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(bias),
+      static_cast<const T*>(residual), static_cast<T*>(y), s, plan.tile_w, plan.band, plan.tiles_w, activation);
+  return cudaGetLastError();
+}
+
 template <typename T>
 cudaError_t forward_typed(const DepthwiseShape& s, const void* x, const void* w, const void* bias,
                           const void* residual, void* y, int activation, bool vectors, cudaStream_t stream) {
   // 16-byte vectors: at stride 2 the tiled kernel (a grid of images x channel blocks x tiles within CUDA's limits);
-  // at stride 1 the rows kernel, which reads the filters and bias as vectors too (the channels, a multiple of 16 /
-  // sizeof(T), are one of kRowsVector).
+  // at stride 1 the ring kernel where the channels are a multiple of its 8 vectors, else the rows kernel, which reads
+  // the filters and bias as vectors too (the channels, a multiple of 16 / sizeof(T), are one of kRowsVector).
   const int64_t tiles = (s.out_h + 7) / 8 * ((s.out_w + 7) / 8);
   if (vectors && s.kernel == 3 && s.stride == 2 && s.n <= 65535 && tiles <= 0x7fffffff) {
     return forward_tiled<T, 2, 8, 8>(s, x, w, bias, residual, y, activation, stream);
   }
+  if (vectors && ring_takes<T>(s)) return forward_ring<T>(s, x, w, bias, residual, y, activation, stream);
   const int vector_bytes = kRowsVector * static_cast<int>(sizeof(T));
   if (vectors && s.kernel == 3 && s.stride == 1 && on_vector_boundary(w, vector_bytes) &&
       on_vector_boundary(bias, vector_bytes) && rows_threads(s) / nhwc::kThreads < 0x7fffffff) {
