@@ -423,10 +423,10 @@ __global__ void __launch_bounds__(nhwc::kThreads) depthwise_conv_forward_rows(
 // rows ahead of its first use: one barrier per output row. A thread adds its outputs' 9 taps from the three rows in
 // the slots in depthwise_conv_forward_rows's order (row by row, taps over the padding adding zeros): the two kernels'
 // outputs agree bit for bit. Each quarter-warp reads one column's 128 contiguous bytes, free of bank conflicts.
-// Against the rows kernel (H100, batch 256, bf16, 2026-11-24, a scratch harness): 1 column a thread ran 0-13% faster
-// on the stride-1 layers of MobileNet v1 and v2; 8 or 10 slots instead of 6 no faster; 2 columns a thread 20-24%
-// faster with 8 vectors a block, but slower with 4 or 6 (the v1 32- and v2 144-channel layers: bank conflicts), which
-// keep the rows kernel.
+// Against the rows kernel (H100, batch 256, bf16, 2026-11-24, a scratch harness) on the stride-1 layers of MobileNet
+// v1 and v2: 1 column a thread ran from 5% slower to 13% faster; 8 or 10 slots instead of 6 no faster; 2 columns a
+// thread 17-25% faster with 8 vectors a block, but slower with 4 or 6 (the v1 32- and v2 144-channel layers: bank
+// conflicts), which keep the rows kernel. docs/benchmarks.md has the repo benchmark's numbers.
 constexpr int kRingGroups = 8;
 constexpr int kRingColumns = 2;
 constexpr int kRingSlots = 6;
