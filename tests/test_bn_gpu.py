@@ -114,13 +114,15 @@ def test_backward_chosen_by_timing_under_cudnn_benchmark_is_correct(extension, s
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", [(4, 30, 9, 9), (64, 64, 56, 56)], ids=["30ch", "64ch-56x56"])
+@pytest.mark.parametrize("shape", [(4, 30, 9, 9), (64, 64, 56, 56), (16, 72, 61, 67)],
+                         ids=["30ch", "64ch-56x56", "72ch-61x67"])
 @pytest.mark.parametrize("activation", ["relu", "relu6"])
 @pytest.mark.parametrize("residual", [False, True], ids=["", "residual"])
 def test_batch_norm_backward_kernel_folds_the_activation_in(extension, dtype, shape, activation, residual):
     """NHWC BatchNorm + ReLU/ReLU6 backward is our kernel, which applies the activation's mask as it reads dy
     (recomputed from x, or read from y after a residual add): every gradient against eager and float64, at a
-    channel count no 16-byte vector divides (one element at a time) and at a size spread over many blocks."""
+    channel count no 16-byte vector divides (one element at a time) and at sizes spread over many blocks, whose
+    threads take different numbers of rows (dx walks each thread's rows back from its last)."""
     x, w, b, rm, rv, res, grad = make_inputs(dtype, residual, shape)
     act = ACT_CODE[activation]
 

@@ -43,14 +43,17 @@ struct Launch {
 };
 
 // Block (bx, by): threadIdx.x walks groups of `vector` channels of a row, threadIdx.y walks rows; blockIdx.y picks
-// a share of the rows. Enough blocks to fill the GPU a few times over, no more: each block row of partial sums costs
-// a row of memory and a step of the final sum.
-inline Launch row_launch(int64_t rows, int64_t channels, int vector, int multiprocessors) {
+// a share of the rows. About blocks_per_multiprocessor blocks per multiprocessor, no more: each block row of partial
+// sums costs a row of memory and a step of the final sum. A kernel whose blocks all fit at once (its occupancy) runs
+// in one wave: its threads then sweep the rows from first to last together (see batch_norm_backward_kernel.cu).
+inline Launch row_launch(int64_t rows, int64_t channels, int vector, int multiprocessors,
+                         int blocks_per_multiprocessor = 8) {
   const int64_t groups = channels / vector;
   const int bx = static_cast<int>(std::min<int64_t>(groups, 64));
   const int by = kThreads / bx;
   const int64_t grid_x = (groups + bx - 1) / bx;
-  const int64_t wanted = std::max<int64_t>(1, multiprocessors * 8 / grid_x);
+  const int64_t blocks = static_cast<int64_t>(multiprocessors) * blocks_per_multiprocessor;
+  const int64_t wanted = std::max<int64_t>(1, blocks / grid_x);
   const int64_t grid_y = std::max<int64_t>(1, std::min<int64_t>(wanted, (rows + by - 1) / by));
   return {dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y)), dim3(bx, by)};
 }
