@@ -26,6 +26,7 @@
 // three stride-1 layers): it runs at stride 2 only (depthwise_kernel_steps).
 #include "kernels/depthwise_conv_kernel.h"
 
+#include <optional>
 #include <type_traits>
 
 #include "kernels/nhwc_rows.cuh"
@@ -940,18 +941,21 @@ RingPlan ring_plan(const DepthwiseShape& s, int vector) {
   return plan;
 }
 
+// The ring kernel's plan for the shape, or nothing where the kernel does not take it (an empty shape included:
+// ring_plan divides by the images, channel blocks and output columns).
 template <typename T>
-bool ring_takes(const DepthwiseShape& s) {
+std::optional<RingPlan> ring_plan_if_taken(const DepthwiseShape& s) {
   constexpr int V = nhwc::Vec<T>::kSize;
-  if (s.kernel != 3 || s.stride != 1 || s.channels % (V * kRingGroups) != 0 || s.n > 65535) return false;
+  if (s.kernel != 3 || s.stride != 1 || s.channels % (V * kRingGroups) != 0 || s.n > 65535) return std::nullopt;
+  if (s.n <= 0 || s.channels <= 0 || s.out_h <= 0 || s.out_w <= 0) return std::nullopt;
   const RingPlan plan = ring_plan(s, V);
-  return plan.channel_blocks <= 65535 && static_cast<int64_t>(plan.tiles_w) * plan.bands <= 0x7fffffff;
+  if (plan.channel_blocks > 65535 || static_cast<int64_t>(plan.tiles_w) * plan.bands > 0x7fffffff) return std::nullopt;
+  return plan;
 }
 
 template <typename T>
-cudaError_t forward_ring(const DepthwiseShape& s, const void* x, const void* w, const void* bias,
-                         const void* residual, void* y, int activation, cudaStream_t stream) {
-  const RingPlan plan = ring_plan(s, nhwc::Vec<T>::kSize);
+cudaError_t forward_ring(const DepthwiseShape& s, const RingPlan& plan, const void* x, const void* w,
+                         const void* bias, const void* residual, void* y, int activation, cudaStream_t stream) {
   const size_t shared_bytes = static_cast<size_t>(kRingSlots) * ring_vectors_per_slot(plan.tile_w) * 16;
   const int threads = (plan.tile_w + kRingColumns - 1) / kRingColumns * kRingGroups;
   depthwise_conv_forward_ring<T><<<dim3(static_cast<unsigned>(plan.tiles_w * plan.bands),
@@ -972,7 +976,11 @@ cudaError_t forward_typed(const DepthwiseShape& s, const void* x, const void* w,
   if (vectors && s.kernel == 3 && s.stride == 2 && s.n <= 65535 && tiles <= 0x7fffffff) {
     return forward_tiled<T, 2, 8, 8>(s, x, w, bias, residual, y, activation, stream);
   }
-  if (vectors && ring_takes<T>(s)) return forward_ring<T>(s, x, w, bias, residual, y, activation, stream);
+  if (vectors) {
+    if (const auto plan = ring_plan_if_taken<T>(s)) {
+      return forward_ring<T>(s, *plan, x, w, bias, residual, y, activation, stream);
+    }
+  }
   const int vector_bytes = kRowsVector * static_cast<int>(sizeof(T));
   if (vectors && s.kernel == 3 && s.stride == 1 && on_vector_boundary(w, vector_bytes) &&
       on_vector_boundary(bias, vector_bytes) && rows_threads(s) / nhwc::kThreads < 0x7fffffff) {
