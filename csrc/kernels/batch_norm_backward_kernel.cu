@@ -13,9 +13,9 @@
 // The first and last launch run one wave: kBlocksPerMultiprocessor blocks per multiprocessor, all resident at once,
 // so that their threads sweep the rows together, the first from the first row to the last, the last back from the
 // last row: its first reads find in L2 what the first launch read last. Over MobileNet v1's 27 BatchNorm shapes
-// (batch 256, bf16, H100, a scratch harness, 2026-11-24) the two took 4.50 ms together, against 5.08 with 8 blocks
-// per multiprocessor (four waves) and dx walking forward: the reduce alone 1.88 against 2.22 ms (a pure read of the
-// same bytes: 1.75), dx walking forward in one wave 2.81.
+// (batch 256, bf16, H100, a scratch harness, 2026-11-24) the two took 4.50 ms together, against 4.69 with dx walking
+// forward in one wave and 5.08 with 8 blocks per multiprocessor (four waves): the reduce alone 1.88 against 2.22 ms
+// (a pure read of the same bytes: 1.75). docs/benchmarks.md has the rest.
 #include "kernels/batch_norm_backward_kernel.h"
 
 #include "kernels/nhwc_rows.cuh"
