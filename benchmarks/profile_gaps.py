@@ -17,7 +17,8 @@ The profiler costs host time of its own; pass 1's loop is printed beside the loo
 "loop ms" of profile_by_kind.py) to show how much.
 
     python benchmarks/profile_gaps.py [--model mobilenet_v1|mobilenet_v2|resnet50] [--variants fused eager]
-                                      [--compile] [--host-profile] [--keep-traces DIR] [--json out.json]
+                                      [--compile] [--host-profile] [--inventory] [--keep-traces DIR]
+                                      [--json out.json]
 """
 
 from __future__ import annotations
@@ -239,6 +240,22 @@ def by_label(step_activities: list[list[dict]], key: str, value: str, top: int) 
     return [(label, us, counts[label] // len(step_activities)) for label, us in ranked]
 
 
+def inventory(step_activities: list[list[dict]]) -> list[dict]:
+    """Every kind of GPU activity of a step, by phase, launching operator and kernel name (its first 80 characters):
+    how many a step, and their busy and idle µs a step (medians over the steps: each step launches the same ones)."""
+    rows: dict = {}
+    for step, acts in enumerate(step_activities):
+        for a in acts:
+            key = (a["phase"], a["op"], a["name"].removeprefix("void ")[:80])
+            row = rows.setdefault(key, {"phase": key[0], "op": key[1], "kernel": key[2],
+                                        **{f: [0.0] * len(step_activities) for f in ("count", "busy_us", "idle_us")}})
+            row["count"][step] += 1
+            row["busy_us"][step] += a["busy"]
+            row["idle_us"][step] += a["idle"]
+    out = [{**row, **{f: statistics.median(row[f]) for f in ("count", "busy_us", "idle_us")}} for row in rows.values()]
+    return sorted(out, key=lambda r: -(r["busy_us"] + r["idle_us"]))
+
+
 def launch_intervals(acts: list[dict]) -> None:
     """Each activity's "host_us": the host's time from the previous launch call's start to its own (what the host
     spent issuing it and what ran between the two calls)."""
@@ -331,13 +348,14 @@ def measure(name: str, model, x, target, args) -> dict:
            "host_by_where": by_label(quiet, "phase_where", "host_us", args.top),
            "copies": sorted({(a["name"][:90], a["phase_where"], a["op"], round(a["end"] - a["ts"], 2))
                              for a in quiet[0] if a["category"] != "kernel" or "copy" in a["name"]
-                             or "elementwise" in a["name"]}, key=lambda c: -c[3])}
+                             or "elementwise" in a["name"]}, key=lambda c: -c[3]),
+           "inventory": inventory(quiet)}
     if args.host_profile:
         row["host_profile"] = host_profile(plain, 3, args.top)
     return row
 
 
-def print_row(row: dict) -> None:
+def print_row(row: dict, show_inventory: bool = False) -> None:
     ms = 1e-3
     print(f"\n== {row['variant']}: loop {row['loop_ms']:.2f} ms a step without a profiler; in pass 1 a step took "
           f"{row['period_us'] * ms:.2f} ms: {row['busy_us'] * ms:.2f} busy, {row['idle_us'] * ms:.2f} idle "
@@ -356,6 +374,12 @@ def print_row(row: dict) -> None:
     print("  copies, memsets and elementwise kernels of one step (µs each):")
     for name, where, op, us in row["copies"][:25]:
         print(f"    {us:8.2f}  {name[:70]:<70}  {op[:40]:<40}  {where[:90]}")
+    if show_inventory:
+        print("  every GPU activity of a step, by phase, launching operator and kernel (a step: count, busy µs, idle "
+              "µs before them):")
+        for r in row["inventory"]:
+            print(f"    {r['count']:4.0f} {r['busy_us']:9.1f} {r['idle_us']:7.1f}  {r['phase']:<9} {r['op'][:45]:<45} "
+                  f"{r['kernel']}")
     if row.get("host_profile"):
         print("  host functions with the most own time, GPU asleep (ms a step: own, cumulative; calls a step):")
     for entry in row.get("host_profile", ()):
@@ -374,6 +398,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=8)
     p.add_argument("--repeats", type=int, default=10, help="samples of 5 back-to-back steps for the loop time")
     p.add_argument("--top", type=int, default=15)
+    p.add_argument("--inventory", action="store_true", help="print every kind of GPU activity of a step")
     p.add_argument("--keep-traces", default=None, metavar="DIR", help="write each pass's Chrome trace there, gzipped")
     args = p.parse_args()
     _, x, target, variants = setup(args.model, args.batch, with_compile=args.compile)
@@ -398,7 +423,7 @@ def main() -> None:
             row = {"variant": name, "error": f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"}
             print(f"\n== {name}: {row['error']}", flush=True)
         else:
-            print_row(row)
+            print_row(row, args.inventory)
         out["rows"].append(row)
         del model
         torch.cuda.empty_cache()
