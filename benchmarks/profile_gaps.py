@@ -107,7 +107,7 @@ def with_gaps(activities: list[dict]) -> list[dict]:
 
 def split_steps(activities: list[dict]) -> list[list[dict]]:
     """The activities of each step, split at the marker kernels run_profiled launches before each step (left out;
-    the idle time before a marker is added to the activity after it)."""
+    the idle time before a marker, and the marker's own time of a few cycles, go to the activity after it)."""
     steps: list[list[dict]] = []
     carried = None
     for a in activities:
