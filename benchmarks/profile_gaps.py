@@ -41,13 +41,13 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_mobilenet import train_step_fn  # noqa: E402
+from host_issue import SLEEP_CYCLES  # noqa: E402
 from profile_by_kind import kind_of, model_arguments, run_header, setup  # noqa: E402
 from timing import interleaved_median_ms  # noqa: E402
 
 GPU_CATEGORIES = ("kernel", "gpu_memset", "gpu_memcpy")
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
 HOST_CATEGORIES = ("cpu_op", "user_annotation", "python_function")
-SLEEP_CYCLES = 600_000_000  # about 0.3 s at an H100's clock: longer than a step's issue time
 MARKER = "spin_kernel"  # torch.cuda._sleep's kernel, launched before each profiled step
 MARKER_CYCLES = 100
 
@@ -71,8 +71,8 @@ def correlation(event: dict):
 
 
 def gpu_activities(events: list[dict]) -> list[dict]:
-    """Kernels, memsets and copies by start time, each with the start and end of the runtime call that launched it
-    ("launch_ts", "launch_end"; None where the trace has no such call)."""
+    """Kernels, memsets and copies by start time, each with the start of the runtime call that launched it and its
+    thread ("launch_ts", "launch_tid"; None where the trace has no such call)."""
     launches = {correlation(e): e for e in events
                 if e.get("ph") == "X" and e.get("cat") in LAUNCH_CATEGORIES and correlation(e) is not None}
     out = []
@@ -83,7 +83,6 @@ def gpu_activities(events: list[dict]) -> list[dict]:
         out.append({"name": e["name"], "category": e["cat"], "ts": float(e["ts"]), "end": float(e["ts"]) + float(
             e.get("dur", 0.0)), "correlation": correlation(e),
             "launch_ts": None if launch is None else float(launch["ts"]),
-            "launch_end": None if launch is None else float(launch["ts"]) + float(launch.get("dur", 0.0)),
             "launch_tid": None if launch is None else launch.get("tid")})
     out.sort(key=lambda a: (a["ts"], a["end"]))
     return out
@@ -137,10 +136,7 @@ def match_labels(acts: list[dict], labelled: list[dict]) -> int:
             source = labelled[block.b + k]
             acts[block.a + k].update(op=source["op"], where=source["where"], phase=source["phase"])
             unmatched -= 1
-    for a in acts:
-        a.setdefault("op", "?")
-        a.setdefault("where", "?")
-        a.setdefault("phase", "?")
+    unlabelled(acts)
     return unmatched
 
 
@@ -170,10 +166,14 @@ def host_context(events: list[dict], activities: list[dict]) -> None:
             while stack and stack[-1][1] < ts:
                 stack.pop()
             activities[index].update(label_of([s[2] for s in stack if s[0] <= ts <= s[1]]))
+    unlabelled(activities)
+
+
+def unlabelled(activities: list[dict]) -> None:
+    """"?" for the labels of an activity that found none."""
     for a in activities:
-        a.setdefault("op", "?")
-        a.setdefault("where", "?")
-        a.setdefault("phase", "?")
+        for key in ("op", "where", "phase"):
+            a.setdefault(key, "?")
 
 
 def label_of(enclosing: list[dict]) -> dict:
@@ -363,11 +363,11 @@ def print_row(row: dict, show_inventory: bool = False) -> None:
           f"queued); {row['activities']:.0f} GPU activities a step ({row['without_launch']:.0f} without a launch "
           f"call in the trace); the host issued a step's launches over {row['launch_span_us'] * ms:.2f} ms; labels "
           f"unmatched: {row['unlabelled']:.0f} a step")
-    for title, key, unit in (("idle waiting for the host, by launching operator", "host_late_by_op", "us"),
-                             ("idle waiting for the host, by module or autograd node", "host_late_by_where", "us"),
-                             ("idle with the kernel launched (queued), by kind", "queued_by_kind", "us"),
-                             ("host time between launches, by phase", "host_by_phase", "us"),
-                             ("host time between launches, by module or autograd node", "host_by_where", "us")):
+    for title, key in (("idle waiting for the host, by launching operator", "host_late_by_op"),
+                             ("idle waiting for the host, by module or autograd node", "host_late_by_where"),
+                             ("idle with the kernel launched (queued), by kind", "queued_by_kind"),
+                             ("host time between launches, by phase", "host_by_phase"),
+                             ("host time between launches, by module or autograd node", "host_by_where")):
         print(f"  {title} (µs a step, activities a step):")
         for label, us, count in row[key]:
             print(f"    {us:9.1f} {count:5d}  {label[:150]}")
