@@ -137,7 +137,10 @@ def test_batch_norm_backward_kernel_folds_the_activation_in(extension, dtype, sh
         y, grads, _, _ = run(fused, x, w, b, res, grad, rm, rv)
         torch.cuda.synchronize()
     names = {e.name for e in prof.events()}
-    assert any("batch_norm_act_backward_reduce" in n for n in names), "our BatchNorm backward kernel did not run"
+    # one cooperative launch of the three passes (the first two only, before a separate dx, after a residual add)
+    assert any("batch_norm_act_backward_one_launch" in n for n in names), "our BatchNorm backward kernel did not run"
+    assert not any("batch_norm_act_backward_finalize" in n for n in names), "the partial sums' total ran apart"
+    assert any("batch_norm_act_backward_dx" in n for n in names) == residual, names
     assert not names & {"aten::threshold_backward", "aten::hardtanh_backward"}, "a separate activation backward ran"
     y_e, grads_e, _, _ = run(eager, x, w, b, res, grad, rm, rv)
     d = lambda t: t.double() if t is not None else None
@@ -162,7 +165,8 @@ def test_conv_bn_relu_training_step_runs_no_separate_relu_backward(extension, no
             y.float().square().mean().backward()
             torch.cuda.synchronize()
         names = [e.name for e in prof.events()]
-        assert any("batch_norm_act_backward_dx" in n for n in names), (step, "our BatchNorm backward did not run")
+        assert any("batch_norm_act_backward_one_launch" in n for n in names), (step, "our BatchNorm backward did "
+                                                                                  "not run in one launch")
         assert "aten::threshold_backward" not in names, step
     assert layer.fusion_status.backward == (("batch_norm_act_backward", ""),), layer.fusion_status
     assert "batch_norm_act_backward fused" in str(layer.fusion_status)

@@ -122,6 +122,80 @@ def test_the_in_place_batch_norm_backward_ops_match_the_functional_ones(extensio
         ops.batch_norm_act_backward_(nchw, z, scale, shift, mean, invstd, activation)
 
 
+def _run_and_list_kernels(fn):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out = fn()
+        torch.cuda.synchronize()
+    return out, {e.name for e in prof.events()}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("shape", [(4, 30, 9, 9), (32, 200, 28, 28)], ids=["30ch", "200ch-28x28"])
+def test_batch_norm_backward_in_one_launch_gives_the_three_launches_bits(extension, dtype, shape):
+    """BatchNorm's backward runs its three passes (partial sums, their total, dx) in one cooperative launch, or the
+    first two in one before a separate dx; where dx reads back the g the first pass wrote (the functional op after a
+    residual add) it runs them as three launches. All give the same bits: the same partial sums, added in the same
+    order. The shapes give more partial rows than the total's 32 lanes, blocks of fewer than 256 threads (30 and
+    200 channels) and a channel count that is not a multiple of the total's 8-channel tiles."""
+    ops = torch.ops.cudnn_fusion
+    c = shape[1]
+    torch.manual_seed(0)
+    scale, shift = torch.rand(c, device="cuda") + 0.5, torch.randn(c, device="cuda")
+    z, residual, grad = (_input(*shape, dtype=dtype) for _ in range(3))
+    y, mean, invstd, _, _, reserve = ops.batch_norm_act(z, scale, shift, None, None, residual, 0.1, 1e-5, 1, 0)
+    (dx, dresidual, dw, db), three = _run_and_list_kernels(
+        lambda: ops.batch_norm_act_backward(grad, z, y, scale, shift, mean, invstd, reserve, 1e-5, 1, True, 0))
+    assert any("batch_norm_act_backward_finalize" in n for n in three), three
+    assert not any("one_launch" in n for n in three), three
+    (grad_z, dw_, db_), one = _run_and_list_kernels(
+        lambda: ops.batch_norm_act_backward_reduce(grad, z, y, scale, shift, mean, invstd, 1))
+    assert any("batch_norm_act_backward_one_launch" in n for n in one), one
+    assert not any("finalize" in n for n in one), one
+    assert torch.equal(dw_, dw) and torch.equal(db_, db) and torch.equal(grad_z, dresidual)
+    assert torch.equal(ops.batch_norm_backward_dx(grad_z, z, scale, shift, mean, invstd, dw_, db_), dx)
+    # without a residual: all three passes in the one launch, against its first two and the separate dx
+    y, mean, invstd, _, _, reserve = ops.batch_norm_act(z, scale, shift, None, None, None, 0.1, 1e-5, 1, 0)
+    (dx, _, dw, db), one = _run_and_list_kernels(
+        lambda: ops.batch_norm_act_backward(grad, z, None, scale, shift, mean, invstd, reserve, 1e-5, 1, False, 0))
+    assert any("batch_norm_act_backward_one_launch" in n for n in one), one
+    assert not any("finalize" in n or "batch_norm_act_backward_dx" in n for n in one), one
+    grad_z, dw_, db_ = ops.batch_norm_act_backward_reduce(grad, z, None, scale, shift, mean, invstd, 1)
+    assert torch.equal(dw_, dw) and torch.equal(db_, db)
+    assert torch.equal(ops.batch_norm_backward_dx(grad_z, z, scale, shift, mean, invstd, dw_, db_), dx)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("shape", [(5, 40, 7, 9), (3, 72, 33, 31), (256, 1024, 7, 7)],
+                         ids=["40ch-7x9", "72ch-33x31", "v1-classifier"])
+def test_an_nchw_output_gradient_is_transposed_by_our_kernel_bit_for_bit(extension, dtype, shape):
+    """An NCHW-contiguous gradient (a global mean pool's backward gives one) reaches the BatchNorm backward kernel
+    through our transposing copy, in the op and in the autograd node: the results are the bits of the same gradient
+    given channels_last, at shapes that are not multiples of the copy's 32 x 32 tiles."""
+    ops = torch.ops.cudnn_fusion
+    c = shape[1]
+    torch.manual_seed(0)
+    scale, shift = torch.rand(c, device="cuda") + 0.5, torch.randn(c, device="cuda")
+    z = _input(*shape, dtype=dtype)
+    grad = torch.randn(*shape, device="cuda", dtype=dtype)  # NCHW-contiguous
+    y, mean, invstd, _, _, reserve = ops.batch_norm_act(z, scale, shift, None, None, None, 0.1, 1e-5, 1, 0)
+
+    def backward(g):
+        return ops.batch_norm_act_backward(g, z, None, scale, shift, mean, invstd, reserve, 1e-5, 1, False, 0)
+
+    got, names = _run_and_list_kernels(lambda: backward(grad))
+    assert any("nchw_to_nhwc" in n for n in names), names
+    for g, expected in zip(got, backward(grad.contiguous(memory_format=CL))):
+        assert torch.equal(g, expected)
+    layer = tcf.BatchNorm2dReLU(c).cuda()
+    results = []
+    for incoming in (grad, grad.contiguous(memory_format=CL)):
+        x = z.detach().clone().requires_grad_()
+        (x_grad, names) = _run_and_list_kernels(lambda: torch.autograd.grad(layer(x), [x], incoming)[0])
+        results.append((x_grad, names))
+    assert any("nchw_to_nhwc" in n for n in results[0][1]), results[0][1]
+    assert torch.equal(results[0][0], results[1][0])
+
+
 def test_compile_fullgraph_model_of_fused_modules(extension):
     model = nn.Sequential(
         tcf.Conv2dReLU(16, 32, 3, padding=1), tcf.Conv2dReLU(32, 32, 1), tcf.Conv2dReLU(32, 16, 3, stride=2, padding=1)

@@ -7,16 +7,22 @@
 // xc * invstd * weight + bias recomputed here and rounded to the storage type, as the forward's output was: the
 // mask then costs no read. Eager runs ReLU backward as one more pass over memory (threshold_backward reads dy and y,
 // writes dz) before BatchNorm's backward reads dz twice: here the mask is applied as dy is read.
-// Three launches: per-block partial sums of g and g * xc; their fixed-order sum (deterministic, no atomics) into
+// Three passes: per-block partial sums of g and g * xc; their fixed-order sum (deterministic, no atomics) into
 // dweight and dbias; dx, with its coefficients dbias / M and invstd * dweight / M taken from those two. With a
 // residual, the first writes g (the residual's gradient) and the last reads it back instead of dy and y.
-// The first and last launch run one wave: kBlocksPerMultiprocessor blocks per multiprocessor, all resident at once,
+// They run in one cooperative launch with grid-wide barriers between them (batch_norm_act_backward_one_launch)
+// where the device takes it, else as three launches with the same arithmetic and the same bits.
+// The first and last pass run one wave: kBlocksPerMultiprocessor blocks per multiprocessor, all resident at once,
 // so that their threads sweep the rows together, the first from the first row to the last, the last back from the
 // last row: its first reads find in L2 what the first launch read last. Over MobileNet v1's 27 BatchNorm shapes
 // (batch 256, bf16, H100, a scratch harness, 2026-11-24) the two took 4.50 ms together, against 4.69 with dx walking
 // forward in one wave and 5.08 with 8 blocks per multiprocessor (four waves): the reduce alone 1.88 against 2.22 ms
 // (a pure read of the same bytes: 1.75). docs/benchmarks.md has the rest.
 #include "kernels/batch_norm_backward_kernel.h"
+
+#include <cooperative_groups.h>
+
+#include <algorithm>
 
 #include "kernels/nhwc_rows.cuh"
 
@@ -62,14 +68,13 @@ __device__ inline float masked_grad(float dy, float xc, float y, float invstd, f
 constexpr int kBlocksPerMultiprocessor = 2;
 
 // Pass 1: per-block partial sums of g (partial[0]) and g * xc (partial[1]); g written to dz when dz is not null.
+// `shared` holds blockDim.y * blockDim.x * V floats.
 template <typename T, int V, bool kFromY>
-__global__ void __launch_bounds__(nhwc::kThreads, kBlocksPerMultiprocessor)
-    batch_norm_act_backward_reduce(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ y,
-                                   const float* __restrict__ save_mean, const float* __restrict__ save_invstd,
-                                   const float* __restrict__ weight, const float* __restrict__ bias,
-                                   T* __restrict__ dz, float* __restrict__ partial, int64_t rows, int64_t channels,
-                                   int activation) {
-  extern __shared__ float shared[];  // [blockDim.y][blockDim.x * V]
+__device__ void reduce_rows(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ y,
+                            const float* __restrict__ save_mean, const float* __restrict__ save_invstd,
+                            const float* __restrict__ weight, const float* __restrict__ bias, T* __restrict__ dz,
+                            float* __restrict__ partial, int64_t rows, int64_t channels, int activation,
+                            float* shared) {
   using P = Pack<T, V>;
   const int64_t groups = channels / V;
   const int64_t group = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -121,6 +126,18 @@ __global__ void __launch_bounds__(nhwc::kThreads, kBlocksPerMultiprocessor)
                                channels);
 }
 
+template <typename T, int V, bool kFromY>
+__global__ void __launch_bounds__(nhwc::kThreads, kBlocksPerMultiprocessor)
+    batch_norm_act_backward_reduce(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ y,
+                                   const float* __restrict__ save_mean, const float* __restrict__ save_invstd,
+                                   const float* __restrict__ weight, const float* __restrict__ bias,
+                                   T* __restrict__ dz, float* __restrict__ partial, int64_t rows, int64_t channels,
+                                   int activation) {
+  extern __shared__ float shared[];  // [blockDim.y][blockDim.x * V]
+  reduce_rows<T, V, kFromY>(dy, x, y, save_mean, save_invstd, weight, bias, dz, partial, rows, channels, activation,
+                            shared);
+}
+
 // Pass 2, one block per 32 channels: dbias and dweight.
 __global__ void batch_norm_act_backward_finalize(const float* __restrict__ partial, int parts,
                                                  const float* __restrict__ save_invstd, float* __restrict__ dweight,
@@ -138,14 +155,13 @@ __global__ void batch_norm_act_backward_finalize(const float* __restrict__ parti
 // coefficients from pass 2's sums: dbias / M and invstd * dweight / M (= invstd^2 * sum(g xc) / M), with 1 / M from
 // the host (with a division per channel in each thread, v1's dx kernels took 2.718 ms a step against 2.669). Each
 // thread takes pass 1's rows (row0, row0 + step, ...) from its last back to row0.
+// dweight and dbias are read through L2 (__ldcg): in the one-launch kernel other blocks wrote them in this launch.
 template <typename T, int V, bool kFromY>
-__global__ void __launch_bounds__(nhwc::kThreads, kBlocksPerMultiprocessor)
-    batch_norm_act_backward_dx(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ y,
-                               const T* __restrict__ dz, const float* __restrict__ save_mean,
-                               const float* __restrict__ save_invstd, const float* __restrict__ weight,
-                               const float* __restrict__ bias, const float* __restrict__ dweight,
-                               const float* __restrict__ dbias, float inverse_rows, T* __restrict__ dx, int64_t rows,
-                               int64_t channels, int activation) {
+__device__ void dx_rows(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ y,
+                        const T* __restrict__ dz, const float* __restrict__ save_mean,
+                        const float* __restrict__ save_invstd, const float* __restrict__ weight,
+                        const float* __restrict__ bias, const float* dweight, const float* dbias, float inverse_rows,
+                        T* __restrict__ dx, int64_t rows, int64_t channels, int activation) {
   using P = Pack<T, V>;
   const int64_t groups = channels / V;
   const int64_t group = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -156,8 +172,8 @@ __global__ void __launch_bounds__(nhwc::kThreads, kBlocksPerMultiprocessor)
   float mean_g[V], slope[V], scale[V];
 #pragma unroll
   for (int v = 0; v < V; ++v) {
-    mean_g[v] = dbias[column + v] * inverse_rows;
-    slope[v] = dweight[column + v] * ch.invstd[v] * inverse_rows;
+    mean_g[v] = __ldcg(dbias + column + v) * inverse_rows;
+    slope[v] = __ldcg(dweight + column + v) * ch.invstd[v] * inverse_rows;
     scale[v] = ch.invstd[v] * ch.weight[v];
   }
   const int64_t step = static_cast<int64_t>(gridDim.y) * blockDim.y;
@@ -201,12 +217,138 @@ __global__ void __launch_bounds__(nhwc::kThreads, kBlocksPerMultiprocessor)
 }
 
 template <typename T, int V, bool kFromY>
+__global__ void __launch_bounds__(nhwc::kThreads, kBlocksPerMultiprocessor)
+    batch_norm_act_backward_dx(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ y,
+                               const T* __restrict__ dz, const float* __restrict__ save_mean,
+                               const float* __restrict__ save_invstd, const float* __restrict__ weight,
+                               const float* __restrict__ bias, const float* __restrict__ dweight,
+                               const float* __restrict__ dbias, float inverse_rows, T* __restrict__ dx, int64_t rows,
+                               int64_t channels, int activation) {
+  dx_rows<T, V, kFromY>(dy, x, y, dz, save_mean, save_invstd, weight, bias, dweight, dbias, inverse_rows, dx, rows,
+                        channels, activation);
+}
+
+// Pass 2 inside the one-launch kernel: the blocks share out tiles of 8 channels; in each, 32 lanes add the partial
+// rows p = lane, lane + 32, ... and lane 0 adds the lanes' sums in order, as batch_norm_act_backward_finalize's
+// nhwc::sum_partials does: the two give the same bits. Partial sums are read through L2 (other blocks wrote them in
+// this launch). `shared` holds 32 * 16 floats.
+__device__ void finalize_tiles(const float* partial, int parts, const float* __restrict__ save_invstd,
+                               float* dweight, float* dbias, int64_t channels, float* shared) {
+  constexpr int kTileChannels = 8, kLanes = 32, kPairs = kTileChannels * kLanes;
+  const int threads = blockDim.x * blockDim.y;
+  const int thread = threadIdx.y * blockDim.x + threadIdx.x;
+  const int64_t blocks = static_cast<int64_t>(gridDim.x) * gridDim.y;
+  const int64_t block = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
+  const float* partial_gx = partial + static_cast<int64_t>(parts) * channels;
+  for (int64_t tile = block; tile * kTileChannels < channels; tile += blocks) {
+    for (int pair = thread; pair < kPairs; pair += threads) {  // a block may have fewer than 256 threads
+      const int lane = pair / kTileChannels, slot = pair % kTileChannels;
+      const int64_t c = tile * kTileChannels + slot;
+      float sum_g = 0.f, sum_gx = 0.f;
+      if (c < channels) {
+        for (int p = lane; p < parts; p += kLanes) {
+          sum_g += __ldcg(partial + static_cast<int64_t>(p) * channels + c);
+          sum_gx += __ldcg(partial_gx + static_cast<int64_t>(p) * channels + c);
+        }
+      }
+      shared[lane * 2 * kTileChannels + slot] = sum_g;
+      shared[lane * 2 * kTileChannels + kTileChannels + slot] = sum_gx;
+    }
+    __syncthreads();
+    const int64_t c = tile * kTileChannels + thread;
+    if (thread < kTileChannels && c < channels) {
+      float sum_g = 0.f, sum_gx = 0.f;
+      for (int r = 0; r < kLanes; ++r) {
+        sum_g += shared[r * 2 * kTileChannels + thread];
+        sum_gx += shared[r * 2 * kTileChannels + kTileChannels + thread];
+      }
+      dbias[c] = sum_g;
+      dweight[c] = sum_gx * save_invstd[c];
+    }
+    __syncthreads();  // `shared` is rewritten for the next tile
+  }
+}
+
+// The three passes (or, without dx, the first two) in one cooperative launch: a grid-wide barrier after the partial
+// sums and another after dweight and dbias. The barriers cost less than the two launches and their gaps (27 layers
+// of MobileNet v1: 54 launches of a step, each about 1.7 us of idle GPU before it on H100). The launch shape and
+// the walks over the rows are the separate kernels', so the L2 reuse between the first and last pass stays.
+template <typename T, int V, bool kFromY>
+__global__ void __launch_bounds__(nhwc::kThreads, kBlocksPerMultiprocessor)
+    batch_norm_act_backward_one_launch(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ y,
+                                       const float* __restrict__ save_mean, const float* __restrict__ save_invstd,
+                                       const float* __restrict__ weight, const float* __restrict__ bias,
+                                       T* __restrict__ dz, float* partial, float* dweight, float* dbias,
+                                       float inverse_rows, T* __restrict__ dx, int64_t rows, int64_t channels,
+                                       int activation, bool with_dx) {
+  extern __shared__ float shared[];  // max(blockDim.y * blockDim.x * V, 32 * 16) floats
+  auto grid = cooperative_groups::this_grid();
+  reduce_rows<T, V, kFromY>(dy, x, y, save_mean, save_invstd, weight, bias, dz, partial, rows, channels, activation,
+                            shared);
+  grid.sync();
+  finalize_tiles(partial, static_cast<int>(gridDim.y), save_invstd, dweight, dbias, channels, shared);
+  if (!with_dx) return;
+  grid.sync();
+  dx_rows<T, V, kFromY>(dy, x, y, dz, save_mean, save_invstd, weight, bias, dweight, dbias, inverse_rows, dx, rows,
+                        channels, activation);
+}
+
+constexpr int kFinalizeSharedFloats = 32 * 16;
+
+// Whether the one-launch kernel's grid fits on the device at once (a cooperative launch's condition). The
+// occupancy is taken at the largest block and shared memory a launch of this instantiation uses.
+template <typename T, int V, bool kFromY>
+bool one_launch_fits(const dim3& grid, int multiprocessors) {
+  static const int blocks_per_multiprocessor = []() {
+    int device = 0, cooperative = 0, blocks = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, device) != cudaSuccess || !cooperative) {
+      return 0;
+    }
+    const size_t shared = std::max<size_t>(static_cast<size_t>(nhwc::kThreads) * V, kFinalizeSharedFloats) *
+                          sizeof(float);
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, batch_norm_act_backward_one_launch<T, V, kFromY>,
+                                                      nhwc::kThreads, shared) != cudaSuccess) {
+      cudaGetLastError();  // clear it: this launch falls back to three
+      return 0;
+    }
+    return blocks;
+  }();
+  return static_cast<int64_t>(grid.x) * grid.y * grid.z <=
+         static_cast<int64_t>(blocks_per_multiprocessor) * multiprocessors;
+}
+
+template <typename T, int V, bool kFromY>
 cudaError_t launch_passes(const BatchNormActBackwardArgs& a, int multiprocessors, cudaStream_t stream) {
   auto shape = nhwc::row_launch(a.rows, a.channels, V, multiprocessors, kBlocksPerMultiprocessor);
   const T* dy = static_cast<const T*>(a.dy);
   const T* x = static_cast<const T*>(a.x);
   const T* y = static_cast<const T*>(a.y);
   T* dz = static_cast<T*>(a.dz);
+  const float inverse_rows = 1.0f / static_cast<float>(a.rows);
+  // Not where dx reads back a dz that the first pass wrote in this launch: dz may be dy itself, whose first reads
+  // this multiprocessor's L1 may still hold.
+  const bool one_launch = a.passes == kBackwardReduce || (a.passes == kBackwardAllPasses && a.dz == nullptr);
+  if (one_launch && one_launch_fits<T, V, kFromY>(shape.grid, multiprocessors)) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = shape.grid;
+    config.blockDim = shape.block;
+    config.dynamicSmemBytes =
+        std::max<size_t>(static_cast<size_t>(shape.block.x) * V * shape.block.y, kFinalizeSharedFloats) *
+        sizeof(float);
+    config.stream = stream;
+    cudaLaunchAttribute cooperative;
+    cooperative.id = cudaLaunchAttributeCooperative;
+    cooperative.val.cooperative = 1;
+    config.attrs = &cooperative;
+    config.numAttrs = 1;
+    cudaError_t status = cudaLaunchKernelEx(
+        &config, batch_norm_act_backward_one_launch<T, V, kFromY>, dy, x, y, a.save_mean, a.save_invstd, a.weight,
+        a.bias, dz, a.partial, a.dweight, a.dbias, inverse_rows, static_cast<T*>(a.dx), a.rows, a.channels,
+        a.activation, a.passes == kBackwardAllPasses);
+    if (status != cudaErrorCooperativeLaunchTooLarge) return status;
+    cudaGetLastError();  // the device runs fewer blocks at once than its occupancy said (MPS): three launches
+  }
   if (a.passes != kBackwardDx) {
     size_t shared_bytes = static_cast<size_t>(shape.block.x) * V * shape.block.y * sizeof(float);
     batch_norm_act_backward_reduce<T, V, kFromY><<<shape.grid, shape.block, shared_bytes, stream>>>(
@@ -219,8 +361,8 @@ cudaError_t launch_passes(const BatchNormActBackwardArgs& a, int multiprocessors
     if (status != cudaSuccess || a.passes == kBackwardReduce) return status;
   }
   batch_norm_act_backward_dx<T, V, kFromY><<<shape.grid, shape.block, 0, stream>>>(
-      dy, x, y, dz, a.save_mean, a.save_invstd, a.weight, a.bias, a.dweight, a.dbias,
-      1.0f / static_cast<float>(a.rows), static_cast<T*>(a.dx), a.rows, a.channels, a.activation);
+      dy, x, y, dz, a.save_mean, a.save_invstd, a.weight, a.bias, a.dweight, a.dbias, inverse_rows,
+      static_cast<T*>(a.dx), a.rows, a.channels, a.activation);
   return cudaGetLastError();
 }
 

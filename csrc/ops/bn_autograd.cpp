@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include "ops/bn_ops.h"
+#include "ops/channels_last_copy.h"
 #include "ops/depthwise_ops.h"
 
 namespace tcf {
@@ -151,9 +152,7 @@ class BatchNormActFunction : public torch::autograd::Function<BatchNormActFuncti
     // a classifier) is copied here, and the original freed where autograd held it alone, before the kernel's
     // scratch is allocated. Where nothing else holds grad_y then (or a copy), the result is written over it: eager's
     // ReLU backward allocates a new tensor there (and BatchNorm's another).
-    if (our_kernel && !grad_y.is_contiguous(at::MemoryFormat::ChannelsLast)) {
-      grad_y = grad_y.contiguous(at::MemoryFormat::ChannelsLast);
-    }
+    if (our_kernel && !grad_y.is_contiguous(at::MemoryFormat::ChannelsLast)) grad_y = channels_last_contiguous(grad_y);
     bool overwrite = our_kernel && batch_norm_backward_may_overwrite(grad_y, x);
     if (batch_norm_backward_in_two_steps(activation, has_residual, implementation, channels_last)) {
       if (overwrite) {

@@ -12,6 +12,7 @@
 #include "core/device.h"
 #include "kernels/batch_norm_backward_kernel.h"
 #include "kernels/running_stats_kernel.h"
+#include "ops/channels_last_copy.h"
 #include "ops/kernel_launch.h"
 #include "ops/run_graph.h"
 
@@ -127,7 +128,7 @@ void batch_norm_act_backward_with_kernel(const at::Tensor& dy, const at::Tensor&
 // beside the outputs, as it costs eager's ReLU backward none.
 at::Tensor dy_into(const at::Tensor& grad_y, const at::Tensor& output) {
   if (grad_y.is_contiguous(at::MemoryFormat::ChannelsLast)) return grad_y;
-  output.copy_(grad_y);
+  copy_into_channels_last(grad_y, output);
   return output;
 }
 
@@ -461,9 +462,7 @@ bool batch_norm_backward_in_two_steps(int64_t activation, bool has_residual, int
 }
 
 bool batch_norm_backward_may_overwrite(const at::Tensor& grad, const at::Tensor& x) {
-  const auto traced = c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::Functionalize,
-                                           c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::FuncTorchGradWrapper});
-  return grad.defined() && !grad.key_set().has_any(traced) && grad.use_count() == 1 &&
+  return grad.defined() && !is_traced(grad) && grad.use_count() == 1 &&
          grad.storage().use_count() == 1 && !grad.requires_grad() && grad.is_cuda() && grad.device() == x.device() &&
          grad.scalar_type() == x.scalar_type() && grad.sizes() == x.sizes() &&
          grad.is_contiguous(at::MemoryFormat::ChannelsLast);

@@ -62,6 +62,12 @@ at::MemoryFormat memory_format(bool channels_last) {
   return channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
 }
 
+bool is_traced(const at::Tensor& t) {
+  const auto traced = c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::Functionalize,
+                                           c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::FuncTorchGradWrapper});
+  return t.key_set().has_any(traced);
+}
+
 int8_t alignment_of(const at::Tensor& t) { return t.defined() && t.numel() > 0 ? pointer_alignment(t.data_ptr()) : 0; }
 
 }  // namespace tcf

@@ -31,6 +31,9 @@ std::array<int64_t, 4> size4(at::IntArrayRef size);
 // PyTorch's rule for cuDNN convolutions (cudnn_conv_suggest_memory_format): channels_last when either operand is.
 bool use_channels_last(const at::Tensor& a, const at::Tensor& b);
 at::MemoryFormat memory_format(bool channels_last);
+// Whether t belongs to a tracer (FakeTensor or another Python subclass, functionalization, vmap, grad transforms):
+// its data cannot be read or written by our kernels.
+bool is_traced(const at::Tensor& t);
 // The byte alignment (capped at 16) of t's data for a cache key; 0 for an absent or empty tensor.
 int8_t alignment_of(const at::Tensor& t);
 
