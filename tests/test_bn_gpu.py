@@ -172,6 +172,50 @@ def test_conv_bn_relu_training_step_runs_no_separate_relu_backward(extension, no
     assert "batch_norm_act_backward fused" in str(layer.fusion_status)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_a_pointwise_conv_s_weight_gradient_is_one_float32_gemm_under_autocast(extension, no_tf32, dtype):
+    """Under autocast, a fused 1x1 conv + BatchNorm + ReLU layer's float32 weight gets its gradient from one GEMM
+    over the N*H*W rows written in float32 (aten::mm): no half-precision weight gradient cast back to float32 in the
+    conv's node, and no rounding of it; the gradients are as accurate as eager's against float64. With deterministic
+    algorithms requested it runs cuDNN's wgrad and the cast, as eager does."""
+    torch.manual_seed(0)
+    conv, bn = nn.Conv2d(64, 128, 1, bias=False).cuda(), nn.BatchNorm2d(128).cuda()
+    with torch.no_grad():
+        bn.weight.uniform_(0.5, 1.5), bn.bias.normal_()
+    conv_r, bn_r = copy.deepcopy(conv).double(), copy.deepcopy(bn).double()
+    conv_e, bn_e = copy.deepcopy(conv), copy.deepcopy(bn)
+    fused = tcf.Conv2dBNReLU.from_modules(conv, bn).to(memory_format=torch.channels_last)
+    x = torch.randn(16, 64, 28, 28, device="cuda").to(dtype).contiguous(memory_format=torch.channels_last)
+    grad = torch.randn(16, 128, 28, 28, device="cuda").to(dtype).contiguous(memory_format=torch.channels_last)
+
+    def backward_ops(deterministic):
+        conv.weight.grad = None
+        torch.use_deterministic_algorithms(deterministic)
+        try:
+            with torch.autocast("cuda", dtype):
+                y = fused(x.detach().requires_grad_())
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                y.backward(grad)
+        finally:
+            torch.use_deterministic_algorithms(False)
+        return [e.name for e in prof.events()], conv.weight.grad.clone()
+
+    names, weight_grad = backward_ops(False)
+    assert fused.fusion_status.fused, fused.fusion_status
+    assert "aten::mm" in names and "aten::_to_copy" not in names, names
+    assert weight_grad.dtype == torch.float32
+    with torch.autocast("cuda", dtype):
+        y_e = F.relu(bn_e(conv_e(x)))
+    y_e.backward(grad)
+    y_r = F.relu(bn_r(conv_r(x.double())))
+    y_r.backward(grad.double())
+    assert_as_accurate_as_eager("conv weight gradient", weight_grad, conv_e.weight.grad, conv_r.weight.grad, dtype)
+    names, deterministic_grad = backward_ops(True)
+    assert "aten::mm" not in names and "aten::_to_copy" in names, names
+    assert_as_accurate_as_eager("conv weight gradient, deterministic", deterministic_grad, conv_e.weight.grad,
+                                conv_r.weight.grad, dtype)
+
+
 @pytest.mark.parametrize("momentum", [0.1, None])
 @pytest.mark.parametrize("affine", [True, False])
 def test_module_semantics_momentum_none_affine_false_and_eval(extension, momentum, affine):

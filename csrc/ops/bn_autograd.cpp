@@ -258,13 +258,15 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
     const auto& grad_z = grad_outputs[0];
     if (!grad_z.defined() || !(need_x || need_conv_weight || need_conv_bias)) return grads;
     auto saved = ctx->get_saved_variables();
+    const auto weight_dtype = ctx->saved_data["weight_dtype"].toScalarType();
     auto [grad_x, grad_conv_weight, grad_conv_bias] = batch_norm_conv_backward(
         grad_z, saved[0], saved[1], has_conv_bias, ctx->saved_data["stride"].toIntVector(),
         ctx->saved_data["padding"].toIntVector(), ctx->saved_data["dilation"].toIntVector(),
-        ctx->saved_data["groups"].toInt(), {need_x, need_conv_weight, need_conv_bias});
-    // back to the dtypes of the tensors passed in, as the casts' own backward would
+        ctx->saved_data["groups"].toInt(), {need_x, need_conv_weight, need_conv_bias}, weight_dtype);
+    // back to the dtypes of the tensors passed in, as the casts' own backward would (a no-op for a weight gradient
+    // made in the weight's dtype)
     if (need_x) grads[0] = grad_x.to(ctx->saved_data["x_dtype"].toScalarType());
-    if (need_conv_weight) grads[1] = grad_conv_weight.to(ctx->saved_data["weight_dtype"].toScalarType());
+    if (need_conv_weight) grads[1] = grad_conv_weight.to(weight_dtype);
     if (need_conv_bias) grads[2] = grad_conv_bias.to(ctx->saved_data["bias_dtype"].toScalarType());
     return grads;
   }

@@ -1,5 +1,6 @@
 #include "ops/depthwise_ops.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include <c10/core/DeviceGuard.h>
@@ -198,9 +199,42 @@ std::optional<ConvProblem> depthwise_problem(const at::Tensor& x, const at::Tens
 
 }  // namespace
 
+at::Tensor pointwise_weight_gradient(const at::Tensor& grad_z, const at::Tensor& x, at::IntArrayRef weight_size,
+                                     at::IntArrayRef stride, at::IntArrayRef padding, int64_t groups,
+                                     at::ScalarType weight_dtype) {
+  const auto format = at::MemoryFormat::ChannelsLast;
+  auto all = [](at::IntArrayRef values, int64_t v) {
+    return std::all_of(values.begin(), values.end(), [v](int64_t e) { return e == v; });
+  };
+  const bool half = x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf;
+  if (weight_dtype != at::kFloat || !half || grad_z.scalar_type() != x.scalar_type() || x.dim() != 4 ||
+      grad_z.dim() != 4 || weight_size.size() != 4 || weight_size[2] != 1 || weight_size[3] != 1 || groups != 1 ||
+      !all(stride, 1) || !all(padding, 0) || !x.is_cuda() || !x.is_contiguous(format) ||
+      !grad_z.is_contiguous(format) || grad_z.size(0) != x.size(0) || grad_z.size(1) != weight_size[0] ||
+      x.size(1) != weight_size[1] || grad_z.size(2) != x.size(2) || grad_z.size(3) != x.size(3) ||
+      at::globalContext().deterministicAlgorithms()) {
+    return at::Tensor();
+  }
+  // channels_last [N, C, H, W] is [N*H*W, C] row-major: both views are free
+  auto rows = [](const at::Tensor& t) { return t.permute({0, 2, 3, 1}).reshape({-1, t.size(1)}); };
+  return at::mm(rows(grad_z).t(), rows(x), at::kFloat).view(weight_size);
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_conv_backward(
     const at::Tensor& grad_z, const at::Tensor& x, const at::Tensor& weight, bool has_bias, at::IntArrayRef stride,
-    at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups, std::array<bool, 3> mask) {
+    at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups, std::array<bool, 3> mask,
+    at::ScalarType weight_dtype) {
+  auto pointwise_dw = mask[1] ? pointwise_weight_gradient(grad_z, x, weight.sizes(), stride, padding, groups,
+                                                          weight_dtype)
+                              : at::Tensor();
+  if (pointwise_dw.defined()) {
+    at::Tensor dx, db;
+    if (mask[0] || mask[2]) {
+      std::tie(dx, std::ignore, db) = batch_norm_conv_backward(grad_z, x, weight, has_bias, stride, padding, dilation,
+                                                               groups, {mask[0], false, mask[2]}, weight_dtype);
+    }
+    return {dx, pointwise_dw, db};
+  }
   std::vector<int64_t> bias_size{weight.size(0)};
   auto aten = [&](std::array<bool, 3> which) {
     return at::convolution_backward(grad_z, x, weight, has_bias ? at::OptionalIntArrayRef(bias_size) : std::nullopt,
