@@ -270,9 +270,10 @@ __device__ void finalize_tiles(const float* partial, int parts, const float* __r
 }
 
 // The three passes (or, without dx, the first two) in one cooperative launch: a grid-wide barrier after the partial
-// sums and another after dweight and dbias. The barriers cost less than the two launches and their gaps (27 layers
-// of MobileNet v1: 54 launches of a step, each about 1.7 us of idle GPU before it on H100). The launch shape and
-// the walks over the rows are the separate kernels', so the L2 reuse between the first and last pass stays.
+// sums and another after dweight and dbias. Each barrier costs about what the launch gap it replaces does (about
+// 1.5 us against 1.7 on H100): MobileNet v1's 27 shapes back to back took 4.84 ms against 4.88 as three launches (a
+// scratch harness, docs/benchmarks.md), and a step issues 54 launches fewer. The launch shape and the walks over the
+// rows are the separate kernels', so the L2 reuse between the first and last pass stays.
 template <typename T, int V, bool kFromY>
 __global__ void __launch_bounds__(nhwc::kThreads, kBlocksPerMultiprocessor)
     batch_norm_act_backward_one_launch(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ y,
