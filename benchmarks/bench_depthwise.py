@@ -1,8 +1,8 @@
 """Our depthwise kernels against PyTorch's (cuDNN's) on the depthwise layers of MobileNet v1 and v2 (batch 256,
 bf16, channels_last), in the steps the extension runs them (csrc/ops/depthwise_ops.h): the forward with bias and ReLU
 fused (against PyTorch's conv + bias + ReLU, and its conv alone), dgrad (the op: ours at stride 2; at stride 1 in
-bfloat16 PyTorch's forward with the filter turned 180 degrees, else PyTorch's dgrad) and wgrad (the op: ours at stride 2
-in bfloat16, else PyTorch's), each against PyTorch's own. GPU time per call (CUDA-graph replay, no host
+bfloat16 PyTorch's forward with the filter turned 180 degrees, else PyTorch's dgrad) and wgrad (the op: ours in
+bfloat16, else PyTorch's), each against PyTorch's own. GPU time per call (CUDA-graph replay, no host
 cost), and as a multiple of the time its bytes take at the copy bandwidth measured in the same run (the issue's
 target: 1.3x).
 

@@ -1,5 +1,5 @@
 """Our NHWC depthwise convolution kernels (csrc/kernels/depthwise_conv_kernel.cu): the forward with bias, residual and
-ReLU fused, and dgrad and wgrad at stride 2 (the steps where they beat PyTorch's, csrc/ops/depthwise_ops.h), in whole conv layers
+ReLU fused, dgrad at stride 2 and wgrad in bfloat16 (the steps where they beat PyTorch's, csrc/ops/depthwise_ops.h), in whole conv layers
 against eager and a float64 reference; where they run (conv layers, conv + BatchNorm in training and eval) and where
 they do not, with the reason."""
 
@@ -99,17 +99,18 @@ def test_depthwise_conv_matches_float64(extension, no_tf32, dtype, case):
                                                        activation).backward(grad))
     assert any("depthwise_conv_forward" in n for n in ran), ran
     assert any("depthwise_conv_dgrad" in n for n in ran) == (stride == 2), ran
-    # wgrad in our kernel at stride 2 in bfloat16 where the channels fill its 16-byte vectors, else PyTorch's
-    ours_wgrad = stride == 2 and dtype == torch.bfloat16 and channels % 8 == 0
+    # wgrad in our kernel in bfloat16 where the channels fill its 16-byte vectors, else PyTorch's
+    ours_wgrad = dtype == torch.bfloat16 and channels % 8 == 0
     assert any("depthwise_conv_wgrad" in n for n in ran) == ours_wgrad, ran
     if stride == 1 and dtype == torch.bfloat16 and padding < kernel:  # dgrad as cuDNN's forward, the filter turned
         assert not any("dgrad" in n and "depthwise_conv_dgrad" not in n for n in ran), ran
 
 
 @pytest.mark.parametrize("stride, padding, dtype, channels, dgrad, wgrad", [
-    (1, 1, "bfloat16", 64, "turned_forward", "pytorch"), (1, 0, "bfloat16", 64, "turned_forward", "pytorch"),
-    (1, 2, "bfloat16", 64, "turned_forward", "pytorch"),
-    (1, 3, "bfloat16", 64, "pytorch", "pytorch"),  # padding past the filter: no forward computes that dgrad
+    (1, 1, "bfloat16", 64, "turned_forward", "ours"), (1, 0, "bfloat16", 64, "turned_forward", "ours"),
+    (1, 2, "bfloat16", 64, "turned_forward", "ours"),
+    (1, 3, "bfloat16", 64, "pytorch", "ours"),  # padding past the filter: no forward computes that dgrad
+    (1, 1, "bfloat16", 60, "turned_forward", "pytorch"),  # channels that do not fill 16-byte vectors
     (1, 1, "float16", 64, "pytorch", "pytorch"), (1, 1, "float32", 64, "pytorch", "pytorch"),  # cuDNN's dgrad as fast
     (2, 1, "bfloat16", 64, "ours", "ours"),
     (2, 1, "float16", 64, "ours", "pytorch"),  # cuDNN's float16 wgrad was faster than ours
@@ -162,6 +163,34 @@ def test_the_depthwise_wgrad_kernel_is_deterministic_and_matches_float64(extensi
     assert not any("depthwise_conv_wgrad" in n for n in ran), ran
     assert_as_accurate_as_eager("dweight (misaligned)", torch.ops.cudnn_fusion.conv_wgrad(dz, shifted, *args), eager,
                                 reference, dtype)
+
+
+@pytest.mark.parametrize("channels, height, width, padding", [
+    (32, 40, 37, 1),  # 4 vectors: blocks of many strips; 37 columns split in 10 strips, the last of 1 column
+    (200, 17, 9, 0),  # 25 vectors; no padding (out 15 x 7)
+    (576, 14, 14, 1),  # 72 vectors: three channel groups of 24
+    (1032, 7, 7, 2),  # 129 vectors: five groups, the last part-filled; padding 2 (out 9 x 9)
+])
+def test_the_stride1_depthwise_wgrad_kernel_is_deterministic_and_matches_float64(extension, channels, height, width,
+                                                                                  padding):
+    """Our stride-1 bfloat16 wgrad (depthwise_conv_wgrad_rows, then the fixed-order sum of its blocks' partial sums):
+    poisoned output fully written, the same bits on every call, as accurate as PyTorch's against float64, on shapes
+    whose strips, bands and channel groups do not divide evenly."""
+    torch.manual_seed(0)
+    dtype = torch.bfloat16
+    out_h, out_w = height + 2 * padding - 2, width + 2 * padding - 2
+    x = torch.randn(24, channels, height, width, device="cuda").to(dtype).contiguous(memory_format=CL)
+    dz = torch.randn(24, channels, out_h, out_w, device="cuda").to(dtype).contiguous(memory_format=CL)
+    args = ([channels, 1, 3, 3], [1, 1], [padding] * 2, [padding] * 2, [1, 1], channels)
+    ran = _profile_kernels(lambda: torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args))
+    assert any("depthwise_conv_wgrad_rows" in n for n in ran), ran
+    first = torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args)
+    assert first.shape == (channels, 1, 3, 3) and first.dtype == dtype and not first.isnan().any()
+    for _ in range(3):
+        assert torch.equal(torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args), first)
+    eager = torch.nn.grad.conv2d_weight(x, (channels, 1, 3, 3), dz, 1, padding, 1, channels)
+    reference = torch.nn.grad.conv2d_weight(x.double(), (channels, 1, 3, 3), dz.double(), 1, padding, 1, channels)
+    assert_as_accurate_as_eager("dweight", first, eager, reference, dtype)
 
 
 def test_a_misaligned_input_runs_one_element_at_a_time_and_matches(extension, no_tf32):
@@ -282,9 +311,9 @@ def test_conv_bn_relu_training_runs_our_kernels_and_matches_float64(extension, s
     ours = any("depthwise_conv_dgrad" in n for n in names)
     theirs = any("dgrad" in n and "depthwise_conv_dgrad" not in n for n in names)
     assert (ours, theirs) == ((stride == 2), False), names
-    ours = any("depthwise_conv_wgrad" in n for n in names)  # at stride 2 (bf16, 64 channels)
+    ours = any("depthwise_conv_wgrad" in n for n in names)  # bf16, 64 channels: ours at both strides
     theirs = any("wgrad" in n and "depthwise_conv_wgrad" not in n for n in names)
-    assert (ours, theirs) == ((stride == 2), (stride == 1)), names
+    assert (ours, theirs) == (True, False), names
     assert not any("depthwise_conv_forward" in n for n in names), names  # no epilogue: cuDNN's forward is faster
     cudnn_forwards = [n for n in names if "conv2d_c1_k1" in n]
     assert len(cudnn_forwards) == (1 if stride == 2 else 2), names  # the forward, and at stride 1 dgrad
@@ -299,7 +328,7 @@ def test_conv_bn_relu_training_runs_our_kernels_and_matches_float64(extension, s
         assert_as_accurate_as_eager(name, *values, torch.bfloat16)
     note = "conv: PyTorch's cuDNN call; its dgrad: " + (
         "our depthwise kernel; its wgrad: our depthwise kernel" if stride == 2
-        else "PyTorch's forward kernel with the filter turned 180 degrees")
+        else "PyTorch's forward kernel with the filter turned 180 degrees; its wgrad: our depthwise kernel")
     assert note in fused.fusion_status.reason, fused.fusion_status
 
 
@@ -330,11 +359,14 @@ def test_conv_bn_relu_eval_runs_the_folded_depthwise_kernel_in_a_cuda_graph(exte
 
 
 def _depthwise_model():
-    """Our forward and our stride-2 dgrad (first layer), our forward and PyTorch's stride-1 dgrad (second), and a
-    depthwise conv + BatchNorm + ReLU6 in training (PyTorch's conv, our stride-2 dgrad)."""
+    """Our forward and our stride-2 dgrad (first layer), our forward, PyTorch's stride-1 dgrad and under bf16 autocast
+    our stride-1 wgrad (second), a depthwise conv + BatchNorm + ReLU6 in training (PyTorch's conv, our stride-2
+    dgrad), and a pointwise conv + BatchNorm + ReLU (under autocast its float32 weight's gradient is one GEMM)."""
     conv_bn = tcf.Conv2dBNReLU(32, 32, 3, stride=2, padding=1, groups=32, bias=False, activation="relu6")
+    pointwise = tcf.Conv2dBNReLU(32, 48, 1, bias=False)
     return nn.Sequential(tcf.Conv2dReLU(32, 32, 3, stride=2, padding=1, groups=32),
-                         tcf.Conv2dReLU(32, 32, 3, padding=1, groups=32), conv_bn).cuda().to(memory_format=CL)
+                         tcf.Conv2dReLU(32, 32, 3, padding=1, groups=32), conv_bn,
+                         pointwise).cuda().to(memory_format=CL)
 
 
 def test_depthwise_layers_under_torch_compile_fullgraph(extension):
@@ -356,6 +388,8 @@ def test_depthwise_layers_under_torch_compile_fullgraph(extension):
     ran = _profile_kernels(lambda: step(compiled))
     assert sum("depthwise_conv_forward" in n for n in ran) == 2, ran
     assert sum("depthwise_conv_dgrad" in n for n in ran) == 2, ran  # the first layer's and the conv + BN's
+    assert sum("depthwise_conv_wgrad_rows" in n for n in ran) == 1, ran  # the second layer's (stride 1)
+    assert sum("depthwise_conv_wgrad_tiled" in n for n in ran) == 2, ran  # the stride-2 layers'
     for got, want in zip(step(compiled), eager):
         torch.testing.assert_close(got, want)
 

@@ -18,12 +18,13 @@
 // (depthwise_conv_forward_rows): a thread walks the input rows of 8 output rows once, with no shared memory and no
 // barrier. The strip kernels above stay for one element at a time, filters or bias not on a vector boundary and
 // batches over 65535. dgrad is built for stride 2 only: at stride 1 PyTorch's kernel runs (depthwise_kernel_steps).
-// wgrad (depthwise_conv_wgrad_tiled) stages tiles of dy and x in shared memory and sums each channel's 9 taps per
-// thread over many tiles, then in a fixed order across warps, blocks and parts: deterministic. Two earlier wgrad
-// kernels that read global memory directly (per-thread sums of a strip's taps; a thread per channel vector walking an
-// output row with the 3x3 window in registers) ran 1.2-26x slower than PyTorch's and were not kept (H100,
-// 2026-11-23 and -24). This one is compute-bound at stride 1 (Nsight Compute: SM throughput 70%, DRAM 31-58% on
-// three stride-1 layers): it runs at stride 2 only (depthwise_kernel_steps).
+// wgrad at stride 2 (depthwise_conv_wgrad_tiled) stages tiles of dy and x in shared memory and sums each channel's 9
+// taps per thread over many tiles, then in a fixed order across warps, blocks and parts: deterministic. At stride 1 it
+// was compute-bound (Nsight Compute: SM throughput 70%, DRAM 31-58% on three stride-1 layers) and no faster than
+// PyTorch's; there depthwise_conv_wgrad_rows runs instead: a thread walks a strip of 4 output columns down 16 rows
+// with its 3 input rows in registers, and sums in the same fixed order. Two earlier wgrad kernels that read global
+// memory directly (per-thread sums of a strip's taps; a thread per channel vector walking an output row with the 3x3
+// window in registers, 2026-11-23 and -24) ran 1.2-26x slower than PyTorch's and were not kept.
 #include "kernels/depthwise_conv_kernel.h"
 
 #include <optional>
@@ -836,6 +837,139 @@ __global__ void __launch_bounds__(32 * kWgradSumGroups) depthwise_conv_wgrad_sum
   dw[c * 9 + tap] = from_float<T>(total);
 }
 
+// The stride-1 wgrad from registers: a thread takes one 16-byte vector of channels of a strip of up to
+// kWgradRowsColumns output columns and kWgradRowsBand output rows of one image. It walks the strip's output rows once,
+// keeping the three input rows they read (columns + 2 vectors each, as stored) in registers: each input row and each
+// dy row is loaded once, and neighbouring strips' overlapping columns meet in L1. Its 9 taps' sums stay in registers
+// over all its strips (strip t, t + gridDim.x * blockDim.y, ...); at the end the block adds them across blockDim.y in
+// order and writes one partial sum per tap and channel, for depthwise_conv_wgrad_sum: the same inputs give the same
+// bits. Threads: channel vectors fastest (blockDim.x, the channel group's), then strips. Against the tiled kernel
+// above at stride 1 this holds no tile in shared memory and needs no barrier. Of the shapes tried (2 to 8 columns,
+// 4-, 8- and 16-byte lanes, bands of 8 to 32 rows, fewer registers), 4 columns of 16-byte vectors was the fastest on
+// every stride-1 layer of MobileNet v1 and v2 (batch 256, bf16, H100, 2026-11-25), though its 255 registers leave
+// one block per multiprocessor.
+constexpr int kWgradRowsColumns = 4;
+constexpr int kWgradRowsBand = 16;
+
+struct WgradRowsShape {
+  int columns, strips_w, band, bands;  // a strip's columns and rows (at most), how many across out_w and out_h
+  int64_t strips;                      // n * bands * strips_w
+};
+
+// The V channels of a 16-byte vector, kept as raw words, as float (bf16 by shifts and masks).
+template <typename T, int V>
+__device__ inline void vector_to_float(const uint4& vector, float (&out)[V]) {
+  const uint32_t words[4] = {vector.x, vector.y, vector.z, vector.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (std::is_same_v<T, float>) {
+      out[i] = __uint_as_float(words[i]);
+    } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      out[2 * i] = __uint_as_float(words[i] << 16);
+      out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+    } else {
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&words[i]));
+      out[2 * i] = f.x;
+      out[2 * i + 1] = f.y;
+    }
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(nhwc::kThreads) depthwise_conv_wgrad_rows(const T* __restrict__ x,
+                                                                            const T* __restrict__ dy,
+                                                                            float* __restrict__ partial,
+                                                                            DepthwiseShape s, WgradRowsShape r) {
+  constexpr int V = nhwc::Vec<T>::kSize;
+  constexpr int K = 3;
+  constexpr int C = kWgradRowsColumns;
+  using Vector = uint4;  // V channels as stored
+  __shared__ float sums[nhwc::kThreads * V];  // one tap at a time: [blockDim.y][blockDim.x * V]
+  const int width = blockDim.x * V;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * width;
+  const int64_t c = c0 + threadIdx.x * V;
+  float acc[K * K][V];
+  zero(acc);
+  if (c < s.channels) {
+    for (int64_t strip = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; strip < r.strips;
+         strip += static_cast<int64_t>(gridDim.x) * blockDim.y) {
+      const int sw = static_cast<int>(strip % r.strips_w);
+      const int64_t rest = strip / r.strips_w;
+      const int oh0 = static_cast<int>(rest % r.bands) * r.band;
+      const int64_t n = rest / r.bands;
+      const int ow0 = sw * r.columns;
+      const int rows = min(r.band, static_cast<int>(s.out_h - oh0));
+      const int columns = min(r.columns, static_cast<int>(s.out_w - ow0));
+      const T* image = x + n * s.h * s.w * s.channels + c;
+      const T* grad = dy + (n * s.out_h * s.out_w + ow0) * s.channels + c;
+      const int iw0 = ow0 - s.pad_w;
+      // input row ih, columns iw0 ... iw0 + columns + 1 (zeros outside the image)
+      auto load_row = [&](Vector(&row)[C + 2], int ih) {
+        const bool inside = ih >= 0 && ih < s.h;
+#pragma unroll
+        for (int e = 0; e < C + 2; ++e) {
+          const int iw = iw0 + e;
+          row[e] = inside && e < columns + 2 && iw >= 0 && iw < s.w
+                       ? *reinterpret_cast<const Vector*>(image + (static_cast<int64_t>(ih) * s.w + iw) * s.channels)
+                       : Vector{};
+        }
+      };
+      Vector in[K][C + 2];
+      load_row(in[0], oh0 - s.pad_h);
+      load_row(in[1], oh0 - s.pad_h + 1);
+      for (int i = 0; i < rows; ++i) {
+        const int oh = oh0 + i;
+        load_row(in[2], oh - s.pad_h + 2);
+        float d[C][V];
+#pragma unroll
+        for (int j = 0; j < C; ++j) {
+          const Vector g = j < columns ? *reinterpret_cast<const Vector*>(
+                                             grad + (static_cast<int64_t>(oh) * s.out_w + j) * s.channels)
+                                       : Vector{};
+          vector_to_float<T>(g, d[j]);
+        }
+#pragma unroll
+        for (int kh = 0; kh < K; ++kh) {
+#pragma unroll
+          for (int e = 0; e < C + 2; ++e) {
+            float xv[V];
+            vector_to_float<T>(in[kh][e], xv);
+#pragma unroll
+            for (int kw = 0; kw < K; ++kw) {
+              const int j = e - kw;  // the output column that reads input column e through tap kw
+              if (j >= 0 && j < C) {
+#pragma unroll
+                for (int v = 0; v < V; ++v) acc[kh * K + kw][v] = fmaf(d[j][v], xv[v], acc[kh * K + kw][v]);
+              }
+            }
+          }
+        }
+#pragma unroll
+        for (int e = 0; e < C + 2; ++e) {
+          in[0][e] = in[1][e];
+          in[1][e] = in[2][e];
+        }
+      }
+    }
+  }
+  // the block's sum per tap and channel: its rows of threads' sums in order
+  const int threads = blockDim.x * blockDim.y;
+  const int thread = threadIdx.y * blockDim.x + threadIdx.x;
+#pragma unroll
+  for (int tap = 0; tap < K * K; ++tap) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) sums[threadIdx.y * width + threadIdx.x * V + v] = acc[tap][v];
+    __syncthreads();
+    for (int i = thread; i < width; i += threads) {
+      if (c0 + i >= s.channels) continue;
+      float total = 0.f;
+      for (int y = 0; y < static_cast<int>(blockDim.y); ++y) total += sums[y * width + i];
+      partial[(static_cast<int64_t>(blockIdx.x) * K * K + tap) * s.channels + c0 + i] = total;
+    }
+    __syncthreads();
+  }
+}
+
 // Block (bx, by): threadIdx.x walks groups of V channels, threadIdx.y the strips of a tile of band(by) rows. The
 // groups are split evenly over the fewest blocks of at most 64 (72 groups: two blocks of 36, not 64 and 8, whose
 // second block left most of its threads idle: 576 channels in bf16 ran 16% slower than PyTorch's, H100). The
@@ -1065,42 +1199,93 @@ WgradPlan wgrad_plan(const DepthwiseShape& s, int multiprocessors) {
   return plan;
 }
 
-bool wgrad_takes(const DepthwiseShape& s) {
-  return s.kernel == 3 && (s.stride == 1 || s.stride == 2) && s.out_h > 0 && s.out_w > 0 && s.n > 0;
+// How a stride-1 wgrad launch splits the outputs: strips of `columns` x `band` outputs (out_w and out_h split evenly
+// into strips no larger than the kernel's), channel groups of up to 32 vectors (split evenly), and the blocks
+// per channel group (parts): no more than every multiprocessor holds at once, each walking the same number of strips.
+// The channels are a multiple of the vector (the caller checks: depthwise_vectors_fit).
+struct WgradRowsPlan {
+  WgradRowsShape shape;
+  dim3 block;
+  int64_t channel_groups, parts;
+};
+
+template <typename T>
+int wgrad_rows_blocks_per_multiprocessor() {
+  static const int blocks = [] {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, depthwise_conv_wgrad_rows<T>, nhwc::kThreads, 0) !=
+        cudaSuccess) {
+      cudaGetLastError();
+      n = 1;
+    }
+    return std::max(n, 1);
+  }();
+  return blocks;
 }
 
-template <typename Fn>
-auto by_wgrad_stride(const DepthwiseShape& s, Fn&& fn) {
-  return s.stride == 1 ? fn(std::integral_constant<int, 1>{}) : fn(std::integral_constant<int, 2>{});
+template <typename T>
+WgradRowsPlan wgrad_rows_plan(const DepthwiseShape& s, int multiprocessors) {
+  constexpr int64_t V = vector_size<T>();
+  WgradRowsPlan plan;
+  WgradRowsShape& r = plan.shape;
+  const int64_t strips_w = (s.out_w + kWgradRowsColumns - 1) / kWgradRowsColumns;
+  const int64_t bands = (s.out_h + kWgradRowsBand - 1) / kWgradRowsBand;
+  r.strips_w = static_cast<int>(strips_w);
+  r.columns = static_cast<int>((s.out_w + strips_w - 1) / strips_w);
+  r.bands = static_cast<int>(bands);
+  r.band = static_cast<int>((s.out_h + bands - 1) / bands);
+  r.strips = s.n * bands * strips_w;
+  const int64_t vectors = (s.channels + V - 1) / V;
+  plan.channel_groups = (vectors + 31) / 32;
+  const int bx = static_cast<int>((vectors + plan.channel_groups - 1) / plan.channel_groups);
+  plan.block = dim3(bx, nhwc::kThreads / bx);
+  const int64_t blocks = (r.strips + plan.block.y - 1) / plan.block.y;
+  const int64_t resident = static_cast<int64_t>(multiprocessors) * wgrad_rows_blocks_per_multiprocessor<T>();
+  const int64_t parts = std::max<int64_t>(1, std::min(blocks, resident / plan.channel_groups));
+  const int64_t rounds = (blocks + parts - 1) / parts;
+  plan.parts = (blocks + rounds - 1) / rounds;
+  return plan;
+}
+
+bool wgrad_takes(const DepthwiseShape& s) {
+  return s.kernel == 3 && (s.stride == 1 || s.stride == 2) && s.out_h > 0 && s.out_w > 0 && s.n > 0;
 }
 
 // The parts of a launch, or 0 where the grid cannot hold the channel groups (PyTorch's kernel runs then).
 template <typename T>
 int64_t wgrad_parts_typed(const DepthwiseShape& s, int multiprocessors) {
-  return by_wgrad_stride(s, [&](auto stride) -> int64_t {
-    const WgradPlan plan = wgrad_plan<T, decltype(stride)::value>(s, multiprocessors);
+  if (s.stride == 1) {
+    const WgradRowsPlan plan = wgrad_rows_plan<T>(s, multiprocessors);
     return plan.channel_groups > 65535 ? 0 : plan.parts;
-  });
+  }
+  const WgradPlan plan = wgrad_plan<T, 2>(s, multiprocessors);
+  return plan.channel_groups > 65535 ? 0 : plan.parts;
 }
 
 template <typename T>
 cudaError_t wgrad_typed(const DepthwiseShape& s, const void* x, const void* dy, void* dw, float* partial,
                         int64_t parts, int multiprocessors, cudaStream_t stream) {
-  return by_wgrad_stride(s, [&](auto stride) -> cudaError_t {
-    constexpr int S = decltype(stride)::value;
-    const WgradPlan plan = wgrad_plan<T, S>(s, multiprocessors);
+  if (s.stride == 1) {
+    const WgradRowsPlan plan = wgrad_rows_plan<T>(s, multiprocessors);
     if (plan.parts != parts || plan.channel_groups > 65535) return cudaErrorInvalidValue;
-    depthwise_conv_wgrad_tiled<T, S><<<dim3(static_cast<unsigned>(plan.parts),
+    depthwise_conv_wgrad_rows<T><<<dim3(static_cast<unsigned>(plan.parts),
+                                        static_cast<unsigned>(plan.channel_groups)),
+                                   plan.block, 0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(dy),
+                                                            partial, s, plan.shape);
+  } else {
+    const WgradPlan plan = wgrad_plan<T, 2>(s, multiprocessors);
+    if (plan.parts != parts || plan.channel_groups > 65535) return cudaErrorInvalidValue;
+    depthwise_conv_wgrad_tiled<T, 2><<<dim3(static_cast<unsigned>(plan.parts),
                                             static_cast<unsigned>(plan.channel_groups)),
-                                       kWgradThreads, WgradTile<S>::kSharedBytes, stream>>>(
+                                       kWgradThreads, WgradTile<2>::kSharedBytes, stream>>>(
         static_cast<const T*>(x), static_cast<const T*>(dy), partial, s, plan.tile_rows, plan.tile_columns,
         plan.tiles_h, plan.tiles_w, plan.tiles);
-    cudaError_t status = cudaGetLastError();
-    if (status != cudaSuccess) return status;
-    depthwise_conv_wgrad_sum<T><<<dim3(static_cast<unsigned>((s.channels + 31) / 32), 9), 32 * kWgradSumGroups, 0,
-                                  stream>>>(partial, parts, static_cast<T*>(dw), s.channels);
-    return cudaGetLastError();
-  });
+  }
+  cudaError_t status = cudaGetLastError();
+  if (status != cudaSuccess) return status;
+  depthwise_conv_wgrad_sum<T><<<dim3(static_cast<unsigned>((s.channels + 31) / 32), 9), 32 * kWgradSumGroups, 0,
+                                stream>>>(partial, parts, static_cast<T*>(dw), s.channels);
+  return cudaGetLastError();
 }
 
 // Fn<T>::run(args...) for the element type (ElementType has no other values).

@@ -93,7 +93,7 @@ DepthwiseSteps depthwise_kernel_steps(const ConvProblem& p, bool has_epilogue) {
     steps.dgrad = DepthwiseDgrad::kTurnedForward;
   }
   const int element_bytes = static_cast<int>(c10::elementSize(p.dtype));
-  steps.wgrad = p.stride[0] == 2 && p.dtype == at::kBFloat16 && depthwise_vectors_fit(p.w_size[0], element_bytes);
+  steps.wgrad = p.dtype == at::kBFloat16 && depthwise_vectors_fit(p.w_size[0], element_bytes);
   return steps;
 }
 

@@ -29,10 +29,11 @@ std::string depthwise_kernel_unmet(const ConvProblem& p);
 // is faster for the conv alone); dgrad at stride 2, where ours was faster. At stride 1 in bfloat16, dgrad runs as
 // PyTorch's (cuDNN's) forward of grad_z with the filter turned 180 degrees: the same sums, and cuDNN's bfloat16
 // depthwise forward took 0.61x the time of its dgrad over those layers (its float16 and float32 dgrad were as fast as
-// that forward: they stay). wgrad in our kernel at stride 2 in bfloat16, where the channels fill its 16-byte vectors:
-// there it took 0.71-0.92x of PyTorch's time on the five stride-2 layers (H100); at stride 1 it took 0.88-1.53x (a
-// development harness), and in float16 PyTorch's was 4-24% faster than ours at stride 2; float32 was not measured.
-// The rest runs PyTorch's kernels.
+// that forward: they stay). wgrad in our kernels in bfloat16, where the channels fill their 16-byte vectors: at stride
+// 2 the tiled kernel took 0.71-0.92x of PyTorch's time on the five stride-2 layers, at stride 1 the rows kernel
+// 0.69-0.92x on the ten stride-1 layers of v1 and v2 (H100, benchmarks/results/depthwise_bfloat16_h100_2026-11-25q);
+// in float16 PyTorch's was 4-24% faster than ours at stride 2, and float32 was not measured. The rest runs PyTorch's
+// kernels.
 enum class DepthwiseDgrad {
   kPyTorch,        // PyTorch's (cuDNN's) dgrad
   kOurKernel,      // our dgrad kernel
