@@ -844,10 +844,11 @@ __global__ void __launch_bounds__(32 * kWgradSumGroups) depthwise_conv_wgrad_sum
 // over all its strips (strip t, t + gridDim.x * blockDim.y, ...); at the end the block adds them across blockDim.y in
 // order and writes one partial sum per tap and channel, for depthwise_conv_wgrad_sum: the same inputs give the same
 // bits. Threads: channel vectors fastest (blockDim.x, the channel group's), then strips. Against the tiled kernel
-// above at stride 1 this holds no tile in shared memory and needs no barrier. Of the shapes tried (2 to 8 columns,
-// 4-, 8- and 16-byte lanes, bands of 8 to 32 rows, fewer registers), 4 columns of 16-byte vectors was the fastest on
-// every stride-1 layer of MobileNet v1 and v2 (batch 256, bf16, H100, 2026-11-25), though its 255 registers leave
-// one block per multiprocessor.
+// above at stride 1 this holds no tile in shared memory and needs no barrier. Of the shapes tried in a scratch
+// harness (2 to 8 columns; 4-, 8- and 16-byte lanes; bands of 8 and 16 rows; loading the three input rows for each
+// output row instead, at higher occupancy), 4 columns of 16-byte vectors was the fastest over the stride-1 layers of
+// MobileNet v1 and v2 summed, and on each but v2's 384- and 576-channel 14x14 layers, where 3 columns were faster
+// (batch 256, bf16, H100, 2026-11-25; docs/benchmarks.md). Its 255 registers leave one block per multiprocessor.
 constexpr int kWgradRowsColumns = 4;
 constexpr int kWgradRowsBand = 16;
 
