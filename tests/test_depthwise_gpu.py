@@ -154,6 +154,7 @@ def test_the_depthwise_wgrad_kernel_is_deterministic_and_matches_float64(extensi
     eager = torch.nn.grad.conv2d_weight(x, (96, 1, 3, 3), dz, 2, 1, 1, 96)
     reference = torch.nn.grad.conv2d_weight(x.double(), (96, 1, 3, 3), dz.double(), 2, 1, 1, 96)
     assert_as_accurate_as_eager("dweight", first, eager, reference, dtype)
+    _assert_the_float32_wgrad_is_the_unrounded_sums(dz, x, args, first, eager, reference)
     # an NHWC view 2 elements past a 16-byte boundary: PyTorch's wgrad, the same numbers as eager's
     storage = torch.empty(x.numel() + 2, device="cuda", dtype=dtype)
     shifted = storage[2:].view(16, 30, 30, 96).permute(0, 3, 1, 2)
@@ -161,8 +162,11 @@ def test_the_depthwise_wgrad_kernel_is_deterministic_and_matches_float64(extensi
     assert shifted.is_contiguous(memory_format=CL) and shifted.data_ptr() % 16 != 0
     ran = _profile_kernels(lambda: torch.ops.cudnn_fusion.conv_wgrad(dz, shifted, *args))
     assert not any("depthwise_conv_wgrad" in n for n in ran), ran
-    assert_as_accurate_as_eager("dweight (misaligned)", torch.ops.cudnn_fusion.conv_wgrad(dz, shifted, *args), eager,
-                                reference, dtype)
+    misaligned = torch.ops.cudnn_fusion.conv_wgrad(dz, shifted, *args)
+    assert_as_accurate_as_eager("dweight (misaligned)", misaligned, eager, reference, dtype)
+    # asked for float32 there: PyTorch's bfloat16 wgrad, cast
+    assert torch.equal(torch.ops.cudnn_fusion.conv_wgrad(dz, shifted, *args, out_dtype=torch.float32),
+                       misaligned.float())
 
 
 @pytest.mark.parametrize("channels, height, width, padding", [
@@ -191,6 +195,23 @@ def test_the_stride1_depthwise_wgrad_kernel_is_deterministic_and_matches_float64
     eager = torch.nn.grad.conv2d_weight(x, (channels, 1, 3, 3), dz, 1, padding, 1, channels)
     reference = torch.nn.grad.conv2d_weight(x.double(), (channels, 1, 3, 3), dz.double(), 1, padding, 1, channels)
     assert_as_accurate_as_eager("dweight", first, eager, reference, dtype)
+    _assert_the_float32_wgrad_is_the_unrounded_sums(dz, x, args, first, eager, reference)
+
+
+def _assert_the_float32_wgrad_is_the_unrounded_sums(dz, x, args, rounded, eager, reference):
+    """conv_wgrad(out_dtype=float32), as the conv + BatchNorm op asks for a float32 weight: the same fixed-order float
+    sums written unrounded (poisoned output fully written, the same bits on every call), which round to the bfloat16
+    result bit for bit; as accurate as eager's against float64."""
+    def call():
+        return torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args, out_dtype=torch.float32)
+    ran = _profile_kernels(call)
+    assert any("depthwise_conv_wgrad_sum<float>" in n for n in ran), ran
+    full = call()
+    assert full.dtype == torch.float32 and full.shape == rounded.shape and not full.isnan().any()
+    for _ in range(2):
+        assert torch.equal(call(), full)
+    assert torch.equal(full.to(rounded.dtype), rounded)
+    assert_as_accurate_as_eager("dweight in float32", full, eager, reference, rounded.dtype)
 
 
 def test_a_misaligned_input_runs_one_element_at_a_time_and_matches(extension, no_tf32):
@@ -317,6 +338,21 @@ def test_conv_bn_relu_training_runs_our_kernels_and_matches_float64(extension, s
     assert not any("depthwise_conv_forward" in n for n in names), names  # no epilogue: cuDNN's forward is faster
     cudnn_forwards = [n for n in names if "conv2d_c1_k1" in n]
     assert len(cudnn_forwards) == (1 if stride == 2 else 2), names  # the forward, and at stride 1 dgrad
+
+    # the float32 weight's gradient is the kernel's float sums, written as float32: no bfloat16 gradient cast back in
+    # the conv's node (a bfloat16 input: no cast of dx either), so the backward runs no cast at all
+    layer = tcf.Conv2dBNReLU.from_modules(*copy.deepcopy(plain)[:2])
+    with torch.autocast("cuda", torch.bfloat16):
+        y = layer(x.detach().to(torch.bfloat16).requires_grad_())
+    grad_y = grad_out.to(y.dtype)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        y.backward(grad_y)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events()]
+    assert any("depthwise_conv_wgrad_sum<float>" in n for n in names), names
+    assert "aten::_to_copy" not in names, names
+    assert layer.weight.grad.dtype == torch.float32
 
     eager, reference = copy.deepcopy(plain), copy.deepcopy(plain).double()
     fused = tcf.Conv2dBNReLU.from_modules(plain[0], plain[1])

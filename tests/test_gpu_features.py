@@ -46,6 +46,13 @@ def test_opcheck_every_op(extension):
     torch.library.opcheck(ops.relu_bias_backward.default, (_input(2, 32, 9, 9), y))
     torch.library.opcheck(ops.conv_dgrad.default, (_input(2, 32, 9, 9), w.detach(), [2, 16, 9, 9], *_conv_args()))
     torch.library.opcheck(ops.conv_wgrad.default, (_input(2, 32, 9, 9), x.detach(), [32, 16, 3, 3], *_conv_args()))
+    torch.library.opcheck(ops.conv_wgrad.default, (_input(2, 32, 9, 9), x.detach(), [32, 16, 3, 3], *_conv_args()),
+                          {"out_dtype": torch.float32})
+    dz = _input(2, 32, 9, 9)
+    depthwise = (dz, _input(2, 32, 9, 9), [32, 1, 3, 3], [1, 1], [1, 1], [1, 1], [1, 1], 32)
+    torch.library.opcheck(ops.conv_wgrad.default, depthwise, {"out_dtype": torch.float32})  # our kernel, in float32
+    with pytest.raises(RuntimeError, match="out_dtype must be grad_z's dtype"):
+        ops.conv_wgrad(*depthwise, out_dtype=torch.float16)
     # the BatchNorm ops: the cuDNN graph implementation (0); its reserve is empty (the legacy API's is sized by cuDNN)
     c = 32
     scale = torch.rand(c, device="cuda") + 0.5

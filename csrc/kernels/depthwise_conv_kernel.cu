@@ -690,7 +690,8 @@ constexpr int kWgradPixelBytes = 32 * 4;  // a tile position: 32 lanes of 4 byte
 
 template <int S>
 struct WgradTile {
-  static constexpr int kColumns = S == 1 ? 16 : 8;  // output columns of a tile, at most
+  static_assert(S == 2, "the tiled wgrad runs at stride 2; stride 1 runs depthwise_conv_wgrad_rows");
+  static constexpr int kColumns = 8;  // output columns of a tile, at most
   static constexpr int kInputRows = (kWgradRows - 1) * S + 3;
   static constexpr int kInputColumns = (kColumns - 1) * S + 3;
   static constexpr int kSharedBytes = (kInputRows * kInputColumns + kWgradRows * kColumns) * kWgradPixelBytes;
@@ -812,13 +813,14 @@ __global__ void __launch_bounds__(kWgradThreads) depthwise_conv_wgrad_tiled(
   }
 }
 
-// dw[c, tap] = the sum of partial[p, tap, c] over p: block (channels / 32, tap); threads: 32 channels x
-// kWgradSumGroups, group j adding parts j, j + kWgradSumGroups, ..., then the groups added in order.
+// dw[c, tap] = the sum of partial[p, tap, c] over p, rounded once to dw's type O (the element type, or float for a
+// float32 weight's gradient): block (channels / 32, tap); threads: 32 channels x kWgradSumGroups, group j adding
+// parts j, j + kWgradSumGroups, ..., then the groups added in order.
 constexpr int kWgradSumGroups = 32;
 
-template <typename T>
+template <typename O>
 __global__ void __launch_bounds__(32 * kWgradSumGroups) depthwise_conv_wgrad_sum(const float* __restrict__ partial,
-                                                                                int64_t parts, T* __restrict__ dw,
+                                                                                int64_t parts, O* __restrict__ dw,
                                                                                 int64_t channels) {
   __shared__ float sums[kWgradSumGroups][33];
   const int lane = threadIdx.x % 32;
@@ -834,7 +836,7 @@ __global__ void __launch_bounds__(32 * kWgradSumGroups) depthwise_conv_wgrad_sum
   if (group != 0 || c >= channels) return;
   float total = 0.f;
   for (int j = 0; j < kWgradSumGroups; ++j) total += sums[j][lane];
-  dw[c * 9 + tap] = from_float<T>(total);
+  dw[c * 9 + tap] = from_float<O>(total);
 }
 
 // The stride-1 wgrad from registers: a thread takes one 16-byte vector of channels of a strip of up to
@@ -1264,8 +1266,8 @@ int64_t wgrad_parts_typed(const DepthwiseShape& s, int multiprocessors) {
 }
 
 template <typename T>
-cudaError_t wgrad_typed(const DepthwiseShape& s, const void* x, const void* dy, void* dw, float* partial,
-                        int64_t parts, int multiprocessors, cudaStream_t stream) {
+cudaError_t wgrad_typed(const DepthwiseShape& s, const void* x, const void* dy, void* dw, bool dw_float,
+                        float* partial, int64_t parts, int multiprocessors, cudaStream_t stream) {
   if (s.stride == 1) {
     const WgradRowsPlan plan = wgrad_rows_plan<T>(s, multiprocessors);
     if (plan.parts != parts || plan.channel_groups > 65535) return cudaErrorInvalidValue;
@@ -1284,8 +1286,14 @@ cudaError_t wgrad_typed(const DepthwiseShape& s, const void* x, const void* dy, 
   }
   cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess) return status;
-  depthwise_conv_wgrad_sum<T><<<dim3(static_cast<unsigned>((s.channels + 31) / 32), 9), 32 * kWgradSumGroups, 0,
-                                stream>>>(partial, parts, static_cast<T*>(dw), s.channels);
+  const dim3 grid(static_cast<unsigned>((s.channels + 31) / 32), 9);
+  if (dw_float) {
+    depthwise_conv_wgrad_sum<float><<<grid, 32 * kWgradSumGroups, 0, stream>>>(partial, parts, static_cast<float*>(dw),
+                                                                               s.channels);
+  } else {
+    depthwise_conv_wgrad_sum<T><<<grid, 32 * kWgradSumGroups, 0, stream>>>(partial, parts, static_cast<T*>(dw),
+                                                                           s.channels);
+  }
   return cudaGetLastError();
 }
 
@@ -1347,10 +1355,10 @@ int64_t depthwise_wgrad_parts(ElementType type, const DepthwiseShape& shape, int
 }
 
 cudaError_t launch_depthwise_conv_wgrad(ElementType type, const DepthwiseShape& shape, const void* x, const void* dy,
-                                        void* dw, float* partial, int64_t parts, int multiprocessors,
+                                        void* dw, bool dw_float, float* partial, int64_t parts, int multiprocessors,
                                         cudaStream_t stream) {
   if (!wgrad_takes(shape) || parts <= 0) return cudaErrorInvalidValue;
-  return by_type<Wgrad>(type, shape, x, dy, dw, partial, parts, multiprocessors, stream);
+  return by_type<Wgrad>(type, shape, x, dy, dw, dw_float, partial, parts, multiprocessors, stream);
 }
 
 }  // namespace tcf

@@ -39,14 +39,14 @@ cudaError_t launch_depthwise_conv_dgrad(ElementType type, const DepthwiseShape& 
                                         const void* weight, void* dx, bool vectors, cudaStream_t stream);
 
 // dw [channels, 1, kernel, kernel] = the sums over n, out_h, out_w of dy times the x each output read, in float in a
-// fixed order, rounded once to the element type; x and dy as above, 16-byte vectors only (the caller checks:
+// fixed order, rounded once to the element type (dw_float: written as float, unrounded); x and dy as above, 16-byte vectors only (the caller checks:
 // depthwise_vectors_fit and the pointers' alignment), stride 1 or 2. Two launches: the first writes `parts` x 9 x
 // channels float partial sums into `partial` (the caller's scratch), the second adds them up.
 // depthwise_wgrad_parts: the parts a launch on `multiprocessors` multiprocessors writes (0: the kernels do not take
 // the shape, or the grid cannot hold its channel groups).
 int64_t depthwise_wgrad_parts(ElementType type, const DepthwiseShape& shape, int multiprocessors);
 cudaError_t launch_depthwise_conv_wgrad(ElementType type, const DepthwiseShape& shape, const void* x, const void* dy,
-                                        void* dw, float* partial, int64_t parts, int multiprocessors,
+                                        void* dw, bool dw_float, float* partial, int64_t parts, int multiprocessors,
                                         cudaStream_t stream);
 
 }  // namespace tcf

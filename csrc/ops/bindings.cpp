@@ -376,7 +376,7 @@ TORCH_LIBRARY(cudnn_fusion, m) {
       "int[2] padding_post, int[2] dilation, int groups, int policy=0) -> Tensor");
   m.def(
       "conv_wgrad(Tensor grad_z, Tensor x, int[4] weight_size, int[2] stride, int[2] padding_pre, "
-      "int[2] padding_post, int[2] dilation, int groups, int policy=0) -> Tensor");
+      "int[2] padding_post, int[2] dilation, int groups, int policy=0, ScalarType? out_dtype=None) -> Tensor");
   m.def(
       "batch_norm_act(Tensor x, Tensor weight, Tensor bias, Tensor? running_mean, Tensor? running_var, "
       "Tensor? residual, float momentum, float eps, int activation, int implementation, int policy=0) -> "

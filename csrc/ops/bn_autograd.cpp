@@ -9,7 +9,7 @@
 
 #include "ops/bn_ops.h"
 #include "ops/channels_last_copy.h"
-#include "ops/depthwise_ops.h"
+#include "ops/conv_bn_backward.h"
 
 namespace tcf {
 namespace {

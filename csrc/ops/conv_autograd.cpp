@@ -19,10 +19,11 @@ at::Tensor call_conv_dgrad(const at::Tensor& grad_z, const at::Tensor& weight, a
 
 at::Tensor call_conv_wgrad(const at::Tensor& grad_z, const at::Tensor& x, at::IntArrayRef weight_size,
                            at::IntArrayRef stride, at::IntArrayRef padding_pre, at::IntArrayRef padding_post,
-                           at::IntArrayRef dilation, int64_t groups, int64_t policy) {
+                           at::IntArrayRef dilation, int64_t groups, int64_t policy,
+                           std::optional<at::ScalarType> out_dtype) {
   static auto op =
       c10::Dispatcher::singleton().findSchemaOrThrow("cudnn_fusion::conv_wgrad", "").typed<decltype(conv_wgrad)>();
-  return op.call(grad_z, x, weight_size, stride, padding_pre, padding_post, dilation, groups, policy);
+  return op.call(grad_z, x, weight_size, stride, padding_pre, padding_post, dilation, groups, policy, out_dtype);
 }
 
 namespace {

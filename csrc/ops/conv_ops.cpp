@@ -140,9 +140,11 @@ void check_grad_z(const at::Tensor& grad_z, const ConvProblem& p) {
               at::IntArrayRef(p.y_size()), ", got ", grad_z.sizes());
 }
 
-// dgrad (operand: the weight; out: dx of out_size) and wgrad (operand: x; out: dw), after their argument checks.
+// dgrad (operand: the weight; out: dx of out_size) and wgrad (operand: x; out: dw), after their argument checks, in
+// `dtype`: grad_z's, or float32 for a wgrad (our depthwise kernel writes its float sums as they are, unrounded; the
+// other paths compute in grad_z's dtype and cast).
 at::Tensor conv_gradient(GraphKind kind, const at::Tensor& grad_z, const at::Tensor& operand, at::IntArrayRef out_size,
-                         const ConvProblem& p) {
+                         const ConvProblem& p, at::ScalarType dtype) {
   bool dgrad = kind == GraphKind::kConvDgrad;
   check_grad_z(grad_z, p);
   c10::DeviceGuard guard(grad_z.device());
@@ -150,13 +152,15 @@ at::Tensor conv_gradient(GraphKind kind, const at::Tensor& grad_z, const at::Ten
   auto dz = grad_z.contiguous(format);
   auto operand_dense = operand.contiguous(format);
   auto options = grad_z.options().memory_format(format);
-  if (c10::multiply_integers(out_size) == 0) return at::empty(out_size, options);
-  if (dz.numel() == 0) return at::zeros(out_size, options);  // an empty batch contributes nothing to the weight gradient
-  auto aten = [&]() { return dgrad ? fallback_dgrad(dz, operand_dense, p) : fallback_wgrad(dz, operand_dense, p); };
+  if (c10::multiply_integers(out_size) == 0) return at::empty(out_size, options.dtype(dtype));
+  // an empty batch contributes nothing to the weight gradient
+  if (dz.numel() == 0) return at::zeros(out_size, options.dtype(dtype));
+  auto fallback = [&]() { return dgrad ? fallback_dgrad(dz, operand_dense, p) : fallback_wgrad(dz, operand_dense, p); };
+  auto aten = [&]() { return fallback().to(dtype); };
   // our kernel or PyTorch's, as depthwise_kernel_steps measured them; PyTorch's allocates its own output
   bool depthwise = depthwise_kernel_takes(p);
   if (depthwise && !dgrad) {
-    auto dw = depthwise_kernel_steps(p, false).wgrad ? depthwise_conv_wgrad(dz, operand_dense, p) : at::Tensor();
+    auto dw = depthwise_kernel_steps(p, false).wgrad ? depthwise_conv_wgrad(dz, operand_dense, p, dtype) : at::Tensor();
     return dw.defined() ? dw : aten();
   }
   auto depthwise_dgrad = depthwise ? depthwise_kernel_steps(p, false).dgrad : DepthwiseDgrad::kPyTorch;
@@ -171,10 +175,10 @@ at::Tensor conv_gradient(GraphKind kind, const at::Tensor& grad_z, const at::Ten
                                               {dgrad ? kUidW : kUidX, operand_dense.data_ptr()},
                                               {dgrad ? kUidDx : kUidDw, out.data_ptr()}};
   if (!run_graph(kind, p, {alignment_of(dz), alignment_of(operand_dense), alignment_of(out), 0, 0}, std::move(pointers),
-                 {out}, grad_z.device(), [&]() { aten(); })) {
+                 {out}, grad_z.device(), [&]() { fallback(); })) {
     return aten();
   }
-  return out;
+  return out.to(dtype);
 }
 
 }  // namespace
@@ -301,21 +305,25 @@ at::Tensor conv_dgrad(const at::Tensor& grad_z, const at::Tensor& weight, at::In
   auto p = make_problem(grad_z, x_size, weight.sizes(), stride, padding_pre, padding_post, dilation, groups,
                         use_channels_last(grad_z, weight));
   p.policy = policy;
-  return conv_gradient(GraphKind::kConvDgrad, grad_z, weight, x_size, p);
+  return conv_gradient(GraphKind::kConvDgrad, grad_z, weight, x_size, p, grad_z.scalar_type());
 }
 
 at::Tensor conv_wgrad(const at::Tensor& grad_z, const at::Tensor& x, at::IntArrayRef weight_size,
                       at::IntArrayRef stride, at::IntArrayRef padding_pre, at::IntArrayRef padding_post,
-                      at::IntArrayRef dilation, int64_t groups, int64_t policy) {
+                      at::IntArrayRef dilation, int64_t groups, int64_t policy,
+                      std::optional<at::ScalarType> out_dtype) {
   check_4d_cuda(grad_z, "grad_z", "[N, K, H_out, W_out]");
   check_4d_cuda(x, "x", "[N, C, H, W]");
   check_like(x, "x", grad_z);
   TORCH_CHECK(weight_size.size() == 4, "cudnn_fusion: weight_size must have 4 values [K, C / groups, kH, kW], got ",
               weight_size);
+  const auto dtype = out_dtype.value_or(grad_z.scalar_type());
+  TORCH_CHECK(dtype == grad_z.scalar_type() || dtype == at::kFloat,
+              "cudnn_fusion: out_dtype must be grad_z's dtype (", grad_z.scalar_type(), ") or float32, got ", dtype);
   auto p = make_problem(grad_z, x.sizes(), weight_size, stride, padding_pre, padding_post, dilation, groups,
                         use_channels_last(x, grad_z));
   p.policy = policy;
-  return conv_gradient(GraphKind::kConvWgrad, grad_z, x, weight_size, p);
+  return conv_gradient(GraphKind::kConvWgrad, grad_z, x, weight_size, p, dtype);
 }
 
 std::unordered_map<std::string, std::string> check_conv_layer(const ConvProblem& problem, bool backward,

@@ -50,12 +50,16 @@ at::Tensor call_conv_dgrad(const at::Tensor& grad_z, const at::Tensor& weight, a
 // conv_wgrad through the dispatcher, as call_conv_dgrad.
 at::Tensor call_conv_wgrad(const at::Tensor& grad_z, const at::Tensor& x, at::IntArrayRef weight_size,
                            at::IntArrayRef stride, at::IntArrayRef padding_pre, at::IntArrayRef padding_post,
-                           at::IntArrayRef dilation, int64_t groups, int64_t policy);
+                           at::IntArrayRef dilation, int64_t groups, int64_t policy,
+                           std::optional<at::ScalarType> out_dtype = std::nullopt);
 
-// grad_weight of the convolution, given grad_z.
+// grad_weight of the convolution, given grad_z, in out_dtype: grad_z's dtype (nullopt) or float32, the dtype of a
+// float32 weight used in half precision under autocast. Our depthwise wgrad writes float32 as it summed it; the other
+// paths compute in grad_z's dtype and cast.
 at::Tensor conv_wgrad(const at::Tensor& grad_z, const at::Tensor& x, at::IntArrayRef weight_size,
                       at::IntArrayRef stride, at::IntArrayRef padding_pre, at::IntArrayRef padding_post,
-                      at::IntArrayRef dilation, int64_t groups, int64_t policy);
+                      at::IntArrayRef dilation, int64_t groups, int64_t policy,
+                      std::optional<at::ScalarType> out_dtype);
 
 
 // For Python's fusion decision: the layer's verdict (core/requirements.h) and, where it meets every requirement,

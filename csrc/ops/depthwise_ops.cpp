@@ -1,13 +1,11 @@
 #include "ops/depthwise_ops.h"
 
-#include <algorithm>
 #include <sstream>
 
 #include <c10/core/DeviceGuard.h>
 
 #include "core/device.h"
 #include "kernels/depthwise_conv_kernel.h"
-#include "ops/conv_ops.h"
 #include "ops/kernel_launch.h"
 #include "ops/run_graph.h"
 #include "ops/tensor_checks.h"
@@ -145,7 +143,10 @@ void depthwise_conv_dgrad(const at::Tensor& dz, const at::Tensor& weight, const 
                "dgrad");
 }
 
-at::Tensor depthwise_conv_wgrad(const at::Tensor& dz, const at::Tensor& x, const ConvShape& shape) {
+at::Tensor depthwise_conv_wgrad(const at::Tensor& dz, const at::Tensor& x, const ConvShape& shape,
+                                at::ScalarType dw_dtype) {
+  TORCH_CHECK(dw_dtype == dz.scalar_type() || dw_dtype == at::kFloat,
+              "cudnn_fusion: the depthwise weight gradient is written in grad_z's dtype or float32, got ", dw_dtype);
   if (!vectors(shape.x_size[1], {&x, &dz})) return at::Tensor();
   c10::DeviceGuard guard(dz.device());
   const auto type = element_type(dz.scalar_type());
@@ -154,10 +155,12 @@ at::Tensor depthwise_conv_wgrad(const at::Tensor& dz, const at::Tensor& x, const
   const int64_t parts = depthwise_wgrad_parts(type, s, multiprocessors);
   if (parts <= 0) return at::Tensor();
   auto partial = at::empty({parts, 9, shape.x_size[1]}, dz.options().dtype(at::kFloat));
-  auto dw = at::empty(at::IntArrayRef(shape.w_size), dz.options().memory_format(at::MemoryFormat::ChannelsLast));
+  auto dw = at::empty(at::IntArrayRef(shape.w_size),
+                      dz.options().dtype(dw_dtype).memory_format(at::MemoryFormat::ChannelsLast));
   poison_output(dw);
   check_launch(launch_depthwise_conv_wgrad(type, s, x.data_ptr(), dz.data_ptr(), dw.data_ptr(),
-                                           partial.data_ptr<float>(), parts, multiprocessors, current_stream()),
+                                           dw_dtype != dz.scalar_type(), partial.data_ptr<float>(), parts,
+                                           multiprocessors, current_stream()),
                "wgrad");
   return dw;
 }
@@ -167,98 +170,6 @@ at::Tensor depthwise_dgrad_as_forward(const at::Tensor& dz, const at::Tensor& we
   auto dx = at::convolution(dz, weight.flip({2, 3}), std::nullopt, {1, 1}, padding, {1, 1}, false, {0, 0},
                             shape.groups);
   return dx.contiguous(at::MemoryFormat::ChannelsLast);
-}
-
-namespace {
-
-// The conv + BatchNorm op's conv as a ConvProblem, when our kernels take it (else nullopt). Its arguments are
-// checked (check_conv_problem) before any arithmetic on them.
-std::optional<ConvProblem> depthwise_problem(const at::Tensor& x, const at::Tensor& weight, at::IntArrayRef stride,
-                                             at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {
-  if (x.dim() != 4 || weight.dim() != 4 || stride.size() != 2 || padding.size() != 2 || dilation.size() != 2 ||
-      x.scalar_type() != weight.scalar_type() || !x.is_cuda()) {
-    return std::nullopt;  // at::convolution raises its own error, or runs what our kernels do not take
-  }
-  bool channels_last = use_channels_last(x, weight);
-  if (depthwise_kernel_check(x.size(1), weight.sizes(), stride, dilation, groups, channels_last) !=
-      DepthwiseUnmet::kNone) {
-    return std::nullopt;
-  }
-  ConvProblem p;
-  p.dtype = x.scalar_type();
-  p.channels_last = true;
-  p.x_size = size4(x.sizes());
-  p.w_size = size4(weight.sizes());
-  p.stride = {stride[0], stride[1]};
-  p.pad_pre = p.pad_post = {padding[0], padding[1]};
-  p.dilation = {dilation[0], dilation[1]};
-  p.groups = groups;
-  check_conv_problem(p);
-  return p;
-}
-
-}  // namespace
-
-at::Tensor pointwise_weight_gradient(const at::Tensor& grad_z, const at::Tensor& x, at::IntArrayRef weight_size,
-                                     at::IntArrayRef stride, at::IntArrayRef padding, int64_t groups,
-                                     at::ScalarType weight_dtype) {
-  const auto format = at::MemoryFormat::ChannelsLast;
-  auto all = [](at::IntArrayRef values, int64_t v) {
-    return std::all_of(values.begin(), values.end(), [v](int64_t e) { return e == v; });
-  };
-  const bool half = x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf;
-  if (weight_dtype != at::kFloat || !half || grad_z.scalar_type() != x.scalar_type() || x.dim() != 4 ||
-      grad_z.dim() != 4 || weight_size.size() != 4 || weight_size[2] != 1 || weight_size[3] != 1 || groups != 1 ||
-      !all(stride, 1) || !all(padding, 0) || !x.is_cuda() || !x.is_contiguous(format) ||
-      !grad_z.is_contiguous(format) || grad_z.size(0) != x.size(0) || grad_z.size(1) != weight_size[0] ||
-      x.size(1) != weight_size[1] || grad_z.size(2) != x.size(2) || grad_z.size(3) != x.size(3) ||
-      at::globalContext().deterministicAlgorithms()) {
-    return at::Tensor();
-  }
-  // channels_last [N, C, H, W] is [N*H*W, C] row-major: both views are free
-  auto rows = [](const at::Tensor& t) { return t.permute({0, 2, 3, 1}).reshape({-1, t.size(1)}); };
-  return at::mm(rows(grad_z).t(), rows(x), at::kFloat).view(weight_size);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_conv_backward(
-    const at::Tensor& grad_z, const at::Tensor& x, const at::Tensor& weight, bool has_bias, at::IntArrayRef stride,
-    at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups, std::array<bool, 3> mask,
-    at::ScalarType weight_dtype) {
-  auto pointwise_dw = mask[1] ? pointwise_weight_gradient(grad_z, x, weight.sizes(), stride, padding, groups,
-                                                          weight_dtype)
-                              : at::Tensor();
-  if (pointwise_dw.defined()) {
-    at::Tensor dx, db;
-    if (mask[0] || mask[2]) {
-      std::tie(dx, std::ignore, db) = batch_norm_conv_backward(grad_z, x, weight, has_bias, stride, padding, dilation,
-                                                               groups, {mask[0], false, mask[2]}, weight_dtype);
-    }
-    return {dx, pointwise_dw, db};
-  }
-  std::vector<int64_t> bias_size{weight.size(0)};
-  auto aten = [&](std::array<bool, 3> which) {
-    return at::convolution_backward(grad_z, x, weight, has_bias ? at::OptionalIntArrayRef(bias_size) : std::nullopt,
-                                    stride, padding, dilation, false, {0, 0}, groups, which);
-  };
-  auto p = depthwise_problem(x, weight, stride, padding, dilation, groups);
-  if (!p.has_value()) return aten(mask);
-  const auto steps = depthwise_kernel_steps(*p, false);
-  const bool our_dx = mask[0] && steps.dgrad != DepthwiseDgrad::kPyTorch;
-  const bool our_dw = mask[1] && steps.wgrad;
-  if (!our_dx && !our_dw) return aten(mask);
-  // cudnn_fusion::conv_dgrad and conv_wgrad run the steps depthwise_kernel_steps picked; PyTorch's the rest
-  auto dz = grad_z.contiguous(at::MemoryFormat::ChannelsLast);
-  at::Tensor dx, dw, db;
-  if (our_dx) dx = call_conv_dgrad(dz, weight, x.sizes(), stride, padding, padding, dilation, groups, 0);
-  if (our_dw) dw = call_conv_wgrad(dz, x, weight.sizes(), stride, padding, padding, dilation, groups, 0);
-  const std::array<bool, 3> rest{mask[0] && !our_dx, mask[1] && !our_dw, mask[2]};
-  if (rest[0] || rest[1] || rest[2]) {
-    auto [aten_dx, aten_dw, aten_db] = aten(rest);
-    if (rest[0]) dx = aten_dx;
-    if (rest[1]) dw = aten_dw;
-    db = aten_db;
-  }
-  return {dx, dw, db};
 }
 
 }  // namespace tcf

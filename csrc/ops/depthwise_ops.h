@@ -56,29 +56,13 @@ void depthwise_conv_forward(const at::Tensor& x, const at::Tensor& weight, const
                             const at::Tensor& residual, const ConvShape& shape, int activation, const at::Tensor& y);
 void depthwise_conv_dgrad(const at::Tensor& dz, const at::Tensor& weight, const ConvShape& shape,
                           const at::Tensor& dx);
-// The weight gradient [channels, 1, 3, 3] in dz's dtype (dz, x: dense channels_last), summed in a fixed order; undefined
-// where the tensors are not on 16-byte boundaries (the caller runs PyTorch's then).
-at::Tensor depthwise_conv_wgrad(const at::Tensor& dz, const at::Tensor& x, const ConvShape& shape);
+// The weight gradient [channels, 1, 3, 3] in dw_dtype, dz's or float32 (dz, x: dense channels_last), summed in float in
+// a fixed order and rounded once; undefined where the tensors are not on 16-byte boundaries (the caller runs PyTorch's
+// then).
+at::Tensor depthwise_conv_wgrad(const at::Tensor& dz, const at::Tensor& x, const ConvShape& shape,
+                                at::ScalarType dw_dtype);
 // dx of a stride-1 depthwise convolution as PyTorch's forward of dz with the filter turned 180 degrees and padding
 // kernel - 1 - padding (DepthwiseDgrad::kTurnedForward: symmetric padding below the kernel size), channels_last.
 at::Tensor depthwise_dgrad_as_forward(const at::Tensor& dz, const at::Tensor& weight, const ConvShape& shape);
-
-// The weight gradient of a dense 1x1 conv at stride 1 without padding, as one GEMM over the N*H*W rows
-// (dz^T x) written in float32 from float16 or bfloat16 operands: under autocast the float32 weight's gradient then
-// needs no cast back from half precision, and keeps the GEMM's float32 sums instead of their half-precision rounding.
-// Undefined where it does not apply: another conv, operands not channels_last-contiguous, a weight_dtype other than
-// float32, or deterministic algorithms requested (cuBLAS then needs CUBLAS_WORKSPACE_CONFIG; cuDNN's wgrad does not).
-at::Tensor pointwise_weight_gradient(const at::Tensor& grad_z, const at::Tensor& x, at::IntArrayRef weight_size,
-                                     at::IntArrayRef stride, at::IntArrayRef padding, int64_t groups,
-                                     at::ScalarType weight_dtype);
-
-// The conv inside the conv + BatchNorm op (symmetric padding, arguments as at::convolution's): PyTorch's convolution,
-// and its backward with dx and dweight as depthwise_kernel_steps picks them (cudnn_fusion::conv_dgrad and conv_wgrad
-// where those are not PyTorch's), or dweight as pointwise_weight_gradient where it applies. Returns (dx, dweight,
-// dbias) for `mask`; dweight in `weight_dtype` where pointwise_weight_gradient made it, else in grad_z's dtype.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_conv_backward(
-    const at::Tensor& grad_z, const at::Tensor& x, const at::Tensor& weight, bool has_bias, at::IntArrayRef stride,
-    at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups, std::array<bool, 3> mask,
-    at::ScalarType weight_dtype);
 
 }  // namespace tcf

@@ -61,8 +61,9 @@ def _fake_conv_dgrad(grad_z, weight, x_size, stride, padding_pre, padding_post, 
     return _empty(x_size, grad_z, conv_memory_format(grad_z, weight))
 
 
-def _fake_conv_wgrad(grad_z, x, weight_size, stride, padding_pre, padding_post, dilation, groups, policy=0):
-    return _empty(weight_size, grad_z, conv_memory_format(x, grad_z))
+def _fake_conv_wgrad(grad_z, x, weight_size, stride, padding_pre, padding_post, dilation, groups, policy=0,
+                     out_dtype=None):
+    return _empty(weight_size, grad_z, conv_memory_format(x, grad_z), out_dtype)
 
 
 def _fake_batch_norm_act(x, weight, bias, running_mean, running_var, residual, momentum, eps, activation,
