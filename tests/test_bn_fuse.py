@@ -228,47 +228,6 @@ def test_fuse_is_idempotent_and_sequential_walk_matches():
     assert all(row.reason == "already fused" for row in report)
 
 
-@pytest.mark.parametrize("use_fx", [True, False], ids=["fx", "walked"])
-def test_fuse_registers_the_one_launch_weight_casts_on_the_fused_model_only(use_fx):
-    """fuse() puts the forward hooks that cast the conv + BatchNorm weights in one launch (nn/weight_casts.py) on the
-    model it returns, never on the user's; fusing again keeps one pair; the report says so. On the CPU (no CUDA
-    autocast) they cast nothing and leave no cast behind."""
-    from torch_cudnn_fusion.nn.weight_casts import WeightCasts
-
-    plain = mobilenet_v1(num_classes=10, width_multiplier=0.25)
-    model, report = tcf.fuse(plain, use_fx=use_fx)
-    assert not plain._forward_pre_hooks and not plain._forward_hooks
-    assert report.weight_casts == 27 and "27 conv + BatchNorm layers' weights are cast in one launch" in str(report)
-    again, report = tcf.fuse(model, use_fx=use_fx)
-    for m in (model, again):
-        hooks = list(m._forward_pre_hooks.values()) + list(m._forward_hooks.values())
-        assert len(hooks) == 2 and all(isinstance(h.__self__, WeightCasts) for h in hooks), hooks
-    layers = [m for m in again.modules() if isinstance(m, tcf.nn.Conv2dBN)]
-    assert list(again._forward_pre_hooks.values())[0].__self__.layers == tuple(layers)
-    with torch.autocast("cpu", torch.bfloat16):
-        again(torch.randn(2, 3, 32, 32))
-    assert all(m._call.weight_cast is None for m in layers)
-    assert all(m.weight_to_cast(torch.bfloat16) is None for m in layers)  # on the CPU the op never ran
-    _, report = tcf.fuse(nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU()))
-    assert report.weight_casts == 0 and "cast in one launch" not in str(report)
-
-
-def test_a_layer_takes_a_weight_cast_only_for_its_unchanged_weight():
-    """LayerCall.cast_of: the cast made before the forward is the layer's while the weight it was made from is the
-    layer's weight (the same tensor) and unmodified (its version counter); otherwise the layer casts its own."""
-    from torch_cudnn_fusion.ops.layer_call import LayerCall
-
-    call, weight = LayerCall(), torch.randn(4, 2, 3, 3)
-    assert call.cast_of(weight) is None
-    cast = weight.to(torch.bfloat16)
-    call.weight_cast = (weight, weight._version, cast)
-    assert call.cast_of(weight) is cast
-    assert call.cast_of(weight.clone()) is None
-    weight.mul_(2)
-    assert call.cast_of(weight) is None
-    assert copy.deepcopy(call).weight_cast is None
-
-
 def test_fuse_resnet_basic_block_fuses_the_residual():
     torch.manual_seed(0)
     plain = BasicBlock()

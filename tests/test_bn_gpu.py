@@ -362,68 +362,6 @@ def test_mobilenet_v1_full_size_fused_training_matches_eager(extension):
     assert all(fused.get_submodule(r.path).fusion_status.reason.startswith("eval") for r in report.replaced)
 
 
-def _weight_casts_in(fn, shapes) -> tuple[int, int]:
-    """(aten::_foreach_copy_ calls, casts of a tensor of one of `shapes`) in what fn() runs on the host."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
-        fn()
-    events = prof.events()
-    casts = [e for e in events if e.name == "aten::_to_copy" and e.input_shapes and tuple(e.input_shapes[0]) in shapes]
-    return sum(e.name == "aten::_foreach_copy_" for e in events), len(casts)
-
-
-def test_a_fused_model_casts_its_conv_weights_in_one_launch_per_training_forward(extension):
-    """Under bf16 autocast a fused MobileNet v1's training forward casts its conv + BatchNorm layers' weights in one
-    aten::_foreach_copy_ before it runs (the stem's filter aside: its space-to-depth form casts its own), and no layer
-    casts its own; the same model without the hooks casts one a layer. Both give the same output bit for bit and the
-    same gradients. The casts are dropped after the forward. A layer whose weight changed in place after the launch
-    casts its own, so computes with the changed weight."""
-    torch.manual_seed(0)
-    plain = mobilenet_v1(num_classes=10, width_multiplier=0.5).cuda().to(memory_format=torch.channels_last)
-    fused, report = tcf.fuse(copy.deepcopy(plain))
-    assert report.weight_casts == 27 and "cast in one launch" in report.summary()
-    alone = copy.deepcopy(fused)
-    alone._forward_pre_hooks.clear(), alone._forward_hooks.clear()
-    layers = [m for m in fused.modules() if isinstance(m, tcf.nn.Conv2dBN)]
-    shapes = {tuple(m.weight.shape) for m in layers[1:]}  # not the stem's (3 input channels)
-    assert tuple(layers[0].weight.shape) not in shapes
-    x = torch.randn(8, 3, 64, 64, device="cuda").to(memory_format=torch.channels_last)
-
-    def forward(model):
-        with torch.autocast("cuda", torch.bfloat16):
-            return model(x)
-
-    for model in (fused, alone):
-        forward(model).float().sum().backward()  # decided
-    results = {}
-    for name, model in (("fused", fused), ("alone", alone)):
-        model.zero_grad(set_to_none=True)
-        holder = []
-        launches, own_casts = _weight_casts_in(lambda: holder.append(forward(model)), shapes)
-        results[name] = (launches, own_casts)
-        holder[0].float().square().sum().backward()
-        results[name] += (holder[0].detach(), [p.grad for p in model.parameters()])
-    assert results["fused"][:2] == (1, 0) and results["alone"][:2] == (0, 26), \
-        (results["fused"][:2], results["alone"][:2])
-    assert torch.equal(results["fused"][2], results["alone"][2])
-    for g, g_alone in zip(results["fused"][3], results["alone"][3], strict=True):
-        torch.testing.assert_close(g, g_alone)
-    assert all(m._call.weight_cast is None for m in layers)
-    # a weight changed in place (its version counter moves) between the launch and its layer: that layer casts its
-    # own, so computes with the changed weight (the output in batch statistics is alone's with the same change)
-    def halve(module, args):
-        with torch.no_grad():
-            module.weight.mul_(0.5)
-
-    hook = layers[5].register_forward_pre_hook(halve)
-    holder = []
-    _, own_casts = _weight_casts_in(lambda: holder.append(forward(fused)), shapes)
-    hook.remove()
-    assert own_casts == 1
-    with torch.no_grad():
-        [m for m in alone.modules() if isinstance(m, tcf.nn.Conv2dBN)][5].weight.mul_(0.5)
-    assert torch.equal(holder[0], forward(alone))
-
-
 def test_explain_reports_what_ran_in_training_and_in_eval(extension):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(32, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU())

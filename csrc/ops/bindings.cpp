@@ -402,8 +402,7 @@ TORCH_LIBRARY(cudnn_fusion, m) {
       "conv_batch_norm_act(Tensor x, Tensor conv_weight, Tensor? conv_bias, int[2] stride, int[2] padding, "
       "int[2] dilation, int groups, Tensor weight, Tensor bias, Tensor(a!)? running_mean, Tensor(b!)? running_var, "
       "Tensor(c!)? num_batches_tracked, Tensor? residual, float momentum, float eps, int activation, "
-      "int implementation, ScalarType? conv_dtype=None, int policy=0, Tensor? conv_weight_cast=None) -> "
-      "(Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "int implementation, ScalarType? conv_dtype=None, int policy=0) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("space_to_depth(Tensor x, int[2] padding_pre, int[2] out_size, ScalarType? dtype=None) -> Tensor");
 }
 

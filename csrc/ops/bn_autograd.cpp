@@ -215,14 +215,12 @@ ConvForwardOutputs call_conv_forward(const at::Tensor& x, const at::Tensor& conv
                                      const std::optional<at::Tensor>& num_batches_tracked,
                                      const std::optional<at::Tensor>& residual, double momentum, double eps,
                                      int64_t activation, int64_t implementation,
-                                     std::optional<at::ScalarType> conv_dtype, int64_t policy,
-                                     const std::optional<at::Tensor>& conv_weight_cast) {
+                                     std::optional<at::ScalarType> conv_dtype, int64_t policy) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("cudnn_fusion::conv_batch_norm_act", "")
                        .typed<decltype(conv_batch_norm_act_forward)>();
   return op.call(x, conv_weight, conv_bias, stride, padding, dilation, groups, weight, bias, running_mean, running_var,
-                 num_batches_tracked, residual, momentum, eps, activation, implementation, conv_dtype, policy,
-                 conv_weight_cast);
+                 num_batches_tracked, residual, momentum, eps, activation, implementation, conv_dtype, policy);
 }
 
 // The conv's autograd node in a training Conv2d + BatchNorm layer: its inputs are x, the conv weight and bias, its
@@ -283,15 +281,14 @@ ConvForwardOutputs conv_batch_norm_act_autograd(const at::Tensor& x, const at::T
                                                 const std::optional<at::Tensor>& num_batches_tracked,
                                                 const std::optional<at::Tensor>& residual, double momentum, double eps,
                                                 int64_t activation, int64_t implementation,
-                                                std::optional<at::ScalarType> conv_dtype, int64_t policy,
-                                                const std::optional<at::Tensor>& conv_weight_cast) {
+                                                std::optional<at::ScalarType> conv_dtype, int64_t policy) {
   auto requires_grad = [](const std::optional<at::Tensor>& t) { return t.has_value() && t->requires_grad(); };
   if (!at::GradMode::is_enabled() || !(x.requires_grad() || conv_weight.requires_grad() || requires_grad(conv_bias) ||
                                        weight.requires_grad() || bias.requires_grad() || requires_grad(residual))) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;  // nothing to record
     return call_conv_forward(x, conv_weight, conv_bias, stride, padding, dilation, groups, weight, bias, running_mean,
                              running_var, num_batches_tracked, residual, momentum, eps, activation, implementation,
-                             conv_dtype, policy, conv_weight_cast);
+                             conv_dtype, policy);
   }
   // One op call computes both layers; its results get two autograd nodes, the conv's and BatchNorm's, as eager's
   // conv and BatchNorm nodes (eager has five under autocast: the two casts, conv, BatchNorm, ReLU). Two, not one:
@@ -302,11 +299,11 @@ ConvForwardOutputs conv_batch_norm_act_autograd(const at::Tensor& x, const at::T
   {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     auto [x_cast, weight_cast, bias_cast] =
-        cast_conv_operands(x, conv_weight, conv_bias, conv_dtype.value_or(x.scalar_type()), conv_weight_cast);
+        cast_conv_operands(x, conv_weight, conv_bias, conv_dtype.value_or(x.scalar_type()));
     auto [y, z, save_mean, save_invstd, reserve] =
         call_conv_forward(x_cast, weight_cast, bias_cast, stride, padding, dilation, groups, weight, bias,
                           running_mean, running_var, num_batches_tracked, residual, momentum, eps, activation,
-                          implementation, conv_dtype, policy, std::nullopt);
+                          implementation, conv_dtype, policy);
     conv_computed = {x_cast, weight_cast, z};
     bn_computed = {y, save_mean, save_invstd, reserve};
   }

@@ -556,20 +556,11 @@ at::Tensor batch_norm_backward_dx(const at::Tensor& grad_z, const at::Tensor& x,
 
 std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>> cast_conv_operands(
     const at::Tensor& x, const at::Tensor& conv_weight, const std::optional<at::Tensor>& conv_bias,
-    at::ScalarType dtype, const std::optional<at::Tensor>& conv_weight_cast) {
+    at::ScalarType dtype) {
   auto cast = [dtype](const at::Tensor& t) { return t.scalar_type() == dtype ? t : t.to(dtype); };
   std::optional<at::Tensor> bias;
   if (conv_bias.has_value() && conv_bias->defined()) bias = cast(*conv_bias);
-  if (!conv_weight_cast.has_value() || !conv_weight_cast->defined()) return {cast(x), cast(conv_weight), bias};
-  const auto& given = *conv_weight_cast;
-  TORCH_CHECK(given.scalar_type() == dtype && given.sizes() == conv_weight.sizes() &&
-                  given.strides() == conv_weight.strides() && given.device() == conv_weight.device(),
-              "cudnn_fusion: conv_weight_cast must be conv_weight cast to the conv's dtype (", dtype, ", sizes ",
-              conv_weight.sizes(), ", strides ", conv_weight.strides(), ", on ", conv_weight.device(), "), got ",
-              given.scalar_type(), ", sizes ", given.sizes(), ", strides ", given.strides(), ", on ", given.device());
-  TORCH_CHECK(!given.requires_grad(), "cudnn_fusion: conv_weight_cast must not require grad (the weight's gradient "
-              "goes to conv_weight): pass it detached");
-  return {cast(x), given, bias};
+  return {cast(x), cast(conv_weight), bias};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_batch_norm_act_forward(
@@ -578,13 +569,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_batc
     const at::Tensor& weight, const at::Tensor& bias, const std::optional<at::Tensor>& running_mean,
     const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& num_batches_tracked,
     const std::optional<at::Tensor>& residual, double momentum, double eps, int64_t activation,
-    int64_t implementation, std::optional<at::ScalarType> conv_dtype, int64_t policy,
-    const std::optional<at::Tensor>& conv_weight_cast) {
+    int64_t implementation, std::optional<at::ScalarType> conv_dtype, int64_t policy) {
   TORCH_CHECK(stride.size() == 2 && padding.size() == 2 && dilation.size() == 2,
               "cudnn_fusion: stride, padding and dilation must have 2 values each, got ", stride, ", ", padding, ", ",
               dilation);
   auto [x_cast, weight_cast, bias_cast] =
-      cast_conv_operands(x, conv_weight, conv_bias, conv_dtype.value_or(x.scalar_type()), conv_weight_cast);
+      cast_conv_operands(x, conv_weight, conv_bias, conv_dtype.value_or(x.scalar_type()));
   bool has_stats = running_mean.has_value() && running_mean->defined();
   bool counts = num_batches_tracked.has_value() && num_batches_tracked->defined();
   TORCH_CHECK(!counts || has_stats, "cudnn_fusion: num_batches_tracked is counted only with running statistics, "

@@ -91,24 +91,19 @@ at::Tensor batch_norm_backward_dx(const at::Tensor& grad_z, const at::Tensor& x,
 // first, as autocast casts F.conv2d's operands), then batch_norm_act_forward(z, ...). Unlike batch_norm_act it
 // updates running_mean and running_var in place, and counts the step in num_batches_tracked when given (as
 // nn.BatchNorm2d does; their version counters move), in one kernel launch. Returns y, z, save_mean, save_invstd and
-// the legacy API's reserve. conv_weight_cast: conv_weight already cast to the conv's dtype (a fused model casts its
-// layers' weights in one launch per forward, torch_cudnn_fusion/nn/weight_casts.py), used for its values in place of
-// a cast of conv_weight; conv_weight's sizes and strides, not requiring grad (the weight's gradient goes to
-// conv_weight).
+// the legacy API's reserve.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_batch_norm_act_forward(
     const at::Tensor& x, const at::Tensor& conv_weight, const std::optional<at::Tensor>& conv_bias,
     at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
     const at::Tensor& weight, const at::Tensor& bias, const std::optional<at::Tensor>& running_mean,
     const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& num_batches_tracked,
     const std::optional<at::Tensor>& residual, double momentum, double eps, int64_t activation,
-    int64_t implementation, std::optional<at::ScalarType> conv_dtype, int64_t policy,
-    const std::optional<at::Tensor>& conv_weight_cast);
+    int64_t implementation, std::optional<at::ScalarType> conv_dtype, int64_t policy);
 
-// x, conv_weight and conv_bias in `dtype`, as autocast casts F.conv2d's operands (those already in it as they are);
-// conv_weight's is conv_weight_cast where given (checked: see conv_batch_norm_act_forward).
+// x, conv_weight and conv_bias in `dtype`, as autocast casts F.conv2d's operands (those already in it as they are).
 std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>> cast_conv_operands(
     const at::Tensor& x, const at::Tensor& conv_weight, const std::optional<at::Tensor>& conv_bias,
-    at::ScalarType dtype, const std::optional<at::Tensor>& conv_weight_cast = std::nullopt);
+    at::ScalarType dtype);
 
 // For Python's decision: why each implementation cannot run this layer ("" when it can). Keys "graph_forward",
 // "graph_backward" (cuDNN's refusal of the built plans; absent for an NHWC layer with an activation, whose backward

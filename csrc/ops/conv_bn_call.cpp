@@ -47,7 +47,7 @@ std::optional<at::Tensor> ConvBatchNormCall::run(
     const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
     const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var,
     const std::optional<at::Tensor>& num_batches_tracked, const std::optional<at::Tensor>& residual,
-    double momentum, const std::optional<at::Tensor>& conv_weight_cast) const {
+    double momentum) const {
   auto now = record_.check({&x, &conv_weight, pointer(conv_bias), pointer(weight), pointer(bias),
                             pointer(running_mean), pointer(running_var), pointer(num_batches_tracked),
                             pointer(residual)});
@@ -58,15 +58,10 @@ std::optional<at::Tensor> ConvBatchNormCall::run(
                        .typed<decltype(conv_batch_norm_act_forward)>();
   std::optional<at::ScalarType> conv_dtype;
   if (state.autocast) conv_dtype = state.autocast_dtype;
-  std::optional<at::Tensor> cast;
-  if (state.autocast && conv_weight_cast.has_value() && conv_weight_cast->defined() &&
-      conv_weight_cast->scalar_type() == state.autocast_dtype) {
-    cast = conv_weight_cast;
-  }
   bool affine = pointer(weight) != nullptr;
   auto out = op.call(x, conv_weight, conv_bias, stride_, padding_, dilation_, groups_, affine ? *weight : ones_,
                      affine ? *bias : zeros_, running_mean, running_var, num_batches_tracked, residual, momentum, eps_,
-                     activation_, implementation_, conv_dtype, policy_, cast);
+                     activation_, implementation_, conv_dtype, policy_);
   return std::get<0>(out);
 }
 

@@ -29,16 +29,13 @@ class ConvBatchNormCall {
                     std::vector<int64_t> stride, std::vector<int64_t> padding, std::vector<int64_t> dilation,
                     int64_t groups, double eps, int64_t activation, int64_t implementation, int64_t policy);
 
-  // y of the op, or nothing when this call differs from the record (then nothing ran). conv_weight_cast: the op's
-  // (conv_weight cast by the model's one launch, nn/weight_casts.py), passed on where it is in the autocast dtype
-  // this call runs in, else left out (the op casts conv_weight).
+  // y of the op, or nothing when this call differs from the record (then nothing ran).
   std::optional<at::Tensor> run(const at::Tensor& x, const at::Tensor& conv_weight,
                                 const std::optional<at::Tensor>& conv_bias, const std::optional<at::Tensor>& weight,
                                 const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& running_mean,
                                 const std::optional<at::Tensor>& running_var,
                                 const std::optional<at::Tensor>& num_batches_tracked,
-                                const std::optional<at::Tensor>& residual, double momentum,
-                                const std::optional<at::Tensor>& conv_weight_cast) const;
+                                const std::optional<at::Tensor>& residual, double momentum) const;
 
  private:
   CallRecord record_;  // x, conv_weight, conv_bias, weight, bias, running_mean, running_var,

@@ -34,7 +34,6 @@ from ..ops.decide import NOT_RUN
 from ..diagnostics.report import restoring_buffers
 from ..nn import (ActivationFused, BatchNorm2dFused, BatchNorm2dReLU, Conv2dAddReLU, Conv2dBN, Conv2dBNAddReLU,
                  Conv2dBNReLU, Conv2dReLU, FusedConv2d)
-from ..nn.weight_casts import WeightCasts
 
 # ---- the patterns: (BatchNorm, residual add, activation) -> the fused module ----
 
@@ -96,13 +95,7 @@ class FuseRow:
 
 
 class FuseReport(list):
-    """A list of FuseRow that prints as a table, with a summary of what was replaced and what runs fused.
-
-    weight_casts: the conv + BatchNorm layers whose autocast weight casts the fused model makes in one launch before
-    each forward (nn/weight_casts.py; 0 where it has none).
-    """
-
-    weight_casts = 0
+    """A list of FuseRow that prints as a table, with a summary of what was replaced and what runs fused."""
 
     @property
     def replaced(self) -> list[FuseRow]:
@@ -129,9 +122,6 @@ class FuseReport(list):
         untraced = [r for r in self if r.pattern == "torch.fx trace"]
         if untraced:
             text += f"; {len(untraced)} modules not traced as a whole (their children were rewritten instead)"
-        if self.weight_casts:
-            text += (f"; under autocast the {self.weight_casts} conv + BatchNorm layers' weights are cast in one launch "
-                     "before each training forward")
         return text
 
     def __str__(self) -> str:
@@ -652,9 +642,7 @@ def fuse(model: nn.Module, example_input=None, *, use_fx: bool = True) -> tuple[
     other). It is a torch.fx.GraphModule when `model` traces the same in training and eval (use_fx=False skips
     tracing), else a copy of `model` whose submodules were rewritten (see the module docstring); the report says which.
     Call it before wrapping the model in DistributedDataParallel or torch.compile. With `example_input` the fused model
-    runs one forward (buffers restored afterwards) so that the report says how each fused layer runs. Under autocast
-    the fused model casts its conv + BatchNorm layers' weights in one launch before each training forward
-    (nn/weight_casts.py: forward hooks on the fused model).
+    runs one forward (buffers restored afterwards) so that the report says how each fused layer runs.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
@@ -666,11 +654,8 @@ def fuse(model: nn.Module, example_input=None, *, use_fx: bool = True) -> tuple[
     missing = set(model.state_dict()) ^ set(result.state_dict())
     if missing:  # a bug of ours, not the user's: say so rather than hand out a model that would not load checkpoints
         raise RuntimeError(f"fuse(): the fused model's state_dict keys differ from the model's: {sorted(missing)[:5]}")
-    casts = WeightCasts.attach(result)
     if example_input is not None:
         inputs = example_input if isinstance(example_input, tuple) else (example_input,)
         with restoring_buffers(result):
             result(*inputs)
-    report = FuseReport(_with_implementations(result, rows))
-    report.weight_casts = len(casts.layers) if casts is not None else 0
-    return result, report
+    return result, FuseReport(_with_implementations(result, rows))

@@ -87,17 +87,6 @@ class Conv2dBN(FusedConv2d):
     def extra_repr(self) -> str:
         return super().extra_repr() + f", activation={self.activation}"
 
-    def weight_to_cast(self, dtype: torch.dtype) -> Optional[torch.Tensor]:
-        """The conv weight this layer's next forward would cast to `dtype` (autocast's) in its op, or None: with batch
-        statistics, a CUDA weight in another dtype, where the layer's last call ran the op with a conv in `dtype`
-        (nn/weight_casts.py casts it beforehand; a wrong guess costs a cast, never a wrong result)."""
-        bn = self.bn
-        if self._call.cast_weight_to != dtype or not (bn.training or (bn.running_mean is None
-                                                                        and bn.running_var is None)):
-            return None
-        weight = self.weight
-        return weight if weight.is_cuda and weight.dtype != dtype else None
-
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
         bn = self.bn
         if x.dim() != 4:  # what nn.BatchNorm2d raises after the conv (nn.Conv2d alone also takes [C, H, W])

@@ -213,9 +213,8 @@ def conv2d_batch_norm_act(
                     conv.groups)
         if call.recorded is not None and call.signature[0] == settings:
             # C++ compares the tensors and the global state with the record and runs the op when they match
-            cast = call.weight_cast and call.cast_of(conv_weight)
             y = call.recorded.run(x, conv_weight, conv_bias, weight, bias, running_mean, running_var,
-                                  num_batches_tracked, residual, float(momentum), cast)
+                                  num_batches_tracked, residual, float(momentum))
             if y is not None:
                 return y
         device_type = x.device.type
@@ -227,8 +226,7 @@ def conv2d_batch_norm_act(
                      torch.backends.cudnn.allow_tf32)
         if call.signature == signature:
             return _run_conv_batch_norm(call.run, x, conv, conv_weight, conv_bias, running_mean, running_var,
-                                        num_batches_tracked, weight, bias, momentum, eps, activation, residual,
-                                        call.weight_cast and call.cast_of(conv_weight))
+                                        num_batches_tracked, weight, bias, momentum, eps, activation, residual)
 
     decision, config, run = _decide_conv_batch_norm(x, conv, conv_weight, conv_bias, running_mean, weight, bias, eps,
                                                     activation, residual, strict, policy)
@@ -241,12 +239,8 @@ def conv2d_batch_norm_act(
             list(conv.dilation), conv.groups, float(eps), run[5], run[1], run[3])
     if call is not None:
         call.remember(decision, config, signature, run, recorded)
-        # what a fused model casts for this layer before its next forward (nn/weight_casts.py): the op's conv weight,
-        # not a space-to-depth form's filter (rearranged and cast with autograd, ops/stem.py)
-        call.cast_weight_to = run[4] if run[0] and run[7] is None else None
     return _run_conv_batch_norm(run, x, conv, conv_weight, conv_bias, running_mean, running_var, num_batches_tracked,
-                                weight, bias, momentum, eps, activation, residual,
-                                call.weight_cast and call.cast_of(conv_weight) if call is not None else None)
+                                weight, bias, momentum, eps, activation, residual)
 
 
 def _decide_conv_batch_norm(x, conv, conv_weight, conv_bias, running_mean, weight, bias, eps, activation, residual,
@@ -333,10 +327,9 @@ def _recordable(run: tuple, weight, bias, running_mean, num_batches_tracked, x) 
 
 
 def _run_conv_batch_norm(run: tuple, x, conv, conv_weight, conv_bias, running_mean, running_var, num_batches_tracked,
-                         weight, bias, momentum, eps, activation, residual, weight_cast=None):
-    """The call as decided: the one op where fused (it casts the conv's operands under autocast itself, or takes
-    `weight_cast`, the conv weight cast before the model's forward, where it is in the conv's dtype; writes the running
-    statistics and counts the step in one launch), else the eager composition."""
+                         weight, bias, momentum, eps, activation, residual):
+    """The call as decided: the one op where fused (it casts the conv's operands under autocast itself, writes the
+    running statistics and counts the step in one launch), else the eager composition."""
     fused, implementation, update, policy, conv_dtype, activation_code, identity, stem = run
     if not fused:
         if num_batches_tracked is not None:
@@ -354,11 +347,9 @@ def _run_conv_batch_norm(run: tuple, x, conv, conv_weight, conv_bias, running_me
         stats = (running_mean.float(), running_var.float())
     weight, bias = _affine_or_identity(weight, bias, identity)
     if stem is None:
-        if weight_cast is not None and weight_cast.dtype != conv_dtype:
-            weight_cast = None
         y = _conv_bn_op(x, conv_weight, conv_bias, conv.stride, conv.padding, conv.dilation, conv.groups, weight, bias,
                         stats[0], stats[1], num_batches_tracked, residual, float(momentum), float(eps),
-                        activation_code, implementation, conv_dtype, policy, weight_cast)[0]
+                        activation_code, implementation, conv_dtype, policy)[0]
     else:  # the same sums as a stride-1 conv of the rearranged x and filter (ops/stem.py)
         y = run_in_form(stem, x, conv_weight, lambda xs, ws: _conv_bn_op(
             xs, ws, conv_bias, (1, 1), (0, 0), (1, 1), 1, weight, bias, stats[0], stats[1], num_batches_tracked,

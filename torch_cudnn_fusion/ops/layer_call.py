@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any, Optional, Union
 
-import torch
-
 from .decide import BatchNormConfig, ConvConfig, Decision, FusionStatus, status_of
 
 
@@ -18,9 +16,7 @@ class LayerCall:
     arguments for a repeated call. recorded: for a training conv + BatchNorm layer, the call recorded in C++
     (csrc/ops/conv_bn_call.h), which checks a repeat and runs it without returning to Python. fold: Conv2dBN's
     folded eval weight and bias with the key they were computed for. mode: Conv2dBN's last forward, "batch
-    statistics" or "folded". cast_weight_to: the dtype the conv + BatchNorm op casts the conv weight to in the
-    layer's decided call (autocast's; None where it casts none or the op does not run), and weight_cast: (weight, its
-    version, the cast) while a fused model's forward runs, from the model's one launch (nn/weight_casts.py).
+    statistics" or "folded".
 
     A module holds one (`module._call`); a functional call without one decides anew. A copy of a module (deepcopy,
     pickle) starts with a fresh record: it is another layer, with other tensors.
@@ -34,16 +30,6 @@ class LayerCall:
         self.recorded: Any = None
         self.fold: Optional[tuple] = None
         self.mode = ""
-        self.cast_weight_to: Optional[torch.dtype] = None
-        self.weight_cast: Optional[tuple] = None
-
-    def cast_of(self, weight: torch.Tensor) -> Optional[torch.Tensor]:
-        """The cast of `weight` made before this forward, if it is this weight's and the weight was not modified
-        since (its version counter), else None."""
-        entry = self.weight_cast
-        if entry is not None and entry[0] is weight and entry[1] == weight._version:
-            return entry[2]
-        return None
 
     def remember(self, decision: Decision, config=None, signature: Optional[tuple] = None,
                  run: Optional[tuple] = None, recorded: Any = None) -> None:

@@ -107,7 +107,7 @@ def _fake_batch_norm_backward_dx(grad_z, x, weight, bias, save_mean, save_invstd
 
 def _fake_conv_batch_norm_act(x, conv_weight, conv_bias, stride, padding, dilation, groups, weight, bias, running_mean,
                               running_var, num_batches_tracked, residual, momentum, eps, activation, implementation,
-                              conv_dtype=None, policy=0, conv_weight_cast=None):
+                              conv_dtype=None, policy=0):
     z = _fake_conv_bias_act(x, conv_weight, conv_bias, None, stride, padding, padding, dilation, groups, 0)
     z = z.to(conv_dtype) if conv_dtype is not None else z
     y, save_mean, save_invstd, _, _, reserve = _fake_batch_norm_act(z, weight, bias, running_mean, running_var,
