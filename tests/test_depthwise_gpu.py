@@ -211,6 +211,7 @@ def _assert_the_float32_wgrad_is_the_unrounded_sums(dz, x, args, rounded, eager,
     for _ in range(2):
         assert torch.equal(call(), full)
     assert torch.equal(full.to(rounded.dtype), rounded)
+    assert not torch.equal(full, rounded.float()), "the float32 result is the bfloat16 one cast back, not the sums"
     assert_as_accurate_as_eager("dweight in float32", full, eager, reference, rounded.dtype)
 
 
