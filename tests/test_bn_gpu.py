@@ -362,6 +362,32 @@ def test_mobilenet_v1_full_size_fused_training_matches_eager(extension):
     assert all(fused.get_submodule(r.path).fusion_status.reason.startswith("eval") for r in report.replaced)
 
 
+def test_the_last_layer_before_the_global_pool_gets_its_gradient_without_a_transpose(extension):
+    """fuse() puts GlobalAvgPool2d in place of MobileNet v1's nn.AdaptiveAvgPool2d(1): the gradient reaching the last
+    fused layer is channels_last, so its backward runs no NCHW -> NHWC copy. With ATen's pool put back, it does (what
+    the check would miss if it could not see the kernel)."""
+    torch.manual_seed(0)
+    plain = mobilenet_v1().cuda().to(memory_format=torch.channels_last)
+    fused, report = tcf.fuse(plain)
+    assert report.pools == ["pool"]
+    x = torch.randn(4, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+
+    def backward_kernels(model):
+        for step in range(2):
+            with torch.autocast("cuda", torch.bfloat16):
+                y = model(x)
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                y.float().square().mean().backward()
+                torch.cuda.synchronize()
+        return [e.name for e in prof.events()]
+
+    names = backward_kernels(fused)
+    assert any("batch_norm_act_backward_one_launch" in n for n in names)
+    assert not any("nchw_to_nhwc" in n for n in names), [n for n in names if "nhwc" in n]
+    fused.pool = nn.AdaptiveAvgPool2d(1)
+    assert any("nchw_to_nhwc" in n for n in backward_kernels(fused))
+
+
 def test_explain_reports_what_ran_in_training_and_in_eval(extension):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(32, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU())

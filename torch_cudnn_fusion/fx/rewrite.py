@@ -33,7 +33,8 @@ from torch import fx, nn
 from ..ops.decide import NOT_RUN
 from ..diagnostics.report import restoring_buffers
 from ..nn import (ActivationFused, BatchNorm2dFused, BatchNorm2dReLU, Conv2dAddReLU, Conv2dBN, Conv2dBNAddReLU,
-                 Conv2dBNReLU, Conv2dReLU, FusedConv2d)
+                 Conv2dBNReLU, Conv2dReLU, FusedConv2d, GlobalAvgPool2d)
+from ..nn.pool import global_avg_pool2d, is_global
 
 # ---- the patterns: (BatchNorm, residual add, activation) -> the fused module ----
 
@@ -95,7 +96,14 @@ class FuseRow:
 
 
 class FuseReport(list):
-    """A list of FuseRow that prints as a table, with a summary of what was replaced and what runs fused."""
+    """A list of FuseRow that prints as a table, with a summary of what was replaced and what runs fused.
+    `pools`: where the fused model's global average pools take their mean in the NHWC view of a channels_last input
+    (GlobalAvgPool2d in place of nn.AdaptiveAvgPool2d(1), global_avg_pool2d in place of F.adaptive_avg_pool2d(x, 1)
+    in a traced graph), so that their gradient comes back channels_last."""
+
+    def __init__(self, rows=(), pools=()) -> None:
+        super().__init__(rows)
+        self.pools: list[str] = list(pools)
 
     @property
     def replaced(self) -> list[FuseRow]:
@@ -133,7 +141,12 @@ class FuseReport(list):
                 for r in self]
         widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers[:-1])]
         line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)) + "  " + cells[-1]  # noqa: E731
-        return "\n".join([line(headers)] + [line(row) for row in rows] + [self.summary()])
+        pools = []
+        if self.pools:
+            n = len(self.pools)
+            pools = [f"{n} global average pool{'s take' if n > 1 else ' takes'} the mean in the NHWC view of a "
+                     f"channels_last input, so that the gradient comes back channels_last: {', '.join(self.pools)}"]
+        return "\n".join([line(headers)] + [line(row) for row in rows] + [self.summary()] + pools)
 
 
 # ---- recognizing modules ----
@@ -228,11 +241,16 @@ def _shared_copy(model: nn.Module) -> nn.Module:
 # ---- torch.fx ----
 
 class _Tracer(fx.Tracer):
-    """Keeps whole: fused modules (our Python code), every Conv2d and BatchNorm2d (timm's subclasses included, so that
-    a Conv2dSame or BatchNormAct2d is one node to match or to report, not its inlined forward)."""
+    """Keeps whole: fused modules and the global pool (our Python code, which branches on its input), every Conv2d
+    and BatchNorm2d (timm's subclasses included, so that a Conv2dSame or BatchNormAct2d is one node to match or to
+    report, not its inlined forward). A fused model's global_avg_pool2d calls stay calls."""
+
+    def __init__(self) -> None:
+        super().__init__(autowrap_functions=(global_avg_pool2d,))
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        return (isinstance(m, _FUSED_TYPES + _PLACEHOLDERS + (nn.Conv2d, nn.modules.batchnorm._BatchNorm))
+        return (isinstance(m, _FUSED_TYPES + _PLACEHOLDERS + (GlobalAvgPool2d, nn.Conv2d,
+                                                              nn.modules.batchnorm._BatchNorm))
                 or super().is_leaf_module(m, qualname))
 
 
@@ -622,6 +640,35 @@ def _rewrite(module: nn.Module, path: str, use_fx: bool, uses: collections.Count
     return module
 
 
+def _global_pools(model: nn.Module) -> tuple[nn.Module, list[str]]:
+    """In fuse()'s copy, GlobalAvgPool2d in place of every nn.AdaptiveAvgPool2d(1) and global_avg_pool2d in place of
+    every F.adaptive_avg_pool2d(x, 1) call of a traced graph (see torch_cudnn_fusion/nn/pool.py); where, for the
+    report. The new module takes the old one's state (hooks and mode included): it differs only in its forward."""
+    where = []
+    for path, m in list(model.named_modules(remove_duplicate=False)):
+        if type(m) is nn.AdaptiveAvgPool2d and is_global(m.output_size):
+            pool = GlobalAvgPool2d(m.output_size)
+            pool.__dict__.update(m.__dict__)
+            if path:
+                _set_module(model, path, pool)
+            else:
+                model = pool
+            where.append(path or "(model)")
+        if isinstance(m, fx.GraphModule):
+            changed = False
+            for node in m.graph.nodes:
+                if node.op != "call_function" or node.target is not F.adaptive_avg_pool2d:
+                    continue
+                size = node.args[1] if len(node.args) > 1 else node.kwargs.get("output_size")
+                if len(node.args) + len(node.kwargs) == 2 and node.args and is_global(size):
+                    node.target, node.args, node.kwargs = global_avg_pool2d, (node.args[0],), {}
+                    where.append(f"{path or '(model)'}: F.adaptive_avg_pool2d ({node.name})")
+                    changed = True
+            if changed:
+                m.recompile()
+    return model, where
+
+
 def _with_implementations(model: nn.Module, rows: list[FuseRow]) -> list[FuseRow]:
     out = []
     for row in rows:
@@ -651,6 +698,7 @@ def fuse(model: nn.Module, example_input=None, *, use_fx: bool = True) -> tuple[
     uses = collections.Counter(id(m) for _, m in work.named_modules(remove_duplicate=False))
     names = {path: type(m).__name__ for path, m in model.named_modules()}
     result = _rewrite(work, "", use_fx, uses, names, rows)
+    result, pools = _global_pools(result)
     missing = set(model.state_dict()) ^ set(result.state_dict())
     if missing:  # a bug of ours, not the user's: say so rather than hand out a model that would not load checkpoints
         raise RuntimeError(f"fuse(): the fused model's state_dict keys differ from the model's: {sorted(missing)[:5]}")
@@ -658,4 +706,4 @@ def fuse(model: nn.Module, example_input=None, *, use_fx: bool = True) -> tuple[
         inputs = example_input if isinstance(example_input, tuple) else (example_input,)
         with restoring_buffers(result):
             result(*inputs)
-    return result, FuseReport(_with_implementations(result, rows))
+    return result, FuseReport(_with_implementations(result, rows), pools)

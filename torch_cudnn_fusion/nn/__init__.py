@@ -1,6 +1,7 @@
 from .batchnorm import ActivationFused, BatchNorm2dFused, BatchNorm2dReLU
 from .conv import Conv2dAddReLU, Conv2dReLU, FusedConv2d
 from .conv_bn import Conv2dBN, Conv2dBNAddReLU, Conv2dBNReLU
+from .pool import GlobalAvgPool2d
 
 __all__ = [
     "ActivationFused",
@@ -12,4 +13,5 @@ __all__ = [
     "Conv2dBNReLU",
     "Conv2dReLU",
     "FusedConv2d",
+    "GlobalAvgPool2d",
 ]
