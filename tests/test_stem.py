@@ -36,16 +36,21 @@ GEOMETRIES = [(c, k, p, size) for c in (1, 2, 3, 4) for k, p in ((3, 1), (7, 3),
 @pytest.mark.parametrize("c, k, p, size", GEOMETRIES)
 def test_the_space_to_depth_form_computes_the_strided_conv(c, k, p, size):
     """conv2d(rearranged x, rearranged filter) at stride 1 equals conv2d(x, filter) at stride 2 in float64 (odd
-    sizes, the largest padding the form takes, even filters included), and the rearrangement's gradient is its
+    sizes, the largest padding the form takes, even filters included), the filter's gradient through its
+    rearrangement (a gather back by `taps`) equals the strided conv's, and the input rearrangement's gradient is its
     inverse."""
     torch.manual_seed(0)
     x = torch.randn(2, c, *size, dtype=torch.float64)
-    w = torch.randn(5, c, k, k, dtype=torch.float64)
+    w = torch.randn(5, c, k, k, dtype=torch.float64, requires_grad=True)
     stem = plan(x.shape, w.shape, (p, p), torch.float64, torch.device("cpu"))
     expected = F.conv2d(x, w, None, 2, p)
     got = F.conv2d(rearranged(x, stem), stem_weight(w, stem))
     assert got.shape == expected.shape
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    grad_out = torch.randn_like(expected)
+    (expected_grad,) = torch.autograd.grad(expected, w, grad_out)
+    (got_grad,) = torch.autograd.grad(got, w, grad_out)
+    torch.testing.assert_close(got_grad, expected_grad, rtol=1e-12, atol=1e-12)
     leaf = x.clone().requires_grad_()
     out = rearranged(leaf, stem)
     grad = torch.randn_like(out)

@@ -29,6 +29,7 @@ class StemPlan(NamedTuple):
     kernel: tuple[int, int]  # the rearranged filter's size
     index: torch.Tensor  # per element of the rearranged filter (kh', kw', channels), the one of the flattened filter
     # (int32: the layer keeps it on the GPU)
+    taps: torch.Tensor  # per element of the flattened filter, the one element of the rearranged filter it went to
     dtype: torch.dtype  # the conv's (the rearranged input is written in it)
     note: str
 
@@ -69,11 +70,17 @@ def plan(x_size, w_size, padding, dtype: torch.dtype, device: torch.device) -> S
     kernel = (geometry[0][1], geometry[1][1])
     channels = 8 if in_channels <= 2 else 16
     index = filter_index(in_channels, (int(w_size[2]), int(w_size[3])), tuple(padding), channels, kernel, before)
+    elements = in_channels * int(w_size[2]) * int(w_size[3])
+    if sorted(index)[:elements] != list(range(elements)):  # with 2 * padding <= kernel each lands once (stem_plan)
+        raise ValueError(f"the stem form of a {tuple(w_size)} filter with padding {tuple(padding)} would not place "
+                         "each of its elements exactly once")
+    taps = [index.index(i) for i in range(elements)]
     note = (f"stem: the {w_size[2]}x{w_size[3]} stride-2 conv of {in_channels} channels runs as a {kernel[0]}x"
             f"{kernel[1]} stride-1 conv of {channels} (2x2 blocks of pixels as channels, space-to-depth: our kernel "
             "rearranges x)")
     return StemPlan(before, (geometry[0][2], geometry[1][2]), channels, kernel,
-                    torch.tensor(index, dtype=torch.int32, device=device), dtype, note)
+                    torch.tensor(index, dtype=torch.int32, device=device),
+                    torch.tensor(taps, dtype=torch.int32, device=device), dtype, note)
 
 
 def stem_input(x: torch.Tensor, stem: StemPlan) -> torch.Tensor:
@@ -89,12 +96,31 @@ def input_like(x: torch.Tensor, stem: StemPlan) -> torch.Tensor:
     return form.requires_grad_(x.requires_grad)
 
 
+class _RearrangeFilter(torch.autograd.Function):
+    """[out, C * kh * kw] -> [out, kh' * kw' * channels]: one zero appended, then one gather by `index`. Each element
+    lands in exactly one place (plan checks it), so the gradient is one gather back by `taps`, where autograd's
+    backward of the gather would scatter-add (a sort and five more launches)."""
+
+    @staticmethod
+    def forward(flat, index, taps):
+        return F.pad(flat, (0, 1))[:, index]
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[2])
+
+    @staticmethod
+    def backward(ctx, grad):
+        (taps,) = ctx.saved_tensors
+        return grad[:, taps], None, None
+
+
 def stem_weight(weight: torch.Tensor, stem: StemPlan) -> torch.Tensor:
     """The filter rearranged for the form, channels_last (one zero appended and one gather: its gradient flows back
     to `weight`)."""
     out_channels = weight.shape[0]
-    flat = F.pad(weight.reshape(out_channels, -1), (0, 1))
-    return flat[:, stem.index].view(out_channels, *stem.kernel, stem.channels).permute(0, 3, 1, 2)
+    form = _RearrangeFilter.apply(weight.reshape(out_channels, -1), stem.index, stem.taps)
+    return form.view(out_channels, *stem.kernel, stem.channels).permute(0, 3, 1, 2)
 
 
 def _modified_error(what: str, version: int, now: int) -> RuntimeError:
