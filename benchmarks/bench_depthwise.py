@@ -4,7 +4,9 @@ fused (against PyTorch's conv + bias + ReLU, and its conv alone), dgrad (the op:
 bfloat16 PyTorch's forward with the filter turned 180 degrees, else PyTorch's dgrad) and wgrad (the op: ours in
 bfloat16, else PyTorch's), each against PyTorch's own. GPU time per call (CUDA-graph replay, no host
 cost), and as a multiple of the time its bytes take at the copy bandwidth measured in the same run (the issue's
-target: 1.3x).
+target: 1.3x). Beside them, a plain device-to-device copy of the same bytes, as a multiple of the same time: what a
+kernel that only moves a layer's bytes takes at that size (a small layer's copy does not reach the large copy's
+bandwidth).
 
     python benchmarks/bench_depthwise.py [--batch 256] [--dtype bfloat16] [--json out.json]
 
@@ -87,6 +89,10 @@ def main() -> None:
         }
         moved = (x.numel() + dy.numel()) * x.element_size()  # each step reads or writes x (dx) and y (dy) once
         row = {"layer": name, "conv_alone_ms": graph_replay_ms(lambda: torch.convolution(x, w, None, *conv_args))}
+        source = torch.empty(moved // 2 // x.element_size(), device="cuda", dtype=dtype)  # read + write: `moved`
+        target = torch.empty_like(source)
+        row["copy_ms"] = graph_replay_ms(lambda: target.copy_(source))
+        row["copy_vs_bandwidth"] = row["copy_ms"] / (moved / bandwidth)
         for step, (ours, theirs) in steps.items():
             ours_ms, theirs_ms = graph_replay_ms(ours), graph_replay_ms(theirs)
             floor = moved / bandwidth
@@ -111,13 +117,13 @@ def main() -> None:
               "(CUDA-graph replay), ours / PyTorch's (cuDNN), and ours as a multiple of its bytes' time at that "
               "bandwidth")
     print(header)
-    print(f"{'layer':<20}{'fwd+bias+relu ours':>19}{'PyTorch':>9}{'conv alone':>11}{'x bw':>6}"
+    print(f"{'layer':<20}{'copy x bw':>10}{'fwd+bias+relu ours':>19}{'PyTorch':>9}{'conv alone':>11}{'x bw':>6}"
           f"{'dgrad op':>10}{'PyTorch':>9}{'x bw':>6}{'wgrad op':>10}{'PyTorch':>9}{'x bw':>6}"
           f"{'dgrad as our fwd':>17}{'as PyTorch fwd':>15}")
     totals = {"forward": [0.0, 0.0], "dgrad": [0.0, 0.0], "wgrad": [0.0, 0.0]}
     for row in rows:
         f, d, g = row["forward"], row["dgrad"], row["wgrad"]
-        print(f"{row['layer']:<20}{f['ours_ms']:>19.4f}{f['pytorch_ms']:>9.4f}{row['conv_alone_ms']:>11.4f}"
+        print(f"{row['layer']:<20}{row['copy_vs_bandwidth']:>10.2f}{f['ours_ms']:>19.4f}{f['pytorch_ms']:>9.4f}{row['conv_alone_ms']:>11.4f}"
               f"{f['ours_vs_bandwidth']:>6.2f}{d['ours_ms']:>10.4f}{d['pytorch_ms']:>9.4f}{d['ours_vs_bandwidth']:>6.2f}"
               f"{g['ours_ms']:>10.4f}{g['pytorch_ms']:>9.4f}{g['ours_vs_bandwidth']:>6.2f}"
               + (f"{row['dgrad_as_forward_ms']:>17.4f}{row['dgrad_as_pytorch_forward_ms']:>15.4f}"
@@ -126,6 +132,8 @@ def main() -> None:
             totals[step][0] += row[step]["ours_ms"]
             totals[step][1] += row[step]["pytorch_ms"]
     print("sums (ms): " + ", ".join(f"{s} ours {t[0]:.3f} vs PyTorch {t[1]:.3f}" for s, t in totals.items()))
+    print("a copy of each layer's bytes, as a multiple of their time at the large copy's bandwidth: "
+          f"{min(r['copy_vs_bandwidth'] for r in rows):.2f} to {max(r['copy_vs_bandwidth'] for r in rows):.2f}")
     slower = [f"{r['layer']} {s}" for r in rows for s in totals if r[s]["ours_ms"] > r[s]["pytorch_ms"] * 1.02]
     print("steps where ours is more than 2% slower than PyTorch's: " + (", ".join(slower) or "none"))
     if args.json:
