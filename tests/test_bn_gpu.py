@@ -10,6 +10,7 @@ from torch import nn
 
 import torch_cudnn_fusion as tcf
 from torch_cudnn_fusion.models import mobilenet_v1
+from torch_cudnn_fusion.nn.pool import global_avg_pool2d
 
 from conftest import CountingCall, assert_as_accurate_as_eager, gpu, rel_err
 
@@ -364,28 +365,33 @@ def test_mobilenet_v1_full_size_fused_training_matches_eager(extension):
 
 def test_the_last_layer_before_the_global_pool_gets_its_gradient_without_a_transpose(extension):
     """fuse() puts GlobalAvgPool2d in place of MobileNet v1's nn.AdaptiveAvgPool2d(1): the gradient reaching the last
-    fused layer is channels_last, so its backward runs no NCHW -> NHWC copy. With ATen's pool put back, it does (what
-    the check would miss if it could not see the kernel)."""
+    fused layer is channels_last, so its backward runs no NCHW -> NHWC copy, and a tensor of its own, so BatchNorm's
+    backward writes over it as it does over the copy (as many in-place backward calls as with ATen's pool). With
+    ATen's pool put back, the copy runs (what the check would miss if it could not see the kernel)."""
     torch.manual_seed(0)
     plain = mobilenet_v1().cuda().to(memory_format=torch.channels_last)
     fused, report = tcf.fuse(plain)
     assert report.pools == ["pool"]
     x = torch.randn(4, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
 
-    def backward_kernels(model):
+    def backward_events(model):
         for step in range(2):
             with torch.autocast("cuda", torch.bfloat16):
                 y = model(x)
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                    torch.profiler.ProfilerActivity.CUDA]) as prof:
                 y.float().square().mean().backward()
                 torch.cuda.synchronize()
-        return [e.name for e in prof.events()]
+        names = [e.name for e in prof.events()]
+        return names, names.count("cudnn_fusion::batch_norm_act_backward_")
 
-    names = backward_kernels(fused)
+    names, in_place = backward_events(fused)
     assert any("batch_norm_act_backward_one_launch" in n for n in names)
     assert not any("nchw_to_nhwc" in n for n in names), [n for n in names if "nhwc" in n]
     fused.pool = nn.AdaptiveAvgPool2d(1)
-    assert any("nchw_to_nhwc" in n for n in backward_kernels(fused))
+    names, in_place_with_aten_pool = backward_events(fused)
+    assert any("nchw_to_nhwc" in n for n in names)
+    assert in_place == in_place_with_aten_pool > 0, (in_place, in_place_with_aten_pool)
 
 
 def test_explain_reports_what_ran_in_training_and_in_eval(extension):
@@ -800,7 +806,7 @@ def test_an_in_place_activation_after_a_fused_conv_bn_trains_as_eager(extension,
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("variant", ["relu", "relu6-conv_bias-momentum_none", "residual"])
-@pytest.mark.parametrize("incoming", ["dense", "expanded"])
+@pytest.mark.parametrize("incoming", ["dense", "expanded", "global_pool"])
 def test_a_training_conv_bn_layer_peaks_no_higher_than_eager(extension, no_tf32, dtype, variant, incoming):
     """Peak GPU memory over a training forward and backward of one Conv2dBN* layer, above what was allocated before,
     is not above eager's (conv, BatchNorm2d, add, ReLU / ReLU6). The layer's output is dropped after the forward, as
@@ -808,8 +814,10 @@ def test_a_training_conv_bn_layer_peaks_no_higher_than_eager(extension, no_tf32,
     backward reads it; and BatchNorm's saved tensors and incoming gradient are freed before the conv's backward
     allocates its own (two autograd nodes, as eager's). incoming: the layer's output gradient a fresh channels_last
     tensor (as a next conv's dgrad), or expanded from one number (a sum's backward, as the mean before a classifier):
-    eager's ReLU backward reads it as it is; the fused node copies it to channels_last first. Either is then
-    overwritten with the node's result (batch_norm_backward_may_overwrite)."""
+    eager's ReLU backward reads it as it is; the fused node copies it to channels_last first; or from a global
+    average pool, ATen's for eager and the one fuse() puts in its place for fused (nn/pool.py), whose gradient comes
+    channels_last and not a view. Each is then overwritten with the node's result
+    (batch_norm_backward_may_overwrite)."""
     cls, activation, conv_bias, _, momentum, _, _, has_residual = CONV_BN_VARIANTS[variant]
     torch.manual_seed(0)
     conv = nn.Conv2d(64, 64, 3, padding=1, bias=conv_bias).cuda().to(memory_format=torch.channels_last)
@@ -827,7 +835,9 @@ def test_a_training_conv_bn_layer_peaks_no_higher_than_eager(extension, no_tf32,
         z = bn_e(conv_e(x))
         return act(z + r if r is not None else z)
 
-    def peak_above_start(forward) -> int:
+    pool_weights = torch.randn(shape[:2], device="cuda").to(dtype)
+
+    def peak_above_start(forward, pool) -> int:
         for t in (x, residual, *conv.parameters(), *bn.parameters(), *conv_e.parameters(), *bn_e.parameters()):
             if t is not None:
                 t.grad = None
@@ -836,15 +846,18 @@ def test_a_training_conv_bn_layer_peaks_no_higher_than_eager(extension, no_tf32,
         torch.cuda.reset_peak_memory_stats()
         with torch.autocast("cuda", dtype, enabled=dtype != torch.float32):
             y = forward(x, residual)
-        loss = (y * scale).sum() if incoming == "dense" else y.sum()
+        if incoming == "global_pool":
+            loss = (pool(y).flatten(1) * pool_weights).sum()
+        else:
+            loss = (y * scale).sum() if incoming == "dense" else y.sum()
         del y
         loss.backward()
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - start
 
     for _ in range(2):  # the first calls decide, build plans and pick cuDNN's algorithms
-        fused_peak = peak_above_start(lambda x, r: fused(x, r) if has_residual else fused(x))
-        eager_peak = peak_above_start(eager)
+        fused_peak = peak_above_start(lambda x, r: fused(x, r) if has_residual else fused(x), global_avg_pool2d)
+        eager_peak = peak_above_start(eager, lambda t: F.adaptive_avg_pool2d(t, 1))
     assert fused.fusion_status.fused, fused.fusion_status
     activation_bytes = x.numel() * x.element_size()
     # The gradient (or, expanded, its channels_last copy) only autograd holds takes BatchNorm's backward in place: one

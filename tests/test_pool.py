@@ -42,7 +42,20 @@ def test_channels_last_input_gets_its_gradient_channels_last_with_aten_values(dt
     torch.testing.assert_close(ours, aten, **tolerance)
     torch.testing.assert_close(grad_ours, grad_aten, rtol=0, atol=0)  # both are grad / (H * W), spread
     assert grad_ours.is_contiguous(memory_format=torch.channels_last)
+    assert grad_ours._base is None, "a view: the fused BatchNorm backward before the pool could not overwrite it"
     assert not grad_aten.is_contiguous(memory_format=torch.channels_last)  # why GlobalAvgPool2d exists
+
+
+def test_double_backward_matches_aten():
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 5, 3, dtype=torch.float64).to(memory_format=torch.channels_last).requires_grad_()
+    weights = torch.randn(2, 8, 1, 1, dtype=torch.float64)
+    for pool in (global_avg_pool2d, lambda t: F.adaptive_avg_pool2d(t, 1)):
+        assert torch.autograd.gradcheck(pool, (x,)) and torch.autograd.gradgradcheck(pool, (x,))
+    (ours,) = torch.autograd.grad((global_avg_pool2d(x) ** 2 * weights).sum(), x, create_graph=True)
+    (aten,) = torch.autograd.grad((F.adaptive_avg_pool2d(x, 1) ** 2 * weights).sum(), x, create_graph=True)
+    torch.testing.assert_close(torch.autograd.grad(ours.square().sum(), x)[0],
+                               torch.autograd.grad(aten.square().sum(), x)[0])
 
 
 @pytest.mark.parametrize("x", [torch.randn(2, 6, 5, 4), torch.randn(6, 5, 4), torch.randn(2, 6, 1, 1),
