@@ -95,7 +95,7 @@ def test_fuse_replaces_global_pools_only_and_reports_them():
     fused, report = tcf.fuse(plain)
     assert type(plain.pool) is nn.AdaptiveAvgPool2d, "fuse() changed the user's pool"
     assert type(fused.get_submodule("pool")) is GlobalAvgPool2d and report.pools == ["pool"]
-    assert "1 global average pool takes the mean in the NHWC view" in str(report)
+    assert "1 global average pool runs as an average pool over the whole image" in str(report)
     x = torch.randn(2, 3, 32, 32).to(memory_format=torch.channels_last)
     plain.eval(), fused.eval(), untouched.eval()
     torch.testing.assert_close(fused(x), untouched(x))

@@ -3,10 +3,15 @@
 ATen computes that pool as x.mean((2, 3)), and its backward spreads the gradient as grad.expand(x's sizes) / (H*W).
 The expanded tensor's strides over H and W are 0, which leaves its layout ambiguous, and ATen's elementwise kernels
 then keep the dimensions' order: the gradient comes back NCHW whatever x's layout. A fused conv + BatchNorm layer
-before the pool, whose backward reads channels_last, then transposes it: MobileNet v1's last layer
-(256 x 1024 x 7 x 7 bf16) took 0.024 ms for the division and 0.047 ms for the transpose on H100. Taking the mean in
-x's NHWC view (x.permute(0, 2, 3, 1), contiguous for a channels_last x) gives the same values up to the order of the
-additions, and its gradient comes back channels_last in one pass (see _MeanOverPixels).
+before the pool, whose backward reads channels_last, then transposes it: MobileNet v1's last layer (256 x 1024 x
+7 x 7 bf16) took 0.024 ms for the division and 0.047 ms for the transpose on H100.
+
+For a channels_last x, F.avg_pool2d with the whole image as its window computes the same values (a float sum
+divided by H*W, rounded once), and its backward writes the gradient in x's layout, into a tensor of its own. Both
+matter: a mean taken in x's NHWC view (x.permute(0, 2, 3, 1).mean((1, 2))) also gives a channels_last gradient, but
+as a permuted view of the division's result; a view shares its storage with its base, so the fused BatchNorm
+backward could not write its result over it and allocated another tensor of x's size (resnet50's step peaked 1 MiB
+above eager's, H200, 2026-11-26).
 """
 
 from __future__ import annotations
@@ -23,31 +28,11 @@ def is_global(output_size) -> bool:
     return isinstance(output_size, (tuple, list)) and len(output_size) == 2 and tuple(output_size) == (1, 1)
 
 
-class _MeanOverPixels(torch.autograd.Function):
-    """The mean over H and W of a channels_last x, taken in its NHWC view. Backward spreads grad / (H * W) into a new
-    channels_last tensor: the same values as autograd's backward of that mean, which would hand the layer before a
-    permuted view of its result. A view shares its storage with its base, so a fused BatchNorm backward could not
-    write its result over it, and allocated another tensor of x's size (resnet50's step peaked 1 MiB above eager's)."""
-
-    @staticmethod
-    def forward(x):
-        return x.permute(0, 2, 3, 1).mean((1, 2), keepdim=True).permute(0, 3, 1, 2)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.x_size = inputs[0].shape
-
-    @staticmethod
-    def backward(ctx, grad):
-        n, c, h, w = ctx.x_size
-        return (grad / (h * w)).expand(n, c, h, w).contiguous(memory_format=torch.channels_last)
-
-
 def global_avg_pool2d(x: torch.Tensor) -> torch.Tensor:
-    """F.adaptive_avg_pool2d(x, 1), its mean taken in the NHWC view when x is channels_last (see the module
-    docstring): same sizes and strides, values equal up to the order of the additions."""
+    """F.adaptive_avg_pool2d(x, 1); for a channels_last x, as an average pool whose window is the whole image (see the
+    module docstring): same sizes and strides, values equal up to the order of the additions."""
     if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
-        return _MeanOverPixels.apply(x)
+        return F.avg_pool2d(x, (x.shape[2], x.shape[3]))
     return F.adaptive_avg_pool2d(x, 1)
 
 
