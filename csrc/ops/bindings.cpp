@@ -404,6 +404,7 @@ TORCH_LIBRARY(cudnn_fusion, m) {
       "Tensor(c!)? num_batches_tracked, Tensor? residual, float momentum, float eps, int activation, "
       "int implementation, ScalarType? conv_dtype=None, int policy=0) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("space_to_depth(Tensor x, int[2] padding_pre, int[2] out_size, ScalarType? dtype=None) -> Tensor");
+  m.def("global_avg_pool(Tensor x) -> Tensor");  // ops/pool_ops.cpp
 }
 
 TORCH_LIBRARY_IMPL(cudnn_fusion, CUDA, m) {

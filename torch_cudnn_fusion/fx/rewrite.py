@@ -97,8 +97,8 @@ class FuseRow:
 
 class FuseReport(list):
     """A list of FuseRow that prints as a table, with a summary of what was replaced and what runs fused.
-    `pools`: where the fused model's global average pools run as an average pool over the whole image for a
-    channels_last input (GlobalAvgPool2d in place of nn.AdaptiveAvgPool2d(1), global_avg_pool2d in place of
+    `pools`: where the fused model's global average pools run cudnn_fusion::global_avg_pool for a channels_last CUDA
+    input (GlobalAvgPool2d in place of nn.AdaptiveAvgPool2d(1), global_avg_pool2d in place of
     F.adaptive_avg_pool2d(x, 1) in a traced graph), so that their gradient comes back channels_last."""
 
     def __init__(self, rows=(), pools=()) -> None:
@@ -144,9 +144,8 @@ class FuseReport(list):
         pools = []
         if self.pools:
             n = len(self.pools)
-            pools = [f"{n} global average pool{'s run' if n > 1 else ' runs'} as an average pool over the whole image "
-                     f"for a channels_last input, so that the gradient comes back channels_last: "
-                     f"{', '.join(self.pools)}"]
+            pools = [f"{n} global average pool{'s run' if n > 1 else ' runs'} cudnn_fusion::global_avg_pool for a "
+                     f"channels_last CUDA input, so that the gradient comes back channels_last: {', '.join(self.pools)}"]
         return "\n".join([line(headers)] + [line(row) for row in rows] + [self.summary()] + pools)
 
 
