@@ -19,15 +19,16 @@ from conftest import gpu
 
 
 def _gradient_reaching(pool, x, weights):
-    """(pool's output, the gradient reaching x from a weighting of the output) for a non-leaf x, whose gradient
-    autograd does not restride."""
+    """(pool's output, the gradient reaching its input from a weighting of the output, whether that input was dense
+    channels_last) for a non-leaf input (x * 1, laid out by ATen from x's strides), whose gradient autograd does not
+    restride."""
     x = x.detach().requires_grad_()
     inner = x * 1.0
     seen = []
     inner.register_hook(seen.append)
     out = pool(inner)
     (out * weights).sum().backward()
-    return out, seen[0]
+    return out, seen[0], inner.is_contiguous(memory_format=torch.channels_last) and not inner.is_contiguous()
 
 
 def _aten(x):
@@ -52,8 +53,8 @@ def test_on_the_cpu_it_is_aten_s_pool(shape, layout):
     torch.manual_seed(0)
     x = _input(shape, layout, torch.float32, "cpu")
     weights = torch.randn(shape[0], shape[1], 1, 1)
-    ours, grad_ours = _gradient_reaching(global_avg_pool2d, x, weights)
-    aten, grad_aten = _gradient_reaching(_aten, x, weights)
+    ours, grad_ours, _ = _gradient_reaching(global_avg_pool2d, x, weights)
+    aten, grad_aten, _ = _gradient_reaching(_aten, x, weights)
     torch.testing.assert_close(ours, aten, rtol=0, atol=0)
     torch.testing.assert_close(grad_ours, grad_aten, rtol=0, atol=0)
     assert ours.stride() == aten.stride() and grad_ours.stride() == grad_aten.stride()
@@ -70,12 +71,12 @@ def test_on_the_gpu_a_channels_last_input_gets_its_gradient_channels_last_in_its
     torch.manual_seed(0)
     x = _input(shape, layout, dtype, "cuda")
     weights = torch.randn(shape[0], shape[1], 1, 1, device="cuda").to(dtype)
-    ours, grad_ours = _gradient_reaching(global_avg_pool2d, x, weights)
-    aten, grad_aten = _gradient_reaching(_aten, x, weights)
+    ours, grad_ours, takes = _gradient_reaching(global_avg_pool2d, x, weights)
+    aten, grad_aten, _ = _gradient_reaching(_aten, x, weights)
     torch.testing.assert_close(ours, aten, rtol=0, atol=0)
     assert ours.stride() == aten.stride()
     torch.testing.assert_close(grad_ours, grad_aten, rtol=0, atol=0)
-    takes = layout == "channels_last" and shape[2] * shape[3] > 1
+    assert takes == (layout != "nchw" and shape[2] * shape[3] > 1 and shape[1] > 1)  # x * 1 of the strided view is dense
     if takes:
         assert grad_ours.is_contiguous(memory_format=torch.channels_last) and grad_ours._base is None
         assert not grad_aten.is_contiguous(memory_format=torch.channels_last)  # why the op exists
