@@ -12,6 +12,10 @@ How the copy is rewritten, per module, from the top:
     auxiliary heads, which a single trace would freeze), the module keeps its class and each of its children is
     rewritten the same way; in an nn.Sequential, consecutive children are matched in order first.
 
+Then every global average pool of the copy (nn.AdaptiveAvgPool2d(1), F.adaptive_avg_pool2d(x, 1) in a traced graph)
+becomes GlobalAvgPool2d / global_avg_pool2d, whose gradient for a channels_last CUDA input is channels_last (see
+torch_cudnn_fusion/nn/pool.py); the report's `pools` lists them.
+
 State_dict keys do not change: a fused conv takes the conv's place, and the BatchNorm it absorbed stays at its own
 path as a BatchNorm2dFused placeholder (parameters and statistics kept, input passed through). A checkpoint of the
 plain model loads into the fused one and back.
@@ -688,7 +692,8 @@ def fuse(model: nn.Module, example_input=None, *, use_fx: bool = True) -> tuple[
     own (fused.train()/eval() do not change `model`'s mode, and a module replaced in one is not replaced in the
     other). It is a torch.fx.GraphModule when `model` traces the same in training and eval (use_fx=False skips
     tracing), else a copy of `model` whose submodules were rewritten (see the module docstring); the report says which.
-    Call it before wrapping the model in DistributedDataParallel or torch.compile. With `example_input` the fused model
+    Its global average pools become GlobalAvgPool2d (report.pools). Call it before wrapping the model in
+    DistributedDataParallel or torch.compile. With `example_input` the fused model
     runs one forward (buffers restored afterwards) so that the report says how each fused layer runs.
     """
     if not isinstance(model, nn.Module):
