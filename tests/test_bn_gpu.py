@@ -815,9 +815,10 @@ def test_a_training_conv_bn_layer_peaks_no_higher_than_eager(extension, no_tf32,
     allocates its own (two autograd nodes, as eager's). incoming: the layer's output gradient a fresh channels_last
     tensor (as a next conv's dgrad), or expanded from one number (a sum's backward, as the mean before a classifier):
     eager's ReLU backward reads it as it is; the fused node copies it to channels_last first; or from a global
-    average pool, ATen's for eager and the one fuse() puts in its place for fused (nn/pool.py), whose gradient comes
-    channels_last and not a view. Each is then overwritten with the node's result
-    (batch_norm_backward_may_overwrite)."""
+    average pool, ATen's for eager and the one fuse() puts in its place for fused (nn/pool.py). The dense and
+    expanded gradients are then overwritten with the node's result (batch_norm_backward_may_overwrite). For the
+    pool's, this bound may not see a node that does not overwrite (not measured here);
+    test_the_last_layer_before_the_global_pool_gets_its_gradient_without_a_transpose counts the in-place calls."""
     cls, activation, conv_bias, _, momentum, _, _, has_residual = CONV_BN_VARIANTS[variant]
     torch.manual_seed(0)
     conv = nn.Conv2d(64, 64, 3, padding=1, bias=conv_bias).cuda().to(memory_format=torch.channels_last)
