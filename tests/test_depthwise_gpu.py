@@ -33,17 +33,16 @@ CASES = {
     "3x3-s2-1000-channels": (1000, 3, 2, 1, 6, 6, True, True, True),
     "3x3-s1-relu6": (48, 3, 1, 1, 11, 12, True, False, "relu6"),  # inputs scaled by 4: some outputs clip at 6
     "3x3-s2-relu6-odd-channels": (21, 3, 2, 1, 9, 9, True, True, "relu6"),
-    # the stride-1 forward's ring (depthwise_conv_forward_ring: channels a multiple of 8 vectors): one tile of 37
-    # columns, 2 columns a thread, the last thread's second column past the tile; bands of 4 or 5 rows
+    # the stride-1 walk (depthwise_conv_forward_walk): strips of 4 columns, the last partial (37 = 9 * 4 + 1), with a
+    # residual; many strips; padding 2; bands of at most 32 rows splitting 70 rows as 24, 24, 22, with ReLU6
     "3x3-s1-wide-tiles": (64, 3, 1, 1, 13, 37, True, True, True),
-    # the ring over 3 tiles of 44 columns and bands of 4 rows (the last a partial band), and with padding 2
     "3x3-s1-ring-tiles": (64, 3, 1, 1, 11, 130, True, True, True),
     "3x3-s1-ring-padding-2": (128, 3, 1, 2, 6, 5, True, False, True),
-    # the rows kernel's tiles of 8 rows x 2 columns (depthwise_conv_forward_rows), partial in both directions
     "3x3-s1-rows-tiles": (40, 3, 1, 1, 13, 37, True, True, True),
+    "3x3-s1-bands": (16, 3, 1, 1, 70, 6, True, True, "relu6"),
     # the stride-2 dgrad's 8 x 16 tiles of dx, partial in both directions
     "3x3-s2-wide-dgrad-tiles": (24, 3, 2, 1, 19, 35, True, False, True),
-    # stride 1 with padding 0 and 2: in bfloat16 dgrad runs as the forward with the filter turned, padded 2 and 0
+    # stride 1 with padding 0 and 2: in bfloat16 dgrad runs as the walk with the filter turned, padded 2 and 0
     "3x3-s1-no-padding": (32, 3, 1, 0, 10, 12, True, False, True),
     "3x3-s1-padding-2": (32, 3, 1, 2, 9, 8, True, False, True),
 }
@@ -99,33 +98,38 @@ def test_depthwise_conv_matches_float64(extension, no_tf32, dtype, case):
                                                        activation).backward(grad))
     assert any("depthwise_conv_forward" in n for n in ran), ran
     assert any("depthwise_conv_dgrad" in n for n in ran) == (stride == 2), ran
+    # at stride 1 in bfloat16 the dgrad is the walk with the filter turned, where the channels fill 16-byte vectors
+    turned_walk = stride == 1 and dtype == torch.bfloat16 and channels % 8 == 0 and padding < kernel
+    assert any("depthwise_conv_forward_walk<" in n and ", true>" in n for n in ran) == turned_walk, ran
     # wgrad in our kernel in bfloat16 where the channels fill its 16-byte vectors, else PyTorch's
     ours_wgrad = dtype == torch.bfloat16 and channels % 8 == 0
     assert any("depthwise_conv_wgrad" in n for n in ran) == ours_wgrad, ran
-    if stride == 1 and dtype == torch.bfloat16 and padding < kernel:  # dgrad as cuDNN's forward, the filter turned
+    if stride == 1 and dtype == torch.bfloat16 and padding < kernel:  # no cuDNN dgrad: the walk or cuDNN's forward
         assert not any("dgrad" in n and "depthwise_conv_dgrad" not in n for n in ran), ran
 
 
-@pytest.mark.parametrize("stride, padding, dtype, channels, dgrad, wgrad", [
-    (1, 1, "bfloat16", 64, "turned_forward", "ours"), (1, 0, "bfloat16", 64, "turned_forward", "ours"),
-    (1, 2, "bfloat16", 64, "turned_forward", "ours"),
-    (1, 3, "bfloat16", 64, "pytorch", "ours"),  # padding past the filter: no forward computes that dgrad
-    (1, 1, "bfloat16", 60, "turned_forward", "pytorch"),  # channels that do not fill 16-byte vectors
-    (1, 1, "float16", 64, "pytorch", "pytorch"), (1, 1, "float32", 64, "pytorch", "pytorch"),  # cuDNN's dgrad as fast
-    (2, 1, "bfloat16", 64, "ours", "ours"),
-    (2, 1, "float16", 64, "ours", "pytorch"),  # cuDNN's float16 wgrad was faster than ours
-    (2, 1, "float32", 64, "ours", "pytorch"),  # our wgrad was not measured in float32
-    (2, 1, "bfloat16", 60, "ours", "pytorch"),  # channels that do not fill the wgrad kernel's 16-byte vectors
+@pytest.mark.parametrize("stride, padding, dtype, channels, forward, dgrad, wgrad", [
+    (1, 1, "bfloat16", 64, True, "ours", "ours"), (1, 0, "bfloat16", 64, True, "ours", "ours"),
+    (1, 2, "bfloat16", 64, True, "ours", "ours"),
+    (1, 3, "bfloat16", 64, True, "pytorch", "ours"),  # padding past the filter: no forward computes that dgrad
+    (1, 1, "bfloat16", 60, False, "turned_forward", "pytorch"),  # channels that do not fill 16-byte vectors
+    # cuDNN's dgrad as fast as its forward; our walk not measured in these dtypes without an epilogue
+    (1, 1, "float16", 64, False, "pytorch", "pytorch"), (1, 1, "float32", 64, False, "pytorch", "pytorch"),
+    (2, 1, "bfloat16", 64, False, "ours", "ours"),  # the stride-2 forward without an epilogue: cuDNN's
+    (2, 1, "float16", 64, False, "ours", "pytorch"),  # cuDNN's float16 wgrad was faster than ours
+    (2, 1, "float32", 64, False, "ours", "pytorch"),  # our wgrad was not measured in float32
+    (2, 1, "bfloat16", 60, False, "ours", "pytorch"),  # channels that do not fill the wgrad kernel's 16-byte vectors
 ])
-def test_the_depthwise_backward_rule(extension, stride, padding, dtype, channels, dgrad, wgrad):
-    """What runs a depthwise 3x3 layer's dgrad and wgrad (csrc/ops/depthwise_ops.cpp, depthwise_kernel_steps), as
-    Python's decision reads it; the forward in our kernel only with an epilogue."""
+def test_the_depthwise_backward_rule(extension, stride, padding, dtype, channels, forward, dgrad, wgrad):
+    """What runs a depthwise 3x3 layer's forward, dgrad and wgrad (csrc/ops/depthwise_ops.cpp,
+    depthwise_kernel_steps), as Python's decision reads it; the forward in our kernel always with an epilogue, and
+    without one (`forward`) at stride 1 in bfloat16 where the channels fill 16-byte vectors."""
     from torch_cudnn_fusion.ops import decide
 
     w_size = [channels, 1, 3, 3]
     verdict = extension.depthwise_kernel_verdict(channels, w_size, [stride] * 2, [padding] * 2, [1, 1], channels,
                                                  True, dtype, False)
-    assert (verdict["unmet"], verdict["forward"], verdict["dgrad"], verdict["wgrad"]) == ("", False, dgrad, wgrad), \
+    assert (verdict["unmet"], verdict["forward"], verdict["dgrad"], verdict["wgrad"]) == ("", forward, dgrad, wgrad), \
         verdict
     steps = decide.depthwise_kernel_steps(channels, tuple(w_size), (stride,) * 2, (padding,) * 2, (1, 1), channels,
                                           True, getattr(torch, dtype), True)
@@ -230,40 +234,33 @@ def test_a_misaligned_input_runs_one_element_at_a_time_and_matches(extension, no
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_the_three_stride1_forward_kernels_give_the_same_numbers(extension, no_tf32, dtype):
-    """The stride-1 forward runs one of three kernels: the ring where the channels are a multiple of 8 vectors, else
-    the rows kernel where the filters and bias start on a vector boundary, else the strip kernel. All three add each
+def test_the_two_stride1_forward_kernels_give_the_same_numbers(extension, no_tf32, dtype):
+    """The stride-1 forward runs the walk where the tensors take 16-byte vectors, else the strip kernel. Both add each
     output's taps in the same order, and each channel's outputs depend on that channel alone: the first 40 of 64
-    channels through the ring, and those 40 alone through the rows kernel (filters on a boundary) and the strip
-    kernel (views one element into their storage), are the same numbers, as accurate as eager's against float64."""
+    channels through the walk, and those 40 alone through the strip kernel (x and the output one element off a
+    16-byte boundary), are the same numbers, as accurate as eager's against float64."""
     torch.manual_seed(0)
     x = _leaf(2, 64, 11, 9, dtype=dtype)
     weight = torch.randn(64, 1, 3, 3, device="cuda").to(dtype)
     bias = torch.randn(64, device="cuda").to(dtype)
     x40 = x[:, :40].contiguous(memory_format=CL)
-    off_boundary_weight = torch.empty(40 * 9 + 1, device="cuda", dtype=dtype)[1:].view(40, 1, 3, 3)
-    off_boundary_bias = torch.empty(41, device="cuda", dtype=dtype)[1:]
-    off_boundary_weight.copy_(weight[:40])
-    off_boundary_bias.copy_(bias[:40])
-    assert off_boundary_weight.data_ptr() % 8 != 0 and off_boundary_bias.data_ptr() % 8 != 0
-    runs = {"ring": (x, weight, bias, 64), "rows": (x40, weight[:40].clone(), bias[:40].clone(), 40),
-            "strip": (x40, off_boundary_weight, off_boundary_bias, 40)}
+    x_off = torch.empty(x40.numel() + 1, device="cuda", dtype=dtype)[1:].as_strided(x40.shape, x40.stride())
+    x_off.copy_(x40)
+    assert x_off.is_contiguous(memory_format=CL) and x_off.data_ptr() % 16 != 0
+    runs = {"walk": (x, weight, bias, 64), "strip": (x_off, weight[:40].clone(), bias[:40].clone(), 40)}
     results = {}
     for name, (inp, w, b, channels) in runs.items():
         def call():
             return tcf.conv2d_bias_act(inp, w, b, None, 1, 1, 1, channels, "relu", strict=True)
         ran = _profile_kernels(call)
-        kernels = {"ring": "depthwise_conv_forward_ring", "rows": "depthwise_conv_forward_rows",
-                   "strip": "depthwise_conv_forward<"}
+        kernels = {"walk": "depthwise_conv_forward_walk<", "strip": "depthwise_conv_forward<"}
         for other, kernel in kernels.items():
             assert any(kernel in n for n in ran) == (other == name), (name, ran)
         results[name] = call()
-    ring = results["ring"][:, :40]
-    assert torch.equal(ring, results["rows"])
-    assert torch.equal(ring, results["strip"])
+    assert torch.equal(results["walk"][:, :40], results["strip"])
     eager = F.relu(F.conv2d(x, weight, bias, 1, 1, 1, 64))
     reference = F.relu(F.conv2d(x.double(), weight.double(), bias.double(), 1, 1, 1, 64))
-    assert_as_accurate_as_eager("y", results["ring"], eager, reference, dtype)
+    assert_as_accurate_as_eager("y", results["walk"], eager, reference, dtype)
 
 
 def test_depthwise_layers_say_they_run_our_kernel(extension):
@@ -274,8 +271,8 @@ def test_depthwise_layers_say_they_run_our_kernel(extension):
     status = layer.fusion_status
     assert status.fused and status.implementation == "depthwise_kernel", status
     assert dict(status.backward) == {"relu_bias_backward": "", "dgrad": "", "wgrad": ""}, status
-    assert status.reason == ("depthwise: forward in our kernel (epilogue fused), dgrad in PyTorch's kernel, wgrad in "
-                             "PyTorch's kernel"), status  # stride 1
+    assert status.reason == ("depthwise: forward in our kernel, dgrad in PyTorch's kernel, wgrad in "
+                             "PyTorch's kernel"), status  # stride 1, float32
     assert str(status).startswith("fused (depthwise kernels)"), str(status)
     with torch.no_grad():
         (row,) = tcf.explain(nn.Sequential(layer), x, time=False)
@@ -284,9 +281,9 @@ def test_depthwise_layers_say_they_run_our_kernel(extension):
     strided = tcf.Conv2dReLU(32, 32, 3, stride=2, padding=1, groups=32).cuda().to(memory_format=CL)
     strided(x)
     assert "dgrad in our kernel" in strided.fusion_status.reason, strided.fusion_status
-    half = copy.deepcopy(layer).bfloat16()  # bfloat16 at stride 1: cuDNN's forward, faster than its own dgrad there
+    half = copy.deepcopy(layer).bfloat16()  # bfloat16 at stride 1: dgrad as our walk with the filter turned
     half(x.detach().bfloat16())
-    assert ", dgrad as PyTorch's forward kernel with the filter turned 180 degrees," in half.fusion_status.reason
+    assert ", dgrad in our kernel, wgrad in our kernel" in half.fusion_status.reason, half.fusion_status
     with tcf.strict():  # NCHW: not our kernels, and the reason says so
         with pytest.raises(tcf.FusionError, match="not our depthwise kernels: layout NCHW"):
             layer.to(memory_format=torch.contiguous_format)(x.contiguous())
@@ -310,8 +307,9 @@ def _profile_kernels(fn) -> list[str]:
 @pytest.mark.parametrize("stride", [1, 2])
 def test_conv_bn_relu_training_runs_our_kernels_and_matches_float64(extension, stride):
     """A depthwise 3x3 Conv2dBNReLU training step under bf16 autocast: at stride 2 our dgrad kernel runs instead of
-    cuDNN's, at stride 1 cuDNN's forward kernel with the filter turned 180 degrees (no cuDNN dgrad kernel: its bf16
-    one is slower), and y, every gradient and the running statistics are as accurate as eager's against float64."""
+    cuDNN's (the forward is cuDNN's); at stride 1 our walk runs the forward and, with the filter turned 180 degrees,
+    the dgrad (no cuDNN conv kernel at all); y, every gradient and the running statistics are as accurate as eager's
+    against float64."""
     torch.manual_seed(0)
     conv = nn.Conv2d(64, 64, 3, stride, 1, groups=64, bias=False)
     bn = nn.BatchNorm2d(64)
@@ -333,12 +331,14 @@ def test_conv_bn_relu_training_runs_our_kernels_and_matches_float64(extension, s
     ours = any("depthwise_conv_dgrad" in n for n in names)
     theirs = any("dgrad" in n and "depthwise_conv_dgrad" not in n for n in names)
     assert (ours, theirs) == ((stride == 2), False), names
+    walks = [n for n in names if "depthwise_conv_forward_walk<" in n]
+    assert len(walks) == (0 if stride == 2 else 2), names  # at stride 1 the forward and the turned dgrad
+    assert sum(", true>" in n for n in walks) == (0 if stride == 2 else 1), walks
     ours = any("depthwise_conv_wgrad" in n for n in names)  # bf16, 64 channels: ours at both strides
     theirs = any("wgrad" in n and "depthwise_conv_wgrad" not in n for n in names)
     assert (ours, theirs) == (True, False), names
-    assert not any("depthwise_conv_forward" in n for n in names), names  # no epilogue: cuDNN's forward is faster
     cudnn_forwards = [n for n in names if "conv2d_c1_k1" in n]
-    assert len(cudnn_forwards) == (1 if stride == 2 else 2), names  # the forward, and at stride 1 dgrad
+    assert len(cudnn_forwards) == (1 if stride == 2 else 0), names  # at stride 2 the forward
 
     # the float32 weight's gradient is the kernel's float sums, written as float32: no bfloat16 gradient cast back in
     # the conv's node (a bfloat16 input: no cast of dx either), so the backward runs no cast at all
@@ -363,9 +363,8 @@ def test_conv_bn_relu_training_runs_our_kernels_and_matches_float64(extension, s
     for name in ("running_mean", "running_var"):
         values = [getattr(m[1], name) for m in (plain, eager, reference)]
         assert_as_accurate_as_eager(name, *values, torch.bfloat16)
-    note = "conv: PyTorch's cuDNN call; its dgrad: " + (
-        "our depthwise kernel; its wgrad: our depthwise kernel" if stride == 2
-        else "PyTorch's forward kernel with the filter turned 180 degrees; its wgrad: our depthwise kernel")
+    note = ("conv: PyTorch's cuDNN call" if stride == 2 else "conv: our depthwise kernel") + (
+        "; its dgrad: our depthwise kernel; its wgrad: our depthwise kernel")
     assert note in fused.fusion_status.reason, fused.fusion_status
 
 

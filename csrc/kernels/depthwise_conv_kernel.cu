@@ -13,11 +13,10 @@
 //            block and the strip's columns share their loads as in the forward.
 // With 16-byte vectors the stride-2 forward and dgrad run tiled instead (depthwise_conv_forward_tiled,
 // depthwise_conv_dgrad_tiled): a block first copies its whole input tile into shared memory with asynchronous copies,
-// all in flight at once, then computes from there. The stride-1 forward streams input rows through a ring in shared
-// memory where the channels are a multiple of 8 vectors (depthwise_conv_forward_ring), else runs down columns
-// (depthwise_conv_forward_rows): a thread walks the input rows of 8 output rows once, with no shared memory and no
-// barrier. The strip kernels above stay for one element at a time, filters or bias not on a vector boundary and
-// batches over 65535. dgrad is built for stride 2 only: at stride 1 PyTorch's kernel runs (depthwise_kernel_steps).
+// all in flight at once, then computes from there. The stride-1 forward, and the stride-1 dgrad as that forward with
+// the filter turned, walk down columns (depthwise_conv_forward_walk): a thread walks a band of output rows, each
+// input row copied into shared memory of its own 7 rows ahead of its use. The strip kernels above stay for one element
+// at a time, filters or bias not on a vector boundary and batches over 65535.
 // wgrad at stride 2 (depthwise_conv_wgrad_tiled) stages tiles of dy and x in shared memory and sums each channel's 9
 // taps per thread over many tiles, then in a fixed order across warps, blocks and parts: deterministic. At stride 1 it
 // was compute-bound (Nsight Compute: SM throughput 70%, DRAM 31-58% on three stride-1 layers) and no faster than
@@ -27,7 +26,6 @@
 // window in registers, 2026-11-23 and -24) ran 1.2-26x slower than PyTorch's and were not kept.
 #include "kernels/depthwise_conv_kernel.h"
 
-#include <optional>
 #include <type_traits>
 
 #include "kernels/nhwc_rows.cuh"
@@ -329,200 +327,162 @@ __global__ void __launch_bounds__(ForwardTile<S, TH, TW>::kThreads) depthwise_co
                             s.out_w, s.channels, activation);
 }
 
-// The stride-1 forward for channel vectors: each thread takes kRowsVector channels of kRowsColumns output columns and
-// kRowsRows output rows of one image, walks the kRowsRows + 2 input rows they read once, each as kRowsColumns + 2
-// vectors, and adds each row to the three output rows it reaches, in depthwise_conv_forward's order (taps over the
-// padding add zeros). Filters and bias stay in registers; neighbouring threads' overlapping columns and rows meet in
-// L1. Threads: channel vectors fastest, then column tiles, row tiles and images. Against the tiled kernel at stride 1
-// (8 x 16 tiles staged in shared memory), which was bound by L2 throughput (95.9%, DRAM 32.6%, 3 blocks per SM for
-// its registers), this ran 10-22% faster on every stride-1 layer of MobileNet v1 and v2 (batch 256, bf16, H100,
-// 2026-11-24; 8 rows x 2 columns x 4 channels was the fastest of 20 shapes tried, among them 8 channels per thread,
-// 4 to 16 rows, 1 to 4 columns and register caps).
-constexpr int kRowsVector = 4;
-constexpr int kRowsColumns = 2;
-constexpr int kRowsRows = 8;
+// The stride-1 3x3 forward for vectors of kWalkVector channels ("walk"): a thread takes kWalkVector channels of
+// kWalkColumns output columns and walks a band of output rows of one image, one input row a step. Each step it adds
+// the row's kWalkColumns + 2 vectors, converted to float once, to the three output rows that read it (three
+// accumulators that rotate: kh = 0 to the newest, 1, then 2 to the oldest, which is then complete and stored), so each
+// output adds its taps row by row, kw within a row, as depthwise_conv_forward does: the two give the same numbers.
+// Its input rows are copied kWalkSlots - 1 rows ahead of their use into slots of shared memory of its own with
+// asynchronous copies (zeros outside the image); a thread reads back only what it copied, so no barrier is needed,
+// and many more bytes are in flight per multiprocessor than registers could hold. With the filter turned 180 degrees
+// (Turned) it is the stride-1 dgrad: dx is the forward of dy, padded kernel - 1 - padding.
+// Why this shape (a scratch harness, H200, batch 256, bf16, the ten stride-1 layers of MobileNet v1 and v2, 2026-11-26;
+// Nsight Compute on v1's 32- and 128-channel layers): the ring kernel it replaced (input rows staged per block, one
+// barrier per row, each row converted three times) ran 1.95-2.9x its bytes' time, bound by L2 (85%) at 43% of DRAM's
+// bandwidth; the rows kernel (8 output rows in registers, no prefetch) by latency at 29%. The same walk with loads
+// into registers one or two rows ahead reached 37-40% of DRAM, with 4 to 6 rows in shared memory 55%, and with 7 and
+// the instructions cut (ReLU as one max, no branches around the row adds, pointers advanced a row a step) 1.20-1.26x
+// its bytes' time on the three largest layers, against cuDNN's plain forward at 1.74-1.80x.
+constexpr int kWalkVector = 4;    // channels a thread: 8 bytes in 16-bit types, 16 in float
+constexpr int kWalkColumns = 4;   // output columns a thread
+constexpr int kWalkSlots = 8;     // input rows a thread holds in shared memory: the one in use and 7 in flight
+constexpr int kWalkThreads = 128;
+constexpr int kWalkMaxBand = 32;  // output rows a thread walks at most
 
-template <typename T>
-__global__ void __launch_bounds__(nhwc::kThreads) depthwise_conv_forward_rows(
-    const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, const T* __restrict__ residual,
-    T* __restrict__ y, DepthwiseShape s, int64_t threads, int activation) {
-  constexpr int V = kRowsVector, CW = kRowsColumns, R = kRowsRows, K = 3;
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= threads) return;
-  const int64_t groups = s.channels / V;
-  const int64_t column_tiles = (s.out_w + CW - 1) / CW;
-  const int64_t row_tiles = (s.out_h + R - 1) / R;
-  const int64_t c = i % groups * V;
-  int64_t t = i / groups;
-  const int ow0 = static_cast<int>(t % column_tiles) * CW;
-  t /= column_tiles;
-  const int oh0 = static_cast<int>(t % row_tiles) * R;
-  const int64_t n = t / row_tiles;
-  // the V filters are K * K * V consecutive elements from w + c * K * K: K * K vectors
-  float wr[K * K][V];
-  {
-    const auto* span = reinterpret_cast<const Pack<T, V>*>(w + c * K * K);
-    T raw[K * K * V];
-#pragma unroll
-    for (int k = 0; k < K * K; ++k) {
-      const Pack<T, V> pack = span[k];
-#pragma unroll
-      for (int v = 0; v < V; ++v) raw[k * V + v] = pack.v[v];
-    }
-#pragma unroll
-    for (int k = 0; k < K * K; ++k)
-#pragma unroll
-      for (int v = 0; v < V; ++v) wr[k][v] = to_float(raw[v * K * K + k]);
-  }
-  float b[V];
-  load_or_zero<T, V>(bias != nullptr ? bias + c : nullptr, b);
-  float acc[R][CW][V];
-#pragma unroll
-  for (int r = 0; r < R; ++r) zero(acc[r]);
-  const T* image = x + n * s.h * s.w * s.channels + c;
-  const int iw0 = ow0 - s.pad_w;
-#pragma unroll
-  for (int e = 0; e < R + K - 1; ++e) {  // input row oh0 - pad_h + e
-    const int ih = oh0 - s.pad_h + e;
-    const bool row_inside = ih >= 0 && ih < s.h;
-    float xv[CW + K - 1][V];
-#pragma unroll
-    for (int j = 0; j < CW + K - 1; ++j) {
-      const int iw = iw0 + j;
-      if (row_inside && iw >= 0 && iw < s.w) {
-        load<T, V>(image + (static_cast<int64_t>(ih) * s.w + iw) * s.channels, xv[j]);
-      } else {
-#pragma unroll
-        for (int v = 0; v < V; ++v) xv[j][v] = 0.f;
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int kh = e - r;
-      if (kh < 0 || kh >= K) continue;
-#pragma unroll
-      for (int j = 0; j < CW; ++j)
-#pragma unroll
-        for (int kw = 0; kw < K; ++kw)
-#pragma unroll
-          for (int v = 0; v < V; ++v) acc[r][j][v] = fmaf(xv[j + kw][v], wr[kh * K + kw][v], acc[r][j][v]);
-      if (kh == K - 1 && oh0 + r < s.out_h) {  // output row oh0 + r is complete
-        const int64_t row = (n * s.out_h + oh0 + r) * s.out_w;
-#pragma unroll
-        for (int j = 0; j < CW; ++j) {
-          if (ow0 + j >= s.out_w) break;
-          store_forward<T, V>(acc[r][j], b, residual, y, (row + ow0 + j) * s.channels + c, activation);
-        }
-      }
-    }
+template <int Bytes>
+__device__ inline void copy_async_or_zero(void* shared, const void* global, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(address), "l"(global), "n"(Bytes),
+               "r"(valid ? Bytes : 0));
+#else
+  struct alignas(Bytes) Chunk { unsigned char b[Bytes]; };
+  *reinterpret_cast<Chunk*>(shared) = valid ? *reinterpret_cast<const Chunk*>(global) : Chunk{};
+#endif
+}
+
+// The activation as one NaN-propagating max (and min): NaN passes as through F.relu, and -0 becomes +0 as there.
+template <int Activation>
+__device__ inline float activate_fast(float v) {
+  if constexpr (Activation == kActivationNone) {
+    return v;
+  } else {
+    float r;
+    asm("max.NaN.f32 %0, %1, 0f00000000;" : "=f"(r) : "f"(v));
+    if constexpr (Activation == kActivationRelu6) asm("min.NaN.f32 %0, %0, 0f40C00000;" : "+f"(r));
+    return r;
   }
 }
 
-// The stride-1 forward for 16-byte channel vectors when the channels are a multiple of 8 vectors, from a ring of
-// input rows in shared memory. A block takes 8 vectors of channels (fastest across threads) x tile_w output columns
-// (kRingColumns a thread) of one image and walks a band of output rows. Input rows stream through kRingSlots slots of
-// (tile_w + 2) x 8 vectors, each row copied from global memory once with asynchronous copies issued kRingSlots - 2
-// rows ahead of its first use: one barrier per output row. A thread adds its outputs' 9 taps from the three rows in
-// the slots in depthwise_conv_forward_rows's order (row by row, taps over the padding adding zeros): the two kernels'
-// outputs agree bit for bit. Each quarter-warp reads one column's 128 contiguous bytes, free of bank conflicts.
-// Against the rows kernel (H100, batch 256, bf16, 2026-11-24, a scratch harness) on the stride-1 layers of MobileNet
-// v1 and v2: 1 column a thread ran from 5% slower to 13% faster; 8 or 10 slots instead of 6 no faster; 2 columns a
-// thread 17-25% faster with 8 vectors a block, but slower with 4 or 6 (the v1 32- and v2 144-channel layers: bank
-// conflicts), which keep the rows kernel. docs/benchmarks.md has the repo benchmark's numbers.
-constexpr int kRingGroups = 8;
-constexpr int kRingColumns = 2;
-constexpr int kRingSlots = 6;
-constexpr int kRingThreads = 256;
+template <int CW, int V>
+__device__ inline void add_walk_row(const float (&xv)[CW + 2][V], const float (&wr)[9][V], int kh,
+                                    float (&acc)[CW][V], bool first) {
+#pragma unroll
+  for (int j = 0; j < CW; ++j)
+#pragma unroll
+    for (int kw = 0; kw < 3; ++kw)
+#pragma unroll
+      for (int v = 0; v < V; ++v)
+        acc[j][v] = fmaf(xv[j + kw][v], wr[kh * 3 + kw][v], first && kw == 0 ? 0.f : acc[j][v]);
+}
 
-template <typename T>
-__global__ void __launch_bounds__(kRingThreads, 2) depthwise_conv_forward_ring(
+template <typename T, int Activation, bool Bias, bool Turned>
+__global__ void __launch_bounds__(kWalkThreads, 3) depthwise_conv_forward_walk(
     const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, const T* __restrict__ residual,
-    T* __restrict__ y, DepthwiseShape s, int tile_w, int band, int tiles_w, int activation) {
-  constexpr int V = nhwc::Vec<T>::kSize, K = 3, G = kRingGroups, CW = kRingColumns;
+    T* __restrict__ y, DepthwiseShape s, int band, int64_t threads) {
+  constexpr int V = kWalkVector, CW = kWalkColumns, COLS = CW + 2, SLOTS = kWalkSlots;
   using P = Pack<T, V>;
   extern __shared__ __align__(16) unsigned char shared[];
-  auto* ring = reinterpret_cast<P*>(shared);  // [kRingSlots][strips * CW + K - 1][G]
-  const int strips = (tile_w + CW - 1) / CW;
-  const int pitch = (strips * CW + K - 1) * G;  // vectors per slot
-  const int64_t n = blockIdx.z;
-  const int oh0 = static_cast<int>(blockIdx.x / tiles_w) * band;
-  const int ow0 = static_cast<int>(blockIdx.x % tiles_w) * tile_w;
-  const int rows = min(band, static_cast<int>(s.out_h) - oh0);
-  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * G * V;
-  const int ih0 = oh0 - s.pad_h;
+  P* mine = reinterpret_cast<P*>(shared) + threadIdx.x;  // slot k, column j: mine[(k * COLS + j) * kWalkThreads]
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kWalkThreads + threadIdx.x;
+  if (i >= threads) return;
+  const int64_t groups = s.channels / V;
+  const int64_t strips = (s.out_w + CW - 1) / CW;
+  const int64_t bands = (s.out_h + band - 1) / band;
+  const int64_t c = i % groups * V;
+  int64_t t = i / groups;
+  const int ow0 = static_cast<int>(t % strips) * CW;
+  t /= strips;
+  const int oh0 = static_cast<int>(t % bands) * band;
+  const int64_t n = t / bands;
+  const int steps = min(band, static_cast<int>(s.out_h) - oh0) + 2;  // input rows oh0 - pad_h ... (+ steps - 1)
   const int iw0 = ow0 - s.pad_w;
-  const T* image = x + n * s.h * s.w * s.channels;
-
-  // input row e (ih0 + e) into its slot, zeros outside the image; one commit group each, empty past the last row
-  auto issue = [&](int e) {
-    if (e < rows + K - 1) {
-      P* slot = ring + (e % kRingSlots) * pitch;
-      const int ih = ih0 + e;
-      for (int i = threadIdx.x; i < pitch; i += blockDim.x) {
-        const int iw = iw0 + i / G;
-        const bool valid = ih >= 0 && ih < s.h && iw >= 0 && iw < s.w;
-        copy_async_16(slot + i, valid ? image + (static_cast<int64_t>(ih) * s.w + iw) * s.channels + c0 + i % G * V
-                                      : image,
-                      valid);
+  bool column_inside[COLS];
+#pragma unroll
+  for (int j = 0; j < COLS; ++j) column_inside[j] = iw0 + j >= 0 && iw0 + j < s.w;
+  const int64_t in_row = s.w * s.channels, out_row = s.out_w * s.channels;
+  // row e of the walk at src + e * in_row, column j at + j * channels (outside the tensor where not inside)
+  const T* src = x + ((n * s.h + oh0 - s.pad_h) * s.w + iw0) * s.channels + c;
+  T* dst = y + ((n * s.out_h + oh0) * s.out_w + ow0) * s.channels + c;
+  const T* res = residual != nullptr ? residual + (dst - y) : nullptr;
+  int ih = oh0 - s.pad_h, issued = 0;
+  auto issue = [&]() {  // the next row into its slot; one commit group each, empty past the last row
+    if (issued < steps) {
+      const bool row_inside = ih >= 0 && ih < s.h;
+      P* slot = mine + (issued % SLOTS) * COLS * kWalkThreads;
+#pragma unroll
+      for (int j = 0; j < COLS; ++j) {
+        const bool inside = row_inside && column_inside[j];
+        copy_async_or_zero<sizeof(P)>(slot + j * kWalkThreads, inside ? src + j * s.channels : x, inside);
       }
+      src += in_row;
+      ++ih;
+      ++issued;
     }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 #endif
   };
-  for (int e = 0; e < kRingSlots - 1; ++e) issue(e);
-
-  const int group = threadIdx.x % G;
-  const int column0 = threadIdx.x / G * CW;
-  const int64_t c = c0 + group * V;
-  const bool active = column0 < tile_w && ow0 + column0 < s.out_w;
-  float wr[K * K][V], b[V];
 #pragma unroll
-  for (int v = 0; v < V; ++v) {
+  for (int e = 0; e < SLOTS - 1; ++e) issue();
+  // the V filters: 9 * V consecutive elements from w + c * 9; turned: tap k of the filter is tap 8 - k here
+  float wr[9][V], b[V];
 #pragma unroll
-    for (int k = 0; k < K * K; ++k) wr[k][v] = active ? to_float(w[(c + v) * K * K + k]) : 0.f;
-    b[v] = active && bias != nullptr ? to_float(bias[c + v]) : 0.f;
-  }
+  for (int k = 0; k < 9 * V; ++k) wr[Turned ? 8 - k % 9 : k % 9][k / 9] = to_float(w[c * 9 + k]);
+#pragma unroll
+  for (int v = 0; v < V; ++v) b[v] = Bias ? to_float(bias[c + v]) : 0.f;
 
-  for (int r = 0; r < rows; ++r) {
-    // rows up to r + 2 have landed once at most kRingSlots - 4 later groups are pending; the barrier also tells that
-    // every thread is done with row r - 1, whose slot row r + kRingSlots - 1 takes
+  float a0[CW][V], a1[CW][V], a2[CW][V];
+  // step e: input row e adds kh = 0 to output row e (newest), 1 to row e - 1, 2 to row e - 2 (oldest, then stored);
+  // the first two and the last two steps also add into rows outside the band, never stored
+  auto step = [&](int e, float (&oldest)[CW][V], float (&middle)[CW][V], float (&newest)[CW][V]) {
+    issue();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kRingSlots - 4) : "memory");
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(SLOTS - 1) : "memory");  // row e has landed
 #endif
-    __syncthreads();
-    issue(r + kRingSlots - 1);
-    if (!active) continue;
-    float acc[CW][V];
+    const P* slot = mine + (e % SLOTS) * COLS * kWalkThreads;
+    float xv[COLS][V];
 #pragma unroll
-    for (int j = 0; j < CW; ++j)
+    for (int j = 0; j < COLS; ++j) {
+      const P pack = slot[j * kWalkThreads];
 #pragma unroll
-      for (int v = 0; v < V; ++v) acc[j][v] = 0.f;
+      for (int v = 0; v < V; ++v) xv[j][v] = to_float(pack.v[v]);
+    }
+    add_walk_row<CW, V>(xv, wr, 0, newest, true);
+    add_walk_row<CW, V>(xv, wr, 1, middle, false);
+    add_walk_row<CW, V>(xv, wr, 2, oldest, false);
+    if (e >= 2) {
 #pragma unroll
-    for (int kh = 0; kh < K; ++kh) {
-      const P* in = ring + ((r + kh) % kRingSlots) * pitch + column0 * G + group;
+      for (int j = 0; j < CW; ++j) {
+        if (ow0 + j < s.out_w) {
+          float r[V];
+          load_or_zero<T, V>(res != nullptr ? res + j * s.channels : nullptr, r);
+          P out;
 #pragma unroll
-      for (int e = 0; e < CW + K - 1; ++e) {
-        const P pack = in[e * G];
-        float xv[V];
-#pragma unroll
-        for (int v = 0; v < V; ++v) xv[v] = to_float(pack.v[v]);
-#pragma unroll
-        for (int j = 0; j < CW; ++j) {
-          const int kw = e - j;
-          if (kw >= 0 && kw < K) {
-#pragma unroll
-            for (int v = 0; v < V; ++v) acc[j][v] = fmaf(xv[v], wr[kh * K + kw][v], acc[j][v]);
+          for (int v = 0; v < V; ++v) {
+            out.v[v] = from_float<T>(activate_fast<Activation>((Bias ? oldest[j][v] + b[v] : oldest[j][v]) + r[v]));
           }
+          *reinterpret_cast<P*>(dst + j * s.channels) = out;
         }
       }
+      dst += out_row;
+      if (res != nullptr) res += out_row;
     }
-    const int64_t row = (n * s.out_h + oh0 + r) * s.out_w;
-#pragma unroll
-    for (int j = 0; j < CW; ++j) {
-      if (column0 + j >= tile_w || ow0 + column0 + j >= s.out_w) break;
-      store_forward<T, V>(acc[j], b, residual, y, (row + ow0 + column0 + j) * s.channels + c, activation);
-    }
+  };
+  for (int e = 0; e < steps; e += 3) {
+    step(e, a1, a2, a0);
+    if (e + 1 < steps) step(e + 1, a2, a0, a1);
+    if (e + 2 < steps) step(e + 2, a0, a1, a2);
   }
 }
 
@@ -1029,99 +989,59 @@ cudaError_t forward_tiled(const DepthwiseShape& s, const void* x, const void* w,
   return cudaGetLastError();
 }
 
-bool on_vector_boundary(const void* p, int bytes) {
-  return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0;
-}
-
-int64_t rows_threads(const DepthwiseShape& s) {
-  return s.n * ((s.out_h + kRowsRows - 1) / kRowsRows) * ((s.out_w + kRowsColumns - 1) / kRowsColumns) *
-         (s.channels / kRowsVector);
-}
-
-template <typename T>
-cudaError_t forward_rows(const DepthwiseShape& s, const void* x, const void* w, const void* bias,
-                         const void* residual, void* y, int activation, cudaStream_t stream) {
-  const int64_t threads = rows_threads(s);
-  depthwise_conv_forward_rows<T><<<static_cast<unsigned>((threads + nhwc::kThreads - 1) / nhwc::kThreads),
-                                   nhwc::kThreads, 0, stream>>>(
-      static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(bias),
-      static_cast<const T*>(residual), static_cast<T*>(y), s, threads, activation);
-  return cudaGetLastError();
-}
-
-// How a ring launch splits the work: tiles of tile_w columns (kRingColumns a thread, kRingThreads a block at most,
-// and the slots within the 48 KB of shared memory a launch may ask for) splitting out_w evenly, and bands of rows:
-// enough blocks to fill the GPU several times over (2048), bands of 4 rows at least (the two input rows either side
-// of a band are read by two blocks).
-struct RingPlan {
-  int tile_w, tiles_w, band, bands;
-  int64_t channel_blocks;
-};
-
-constexpr int ring_vectors_per_slot(int tile_w) {
-  return ((tile_w + kRingColumns - 1) / kRingColumns * kRingColumns + 2) * kRingGroups;
-}
-
-RingPlan ring_plan(const DepthwiseShape& s, int vector) {
-  constexpr int kMaxColumns = kRingThreads / kRingGroups * kRingColumns;
-  static_assert(kRingSlots * ring_vectors_per_slot(kMaxColumns - kRingColumns) * 16 <= 48 * 1024, "slots too large");
-  constexpr int kColumns = kMaxColumns - kRingColumns;  // (kColumns + 2) columns of slots fit in 48 KB
-  RingPlan plan;
-  plan.tiles_w = static_cast<int>((s.out_w + kColumns - 1) / kColumns);
-  plan.tile_w = static_cast<int>((s.out_w + plan.tiles_w - 1) / plan.tiles_w);
-  plan.channel_blocks = s.channels / vector / kRingGroups;
-  const int64_t per_band = s.n * plan.tiles_w * plan.channel_blocks;
-  const int64_t most_bands = std::max<int64_t>(1, (s.out_h + 3) / 4);
-  const int64_t bands = std::min<int64_t>(most_bands, std::max<int64_t>(1, (2048 + per_band - 1) / per_band));
-  plan.band = static_cast<int>((s.out_h + bands - 1) / bands);
-  plan.bands = static_cast<int>((s.out_h + plan.band - 1) / plan.band);
-  return plan;
-}
-
-// The ring kernel's plan for the shape, or nothing where the kernel does not take it (an empty shape included:
-// ring_plan divides by the images, channel blocks and output columns).
-template <typename T>
-std::optional<RingPlan> ring_plan_if_taken(const DepthwiseShape& s) {
-  constexpr int V = nhwc::Vec<T>::kSize;
-  if (s.kernel != 3 || s.stride != 1 || s.channels % (V * kRingGroups) != 0 || s.n > 65535) return std::nullopt;
-  if (s.n <= 0 || s.channels <= 0 || s.out_h <= 0 || s.out_w <= 0) return std::nullopt;
-  const RingPlan plan = ring_plan(s, V);
-  if (plan.channel_blocks > 65535 || static_cast<int64_t>(plan.tiles_w) * plan.bands > 0x7fffffff) return std::nullopt;
-  return plan;
-}
-
-template <typename T>
-cudaError_t forward_ring(const DepthwiseShape& s, const RingPlan& plan, const void* x, const void* w,
-                         const void* bias, const void* residual, void* y, int activation, cudaStream_t stream) {
-  const size_t shared_bytes = static_cast<size_t>(kRingSlots) * ring_vectors_per_slot(plan.tile_w) * 16;
-  const int threads = (plan.tile_w + kRingColumns - 1) / kRingColumns * kRingGroups;
-  depthwise_conv_forward_ring<T><<<dim3(static_cast<unsigned>(plan.tiles_w * plan.bands),
-                                        static_cast<unsigned>(plan.channel_blocks), static_cast<unsigned>(s.n)),
-                                   threads, shared_bytes, stream>>>(
-      static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(bias),
-      static_cast<const T*>(residual), static_cast<T*>(y), s, plan.tile_w, plan.band, plan.tiles_w, activation);
-  return cudaGetLastError();
+// The walk's launch: bands of at most kWalkMaxBand rows splitting out_h evenly; false where the grid cannot hold the
+// threads (the caller runs another kernel then).
+template <typename T, bool Turned>
+bool forward_walk(const DepthwiseShape& s, const void* x, const void* w, const void* bias, const void* residual,
+                  void* y, int activation, cudaStream_t stream) {
+  const int64_t bands = (s.out_h + kWalkMaxBand - 1) / kWalkMaxBand;
+  const int band = static_cast<int>((s.out_h + bands - 1) / bands);
+  const int64_t threads = s.n * bands * ((s.out_w + kWalkColumns - 1) / kWalkColumns) * (s.channels / kWalkVector);
+  const int64_t blocks = (threads + kWalkThreads - 1) / kWalkThreads;
+  if (blocks > 0x7fffffff) return false;
+  const int shared_bytes = kWalkSlots * (kWalkColumns + 2) * kWalkThreads * static_cast<int>(sizeof(Pack<T, kWalkVector>));
+  auto launch = [&](auto kernel) {
+    if (shared_bytes > 48 * 1024) {  // float: 16-byte vectors, 96 KB (2 blocks a multiprocessor)
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes);
+    }
+    kernel<<<static_cast<unsigned>(blocks), kWalkThreads, shared_bytes, stream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(bias),
+        static_cast<const T*>(residual), static_cast<T*>(y), s, band, threads);
+  };
+  if constexpr (Turned) {
+    launch(depthwise_conv_forward_walk<T, kActivationNone, false, true>);
+  } else {
+    auto by_activation = [&](auto has_bias) {
+      constexpr bool B = decltype(has_bias)::value;
+      if (activation == kActivationRelu) {
+        launch(depthwise_conv_forward_walk<T, kActivationRelu, B, false>);
+      } else if (activation == kActivationRelu6) {
+        launch(depthwise_conv_forward_walk<T, kActivationRelu6, B, false>);
+      } else {
+        launch(depthwise_conv_forward_walk<T, kActivationNone, B, false>);
+      }
+    };
+    if (bias != nullptr) {
+      by_activation(std::true_type{});
+    } else {
+      by_activation(std::false_type{});
+    }
+  }
+  return true;
 }
 
 template <typename T>
 cudaError_t forward_typed(const DepthwiseShape& s, const void* x, const void* w, const void* bias,
                           const void* residual, void* y, int activation, bool vectors, cudaStream_t stream) {
-  // 16-byte vectors: at stride 2 the tiled kernel (a grid of images x channel blocks x tiles within CUDA's limits);
-  // at stride 1 the ring kernel where the channels are a multiple of its 8 vectors, else the rows kernel, which reads
-  // the filters and bias as vectors too (the channels, a multiple of 16 / sizeof(T), are one of kRowsVector).
+  // 16-byte vectors: at stride 2 the tiled kernel (a grid of images x channel blocks x tiles within CUDA's limits),
+  // at stride 1 the walk; else the strip kernel
   const int64_t tiles = (s.out_h + 7) / 8 * ((s.out_w + 7) / 8);
   if (vectors && s.kernel == 3 && s.stride == 2 && s.n <= 65535 && tiles <= 0x7fffffff) {
     return forward_tiled<T, 2, 8, 8>(s, x, w, bias, residual, y, activation, stream);
   }
-  if (vectors) {
-    if (const auto plan = ring_plan_if_taken<T>(s)) {
-      return forward_ring<T>(s, *plan, x, w, bias, residual, y, activation, stream);
-    }
-  }
-  const int vector_bytes = kRowsVector * static_cast<int>(sizeof(T));
-  if (vectors && s.kernel == 3 && s.stride == 1 && on_vector_boundary(w, vector_bytes) &&
-      on_vector_boundary(bias, vector_bytes) && rows_threads(s) / nhwc::kThreads < 0x7fffffff) {
-    return forward_rows<T>(s, x, w, bias, residual, y, activation, stream);
+  if (vectors && s.kernel == 3 && s.stride == 1 &&
+      forward_walk<T, false>(s, x, w, bias, residual, y, activation, stream)) {
+    return cudaGetLastError();
   }
   return dispatch<T, true>(s, vectors, [&](auto v, auto k, auto stride) {
     constexpr int V = decltype(v)::value, K = decltype(k)::value, S = decltype(stride)::value;
@@ -1149,6 +1069,13 @@ cudaError_t dgrad_typed(const DepthwiseShape& s, const void* dy, const void* w, 
         static_cast<const T*>(dy), static_cast<const T*>(w), static_cast<T*>(dx), s,
         static_cast<int>((s.w + kDgradColumns - 1) / kDgradColumns));
     return cudaGetLastError();
+  }
+  // stride 1: the walk over dy with the filter turned 180 degrees, padded kernel - 1 - padding
+  if (s.stride == 1) {
+    const DepthwiseShape turned{s.n, s.out_h, s.out_w, s.channels, s.h, s.w, 3, 1, 2 - s.pad_h, 2 - s.pad_w};
+    const bool taken = vectors && s.kernel == 3 && s.pad_h <= 2 && s.pad_w <= 2 &&
+                       forward_walk<T, true>(turned, dy, w, nullptr, nullptr, dx, kActivationNone, stream);
+    return taken ? cudaGetLastError() : cudaErrorInvalidValue;
   }
   return dispatch<T, false>(s, vectors, [&](auto v, auto k, auto stride) {
     constexpr int V = decltype(v)::value, K = decltype(k)::value, S = decltype(stride)::value;

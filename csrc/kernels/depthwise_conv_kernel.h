@@ -34,7 +34,8 @@ cudaError_t launch_depthwise_conv_forward(ElementType type, const DepthwiseShape
                                           const void* weight, const void* bias, const void* residual, void* y,
                                           int activation, bool vectors, cudaStream_t stream);
 
-// dx [n, h, w, channels] from dy [n, out_h, out_w, channels]; stride 2 only (else cudaErrorInvalidValue).
+// dx [n, h, w, channels] from dy [n, out_h, out_w, channels]; at stride 1 only with `vectors` and padding below 3
+// (else cudaErrorInvalidValue).
 cudaError_t launch_depthwise_conv_dgrad(ElementType type, const DepthwiseShape& shape, const void* dy,
                                         const void* weight, void* dx, bool vectors, cudaStream_t stream);
 

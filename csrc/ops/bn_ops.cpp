@@ -13,6 +13,7 @@
 #include "kernels/batch_norm_backward_kernel.h"
 #include "kernels/running_stats_kernel.h"
 #include "ops/channels_last_copy.h"
+#include "ops/conv_bn_backward.h"
 #include "ops/kernel_launch.h"
 #include "ops/run_graph.h"
 
@@ -586,7 +587,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_batc
                 "), got ", num_batches_tracked->scalar_type(), " of shape ", num_batches_tracked->sizes(), " on ",
                 num_batches_tracked->device());
   }
-  auto z = at::convolution(x_cast, weight_cast, bias_cast, stride, padding, dilation, false, {0, 0}, groups);
+  auto z = batch_norm_conv_forward(x_cast, weight_cast, bias_cast.has_value() ? *bias_cast : at::Tensor(), stride,
+                                   padding, dilation, groups);
   auto [y, save_mean, save_invstd, next_mean, next_var, reserve] = batch_norm_act_forward(
       z, weight, bias, running_mean, running_var, residual, momentum, eps, activation, implementation, policy);
   if (has_stats) {

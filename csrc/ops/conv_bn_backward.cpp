@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "kernels/element_type.h"
 #include "ops/conv_ops.h"
 #include "ops/depthwise_ops.h"
 #include "ops/tensor_checks.h"
@@ -38,6 +39,21 @@ std::optional<ConvProblem> depthwise_problem(const at::Tensor& x, const at::Tens
 }
 
 }  // namespace
+
+at::Tensor batch_norm_conv_forward(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                                   at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                                   int64_t groups) {
+  auto p = depthwise_problem(x, weight, stride, padding, dilation, groups);
+  if (!p.has_value() || !depthwise_kernel_steps(*p, bias.defined()).forward) {
+    return at::convolution(x, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt, stride,
+                           padding, dilation, false, {0, 0}, groups);
+  }
+  p->has_bias = bias.defined();
+  auto y = at::empty(p->y_size(), x.options().memory_format(at::MemoryFormat::ChannelsLast));
+  depthwise_conv_forward(x.contiguous(at::MemoryFormat::ChannelsLast), weight,
+                         bias.defined() ? bias.contiguous() : bias, at::Tensor(), *p, kActivationNone, y);
+  return y;
+}
 
 at::Tensor pointwise_weight_gradient(const at::Tensor& grad_z, const at::Tensor& x, at::IntArrayRef weight_size,
                                      at::IntArrayRef stride, at::IntArrayRef padding, int64_t groups,

@@ -1,5 +1,6 @@
-// The conv inside the training conv + BatchNorm op (csrc/ops/bn_autograd.cpp, ConvFunction): its backward, with dx and
-// dweight in our kernels or GEMMs where they run faster than PyTorch's convolution_backward.
+// The conv inside the training conv + BatchNorm op (csrc/ops/bn_autograd.cpp, ConvFunction): its forward in our
+// depthwise kernel where that runs faster than PyTorch's, and its backward, with dx and dweight in our kernels or GEMMs
+// where they run faster than PyTorch's convolution_backward.
 #pragma once
 
 #include <array>
@@ -18,8 +19,13 @@ at::Tensor pointwise_weight_gradient(const at::Tensor& grad_z, const at::Tensor&
                                      at::IntArrayRef stride, at::IntArrayRef padding, int64_t groups,
                                      at::ScalarType weight_dtype);
 
-// The conv inside the conv + BatchNorm op (symmetric padding, arguments as at::convolution's): PyTorch's convolution,
-// and its backward with dx and dweight as depthwise_kernel_steps picks them (cudnn_fusion::conv_dgrad and conv_wgrad
+// The conv inside the conv + BatchNorm op (symmetric padding, arguments as at::convolution's): our depthwise forward
+// where depthwise_kernel_steps picks it for a conv without an epilogue, else PyTorch's convolution.
+at::Tensor batch_norm_conv_forward(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                                   at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                                   int64_t groups);
+
+// The conv inside the conv + BatchNorm op (symmetric padding, arguments as at::convolution's): its backward with dx and dweight as depthwise_kernel_steps picks them (cudnn_fusion::conv_dgrad and conv_wgrad
 // where those are not PyTorch's), or dweight as pointwise_weight_gradient where it applies. Returns (dx, dweight,
 // dbias) for `mask`; dweight in `weight_dtype` where it is float32 and pointwise_weight_gradient or our depthwise
 // wgrad made it (both write their float sums as they are, so the node casts nothing back), else in grad_z's dtype.

@@ -83,21 +83,21 @@ std::string depthwise_kernel_unmet(int64_t in_channels, at::IntArrayRef w_size, 
 
 DepthwiseSteps depthwise_kernel_steps(const ConvProblem& p, bool has_epilogue) {
   DepthwiseSteps steps;
-  steps.forward = has_epilogue;
+  const int element_bytes = static_cast<int>(c10::elementSize(p.dtype));
+  const bool bf16_vectors = p.dtype == at::kBFloat16 && depthwise_vectors_fit(p.w_size[0], element_bytes);
+  steps.forward = has_epilogue || (p.stride[0] == 1 && bf16_vectors);
   if (p.stride[0] == 2) {
     steps.dgrad = DepthwiseDgrad::kOurKernel;
   } else if (p.stride[0] == 1 && p.dtype == at::kBFloat16 && p.pad_pre == p.pad_post &&
              p.pad_pre[0] < p.w_size[2] && p.pad_pre[1] < p.w_size[3]) {
-    steps.dgrad = DepthwiseDgrad::kTurnedForward;
+    steps.dgrad = bf16_vectors ? DepthwiseDgrad::kOurKernel : DepthwiseDgrad::kTurnedForward;
   }
-  const int element_bytes = static_cast<int>(c10::elementSize(p.dtype));
-  steps.wgrad = p.dtype == at::kBFloat16 && depthwise_vectors_fit(p.w_size[0], element_bytes);
+  steps.wgrad = bf16_vectors;
   return steps;
 }
 
 std::string describe_depthwise_steps(const DepthwiseSteps& steps) {
-  std::string out = steps.forward ? "depthwise: forward in our kernel (epilogue fused)" : "depthwise: forward in "
-                                                                                         "PyTorch's kernel";
+  std::string out = steps.forward ? "depthwise: forward in our kernel" : "depthwise: forward in PyTorch's kernel";
   switch (steps.dgrad) {
     case DepthwiseDgrad::kOurKernel:
       out += ", dgrad in our kernel";
@@ -135,11 +135,15 @@ void depthwise_conv_dgrad(const at::Tensor& dz, const at::Tensor& weight, const 
                           const at::Tensor& dx) {
   if (dx.numel() == 0) return;
   c10::DeviceGuard guard(dz.device());
-  poison_output(dx);
   auto w = weight.contiguous();
+  const bool vectored = vectors(shape.x_size[1], {&dz, &dx});
+  if (shape.stride[0] == 1 && !vectored) {  // our stride-1 dgrad takes vectors only: the turned forward instead
+    dx.copy_(depthwise_dgrad_as_forward(dz, w, shape));
+    return;
+  }
+  poison_output(dx);
   check_launch(launch_depthwise_conv_dgrad(element_type(dz.scalar_type()), shape_of(shape), dz.data_ptr(),
-                                           w.data_ptr(), dx.data_ptr(), vectors(shape.x_size[1], {&dz, &dx}),
-                                           current_stream()),
+                                           w.data_ptr(), dx.data_ptr(), vectored, current_stream()),
                "dgrad");
 }
 

@@ -137,8 +137,8 @@ def _explain_fused(path: str, module: nn.Module, config: ConvConfig, implementat
 
 def _explain_batch_norm(path: str, module: nn.Module, decision: Decision, config: Optional[BatchNormConfig], inputs,
                         repeats: int):
-    """A BatchNorm layer with batch statistics: BatchNorm2dReLU, or a Conv2dBN* in training (whose conv runs as
-    PyTorch's own cuDNN call inside the op, before the fused BatchNorm)."""
+    """A BatchNorm layer with batch statistics: BatchNorm2dReLU, or a Conv2dBN* in training (whose conv runs inside
+    the op, before the fused BatchNorm: our depthwise kernel or PyTorch's own cuDNN call)."""
     from ..nn.conv_bn import Conv2dBN
 
     fused, reason, _, implementation = decision
@@ -146,10 +146,11 @@ def _explain_batch_norm(path: str, module: nn.Module, decision: Decision, config
     activation = getattr(module, "activation", None)
     operations = ()
     if isinstance(module, Conv2dBN):
-        from ..ops.batch_norm import backward_notes
+        from ..ops.batch_norm import conv_notes
 
-        notes = [] if config is None else backward_notes(module, module.weight, config.channels_last, config.dtype)
-        operations = ("conv (" + "; ".join(["PyTorch's cuDNN call"] + notes) + ")",)
+        notes = (["PyTorch's cuDNN call"] if config is None
+                 else conv_notes(module, module.weight, config.channels_last, config.dtype))
+        operations = ("conv (" + "; ".join(notes) + ")",)
     operations += ("batchnorm (batch statistics, running-statistics update)",)
     operations += (("add residual",) if has_residual else ()) + ((activation,) if activation else ())
     engine = {"cudnn_graph": "cuDNN batchnorm graph", "cudnn_legacy": "legacy cuDNN BatchNorm API"}.get(

@@ -284,35 +284,37 @@ def _decide_conv_batch_norm(x, conv, conv_weight, conv_bias, running_mean, weigh
     return decision, config, run
 
 
-def depthwise_backward(conv, conv_weight, channels_last: bool, dtype: torch.dtype) -> tuple[str, str]:
-    """(dgrad, wgrad): what runs the dgrad and the wgrad of the training conv + BatchNorm op's conv (the extension's
-    rule, for the conv's dtype; the conv has no epilogue there: BatchNorm follows). dgrad: "ours" (our depthwise
-    kernel), "turned_forward" (PyTorch's forward kernel with the filter turned 180 degrees) or "pytorch" (PyTorch's own
-    dgrad, as its forward); wgrad: "ours" or "pytorch"."""
+def depthwise_steps(conv, conv_weight, channels_last: bool, dtype: torch.dtype) -> tuple[bool, str, str]:
+    """(forward, dgrad, wgrad): what runs the training conv + BatchNorm op's conv (the extension's rule, for the
+    conv's dtype; the conv has no epilogue there: BatchNorm follows). forward: whether our depthwise kernel runs it
+    (else PyTorch's cuDNN call); dgrad: "ours" (our depthwise kernel), "turned_forward" (PyTorch's forward kernel
+    with the filter turned 180 degrees) or "pytorch" (PyTorch's own dgrad, as its forward); wgrad: "ours" or
+    "pytorch"."""
     if isinstance(conv.padding, str):  # such a conv runs its own forward and backward, not the op's
-        return "pytorch", "pytorch"
+        return False, "pytorch", "pytorch"
     groups = int(conv.groups)
-    _, dgrad, wgrad = decide.depthwise_kernel_steps(int(conv_weight.shape[1]) * groups, tuple(conv_weight.shape),
-                                                    tuple(conv.stride), tuple(conv.padding), tuple(conv.dilation),
-                                                    groups, channels_last, dtype, False)
-    return dgrad, wgrad
+    return decide.depthwise_kernel_steps(int(conv_weight.shape[1]) * groups, tuple(conv_weight.shape),
+                                         tuple(conv.stride), tuple(conv.padding), tuple(conv.dilation), groups,
+                                         channels_last, dtype, False)
 
 
 KERNEL_NOTES = {"ours": "our depthwise kernel",
                 "turned_forward": "PyTorch's forward kernel with the filter turned 180 degrees"}
 
 
-def backward_notes(conv, conv_weight, channels_last: bool, dtype: torch.dtype) -> list[str]:
-    """What runs the conv's dgrad and wgrad inside the training conv + BatchNorm op where it is not PyTorch's own
-    kernel, as ["dgrad: ...", "wgrad: ..."] (empty where both are PyTorch's)."""
-    steps = zip(("dgrad", "wgrad"), depthwise_backward(conv, conv_weight, channels_last, dtype))
-    return [f"{name}: {KERNEL_NOTES[step]}" for name, step in steps if step in KERNEL_NOTES]
+def conv_notes(conv, conv_weight, channels_last: bool, dtype: torch.dtype) -> list[str]:
+    """What runs the conv inside the training conv + BatchNorm op: its forward ("our depthwise kernel" or "PyTorch's
+    cuDNN call"), then "dgrad: ..." and "wgrad: ..." where those are not PyTorch's own kernels."""
+    forward, dgrad, wgrad = depthwise_steps(conv, conv_weight, channels_last, dtype)
+    notes = [KERNEL_NOTES["ours"] if forward else "PyTorch's cuDNN call"]
+    return notes + [f"{name}: {KERNEL_NOTES[step]}" for name, step in (("dgrad", dgrad), ("wgrad", wgrad))
+                    if step in KERNEL_NOTES]
 
 
 def conv_note(conv, conv_weight, channels_last: bool, dtype: torch.dtype) -> str:
     """What runs the conv inside the training conv + BatchNorm op, for the layer's status."""
-    notes = backward_notes(conv, conv_weight, channels_last, dtype)
-    return "; ".join(["conv: PyTorch's cuDNN call"] + [f"its {note}" for note in notes])
+    forward, *rest = conv_notes(conv, conv_weight, channels_last, dtype)
+    return "; ".join([f"conv: {forward}"] + [f"its {note}" for note in rest])
 
 
 def _recordable(run: tuple, weight, bias, running_mean, num_batches_tracked, x) -> bool:
