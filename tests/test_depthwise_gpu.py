@@ -395,8 +395,8 @@ def test_conv_bn_relu_eval_runs_the_folded_depthwise_kernel_in_a_cuda_graph(exte
 
 
 def _depthwise_model():
-    """Our forward and our stride-2 dgrad (first layer), our forward, PyTorch's stride-1 dgrad and under bf16 autocast
-    our stride-1 wgrad (second), a depthwise conv + BatchNorm + ReLU6 in training (PyTorch's conv, our stride-2
+    """Our forward and our stride-2 dgrad (first layer), our forward, under bf16 autocast our stride-1 dgrad (the walk
+    with the filter turned) and wgrad (second), a depthwise conv + BatchNorm + ReLU6 in training (PyTorch's conv, our stride-2
     dgrad), and a pointwise conv + BatchNorm + ReLU (under autocast its float32 weight's gradient is one GEMM)."""
     conv_bn = tcf.Conv2dBNReLU(32, 32, 3, stride=2, padding=1, groups=32, bias=False, activation="relu6")
     pointwise = tcf.Conv2dBNReLU(32, 48, 1, bias=False)
@@ -422,7 +422,8 @@ def test_depthwise_layers_under_torch_compile_fullgraph(extension):
     compiled = torch.compile(model, fullgraph=True)
     step(compiled)  # compiles
     ran = _profile_kernels(lambda: step(compiled))
-    assert sum("depthwise_conv_forward" in n for n in ran) == 2, ran
+    # the two layers' forwards, and the second's dgrad (stride 1, bf16: the walk with the filter turned)
+    assert sum("depthwise_conv_forward" in n for n in ran) == 3, ran
     assert sum("depthwise_conv_dgrad" in n for n in ran) == 2, ran  # the first layer's and the conv + BN's
     assert sum("depthwise_conv_wgrad_rows" in n for n in ran) == 1, ran  # the second layer's (stride 1)
     assert sum("depthwise_conv_wgrad_tiled" in n for n in ran) == 2, ran  # the stride-2 layers'

@@ -391,39 +391,41 @@ __global__ void __launch_bounds__(kWalkThreads, 3) depthwise_conv_forward_walk(
     const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, const T* __restrict__ residual,
     T* __restrict__ y, DepthwiseShape s, int band, int64_t threads) {
   constexpr int V = kWalkVector, CW = kWalkColumns, COLS = CW + 2, SLOTS = kWalkSlots;
+  static_assert((SLOTS & (SLOTS - 1)) == 0, "slots: a power of two");
   using P = Pack<T, V>;
   extern __shared__ __align__(16) unsigned char shared[];
   P* mine = reinterpret_cast<P*>(shared) + threadIdx.x;  // slot k, column j: mine[(k * COLS + j) * kWalkThreads]
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kWalkThreads + threadIdx.x;
   if (i >= threads) return;
-  const int64_t groups = s.channels / V;
-  const int64_t strips = (s.out_w + CW - 1) / CW;
-  const int64_t bands = (s.out_h + band - 1) / band;
-  const int64_t c = i % groups * V;
+  // 32-bit sizes within an image (the launch checks that an image's elements fit): fewer instructions a step
+  const int C = static_cast<int>(s.channels), H = static_cast<int>(s.h), W = static_cast<int>(s.w);
+  const int out_h = static_cast<int>(s.out_h), out_w = static_cast<int>(s.out_w);
+  const int groups = C / V, strips = (out_w + CW - 1) / CW, bands = (out_h + band - 1) / band;
+  const int c = static_cast<int>(i % groups) * V;
   int64_t t = i / groups;
   const int ow0 = static_cast<int>(t % strips) * CW;
   t /= strips;
   const int oh0 = static_cast<int>(t % bands) * band;
   const int64_t n = t / bands;
-  const int steps = min(band, static_cast<int>(s.out_h) - oh0) + 2;  // input rows oh0 - pad_h ... (+ steps - 1)
+  const int steps = min(band, out_h - oh0) + 2;  // input rows oh0 - pad_h ... (+ steps - 1)
   const int iw0 = ow0 - s.pad_w;
   bool column_inside[COLS];
 #pragma unroll
-  for (int j = 0; j < COLS; ++j) column_inside[j] = iw0 + j >= 0 && iw0 + j < s.w;
-  const int64_t in_row = s.w * s.channels, out_row = s.out_w * s.channels;
-  // row e of the walk at src + e * in_row, column j at + j * channels (outside the tensor where not inside)
-  const T* src = x + ((n * s.h + oh0 - s.pad_h) * s.w + iw0) * s.channels + c;
-  T* dst = y + ((n * s.out_h + oh0) * s.out_w + ow0) * s.channels + c;
+  for (int j = 0; j < COLS; ++j) column_inside[j] = iw0 + j >= 0 && iw0 + j < W;
+  const int in_row = W * C, out_row = out_w * C;
+  // row e of the walk at src + e * in_row, column j at + j * C (outside the tensor where not inside)
+  const T* src = x + ((n * H + oh0 - s.pad_h) * W + iw0) * static_cast<int64_t>(C) + c;
+  T* dst = y + ((n * out_h + oh0) * out_w + ow0) * static_cast<int64_t>(C) + c;
   const T* res = residual != nullptr ? residual + (dst - y) : nullptr;
   int ih = oh0 - s.pad_h, issued = 0;
   auto issue = [&]() {  // the next row into its slot; one commit group each, empty past the last row
     if (issued < steps) {
-      const bool row_inside = ih >= 0 && ih < s.h;
-      P* slot = mine + (issued % SLOTS) * COLS * kWalkThreads;
+      const bool row_inside = ih >= 0 && ih < H;
+      P* slot = mine + (issued & (SLOTS - 1)) * COLS * kWalkThreads;
 #pragma unroll
       for (int j = 0; j < COLS; ++j) {
         const bool inside = row_inside && column_inside[j];
-        copy_async_or_zero<sizeof(P)>(slot + j * kWalkThreads, inside ? src + j * s.channels : x, inside);
+        copy_async_or_zero<sizeof(P)>(slot + j * kWalkThreads, inside ? src + j * C : x, inside);
       }
       src += in_row;
       ++ih;
@@ -450,7 +452,7 @@ __global__ void __launch_bounds__(kWalkThreads, 3) depthwise_conv_forward_walk(
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.wait_group %0;\n" ::"n"(SLOTS - 1) : "memory");  // row e has landed
 #endif
-    const P* slot = mine + (e % SLOTS) * COLS * kWalkThreads;
+    const P* slot = mine + (e & (SLOTS - 1)) * COLS * kWalkThreads;
     float xv[COLS][V];
 #pragma unroll
     for (int j = 0; j < COLS; ++j) {
@@ -464,15 +466,15 @@ __global__ void __launch_bounds__(kWalkThreads, 3) depthwise_conv_forward_walk(
     if (e >= 2) {
 #pragma unroll
       for (int j = 0; j < CW; ++j) {
-        if (ow0 + j < s.out_w) {
+        if (ow0 + j < out_w) {
           float r[V];
-          load_or_zero<T, V>(res != nullptr ? res + j * s.channels : nullptr, r);
+          load_or_zero<T, V>(res != nullptr ? res + j * C : nullptr, r);
           P out;
 #pragma unroll
           for (int v = 0; v < V; ++v) {
             out.v[v] = from_float<T>(activate_fast<Activation>((Bias ? oldest[j][v] + b[v] : oldest[j][v]) + r[v]));
           }
-          *reinterpret_cast<P*>(dst + j * s.channels) = out;
+          *reinterpret_cast<P*>(dst + j * C) = out;
         }
       }
       dst += out_row;
@@ -998,7 +1000,9 @@ bool forward_walk(const DepthwiseShape& s, const void* x, const void* w, const v
   const int band = static_cast<int>((s.out_h + bands - 1) / bands);
   const int64_t threads = s.n * bands * ((s.out_w + kWalkColumns - 1) / kWalkColumns) * (s.channels / kWalkVector);
   const int64_t blocks = (threads + kWalkThreads - 1) / kWalkThreads;
-  if (blocks > 0x7fffffff) return false;
+  if (blocks > 0x7fffffff || s.h * s.w * s.channels > 0x7fffffff || s.out_h * s.out_w * s.channels > 0x7fffffff) {
+    return false;  // the kernel's sizes within an image are 32-bit
+  }
   const int shared_bytes = kWalkSlots * (kWalkColumns + 2) * kWalkThreads * static_cast<int>(sizeof(Pack<T, kWalkVector>));
   auto launch = [&](auto kernel) {
     if (shared_bytes > 48 * 1024) {  // float: 16-byte vectors, 96 KB (2 blocks a multiprocessor)
