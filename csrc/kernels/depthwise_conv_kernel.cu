@@ -467,13 +467,18 @@ __global__ void __launch_bounds__(kWalkThreads, 3) depthwise_conv_forward_walk(
 #pragma unroll
       for (int j = 0; j < CW; ++j) {
         if (ow0 + j < out_w) {
-          float r[V];
-          load_or_zero<T, V>(res != nullptr ? res + j * C : nullptr, r);
+          float sum[V];
+#pragma unroll
+          for (int v = 0; v < V; ++v) sum[v] = Bias ? oldest[j][v] + b[v] : oldest[j][v];
+          if (res != nullptr) {  // the residual added after the bias, as depthwise_conv_forward adds it
+            float r[V];
+            load<T, V>(res + j * C, r);
+#pragma unroll
+            for (int v = 0; v < V; ++v) sum[v] += r[v];
+          }
           P out;
 #pragma unroll
-          for (int v = 0; v < V; ++v) {
-            out.v[v] = from_float<T>(activate_fast<Activation>((Bias ? oldest[j][v] + b[v] : oldest[j][v]) + r[v]));
-          }
+          for (int v = 0; v < V; ++v) out.v[v] = from_float<T>(activate_fast<Activation>(sum[v]));
           *reinterpret_cast<P*>(dst + j * C) = out;
         }
       }
