@@ -339,14 +339,17 @@ __global__ void __launch_bounds__(ForwardTile<S, TH, TW>::kThreads) depthwise_co
 // Why this shape (a scratch harness, H200, batch 256, bf16, the ten stride-1 layers of MobileNet v1 and v2, 2026-11-26;
 // Nsight Compute on v1's 32- and 128-channel layers): the ring kernel it replaced (input rows staged per block, one
 // barrier per row, each row converted three times) ran 1.95-2.9x its bytes' time, bound by L2 (85%) at 43% of DRAM's
-// bandwidth; the rows kernel (8 output rows in registers, no prefetch) by latency at 29%. The same walk with loads
-// into registers one or two rows ahead reached 37-40% of DRAM, with 4 to 6 rows in shared memory 55%, and with 7 and
-// the instructions cut (ReLU as one max, no branches around the row adds, pointers advanced a row a step) 1.20-1.26x
-// its bytes' time on the three largest layers, against cuDNN's plain forward at 1.74-1.80x.
+// bandwidth; the rows kernel (8 output rows in registers, no prefetch) by latency at 29%; cuDNN's plain forward was at
+// 47%. The same walk with loads into registers one or two rows ahead reached 37-40% of DRAM, with 4 to 6 rows in
+// shared memory 55%, and with 7 and fewer instructions (ReLU as one max, no branches around the row adds, pointers
+// advanced a row a step, 32-bit sizes) 1.2-1.3x its bytes' time on the three largest layers. Of the shapes tried,
+// 4 columns x 4 channels beat 2 x 4, 2 x 8 and 1 x 8; with 4 blocks a multiprocessor (at most 128 registers, no
+// spills) the ten layers' forwards took 0.698 ms against 0.723 with 3 and 0.752 with bands of 16 rows, and cuDNN's
+// plain forwards 0.893.
 constexpr int kWalkVector = 4;    // channels a thread: 8 bytes in 16-bit types, 16 in float
 constexpr int kWalkColumns = 4;   // output columns a thread
 constexpr int kWalkSlots = 8;     // input rows a thread holds in shared memory: the one in use and 7 in flight
-constexpr int kWalkThreads = 128;
+constexpr int kWalkThreads = 128;   // 4 blocks a multiprocessor (__launch_bounds__)
 constexpr int kWalkMaxBand = 32;  // output rows a thread walks at most
 
 template <int Bytes>
@@ -387,7 +390,7 @@ __device__ inline void add_walk_row(const float (&xv)[CW + 2][V], const float (&
 }
 
 template <typename T, int Activation, bool Bias, bool Turned>
-__global__ void __launch_bounds__(kWalkThreads, 3) depthwise_conv_forward_walk(
+__global__ void __launch_bounds__(kWalkThreads, 4) depthwise_conv_forward_walk(
     const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, const T* __restrict__ residual,
     T* __restrict__ y, DepthwiseShape s, int band, int64_t threads) {
   constexpr int V = kWalkVector, CW = kWalkColumns, COLS = CW + 2, SLOTS = kWalkSlots;
