@@ -84,8 +84,10 @@ std::string depthwise_kernel_unmet(int64_t in_channels, at::IntArrayRef w_size, 
 DepthwiseSteps depthwise_kernel_steps(const ConvProblem& p, bool has_epilogue) {
   DepthwiseSteps steps;
   const int element_bytes = static_cast<int>(c10::elementSize(p.dtype));
-  const bool bf16_vectors = p.dtype == at::kBFloat16 && depthwise_vectors_fit(p.w_size[0], element_bytes);
-  steps.forward = has_epilogue || (p.stride[0] == 1 && bf16_vectors);
+  const bool vectors_fit = depthwise_vectors_fit(p.w_size[0], element_bytes);
+  const bool bf16_vectors = p.dtype == at::kBFloat16 && vectors_fit;
+  const bool half_precision = p.dtype == at::kBFloat16 || p.dtype == at::kHalf;
+  steps.forward = has_epilogue || (p.stride[0] == 1 && half_precision && vectors_fit);
   if (p.stride[0] == 2) {
     steps.dgrad = DepthwiseDgrad::kOurKernel;
   } else if (p.stride[0] == 1 && p.dtype == at::kBFloat16 && p.pad_pre == p.pad_post &&
