@@ -140,6 +140,30 @@ def test_the_depthwise_backward_rule(extension, stride, padding, dtype, channels
                                                                                              "pytorch"), grouped
 
 
+def test_the_stride1_dgrad_off_a_vector_boundary_runs_the_turned_forward(extension):
+    """cudnn_fusion::conv_dgrad at stride 1 in bfloat16: the walk with the filter turned where grad_z is on a 16-byte
+    boundary; one element off it (channels that fill the vectors, so the rule picked our kernel), cuDNN's forward with
+    the filter turned instead; both as accurate as PyTorch's dgrad against float64."""
+    torch.manual_seed(0)
+    dtype, channels = torch.bfloat16, 64
+    dz = _leaf(2, channels, 9, 11, dtype=dtype)
+    dz_off = torch.empty(dz.numel() + 1, device="cuda", dtype=dtype)[1:].as_strided(dz.shape, dz.stride())
+    dz_off.copy_(dz)
+    assert dz_off.is_contiguous(memory_format=CL) and dz_off.data_ptr() % 16 != 0
+    weight = torch.randn(channels, 1, 3, 3, device="cuda").to(dtype)
+    args = (list(dz.shape), [1, 1], [1, 1], [1, 1], [1, 1], channels)
+    reference = torch.ops.aten.convolution_backward(dz.double(), dz.double(), weight.double(), None, [1, 1], [1, 1],
+                                                    [1, 1], False, [0, 0], channels, [True, False, False])[0]
+    eager = torch.ops.aten.convolution_backward(dz, dz, weight, None, [1, 1], [1, 1], [1, 1], False, [0, 0],
+                                                channels, [True, False, False])[0]
+    for grad, walk in ((dz, True), (dz_off, False)):
+        ran = _profile_kernels(lambda: torch.ops.cudnn_fusion.conv_dgrad(grad, weight, *args))
+        assert any("depthwise_conv_forward_walk<" in n and ", true>" in n for n in ran) == walk, ran
+        assert any("conv2d_c1_k1" in n for n in ran) == (not walk), ran
+        dx = torch.ops.cudnn_fusion.conv_dgrad(grad, weight, *args)
+        assert_as_accurate_as_eager("dx", dx, eager, reference, dtype)
+
+
 def test_the_depthwise_wgrad_kernel_is_deterministic_and_matches_float64(extension):
     """Our stride-2 bfloat16 wgrad (cudnn_fusion::conv_wgrad) on a batch large enough for many blocks' partial sums: the same
     bits on every call (fixed-order sums, no atomics), as accurate as PyTorch's against float64, and PyTorch's where

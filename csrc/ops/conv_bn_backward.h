@@ -25,8 +25,9 @@ at::Tensor batch_norm_conv_forward(const at::Tensor& x, const at::Tensor& weight
                                    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
                                    int64_t groups);
 
-// The conv inside the conv + BatchNorm op (symmetric padding, arguments as at::convolution's): its backward with dx and dweight as depthwise_kernel_steps picks them (cudnn_fusion::conv_dgrad and conv_wgrad
-// where those are not PyTorch's), or dweight as pointwise_weight_gradient where it applies. Returns (dx, dweight,
+// The conv inside the conv + BatchNorm op (symmetric padding, arguments as at::convolution's): its backward with dx
+// and dweight as depthwise_kernel_steps picks them (cudnn_fusion::conv_dgrad and conv_wgrad where those are not
+// PyTorch's), or dweight as pointwise_weight_gradient where it applies. Returns (dx, dweight,
 // dbias) for `mask`; dweight in `weight_dtype` where it is float32 and pointwise_weight_gradient or our depthwise
 // wgrad made it (both write their float sums as they are, so the node casts nothing back), else in grad_z's dtype.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_conv_backward(
