@@ -197,25 +197,28 @@ def test_the_depthwise_wgrad_kernel_is_deterministic_and_matches_float64(extensi
                        misaligned.float())
 
 
-@pytest.mark.parametrize("channels, height, width, padding", [
-    (32, 40, 37, 1),  # 4 vectors: blocks of many strips; 37 columns split in 10 strips, the last of 1 column
-    (200, 17, 9, 0),  # 25 vectors; no padding (out 15 x 7)
-    (576, 14, 14, 1),  # 72 vectors: three channel groups of 24
-    (1032, 7, 7, 2),  # 129 vectors: five groups, the last part-filled; padding 2 (out 9 x 9)
+@pytest.mark.parametrize("batch, channels, height, width, padding", [
+    (24, 32, 40, 37, 1),  # 8 vectors of 4 channels: blocks of 16 positions; out_h 40 in two bands of 20; 37 columns
+                          # in 10 strips, the last of 1 column
+    (24, 200, 17, 9, 0),  # 50 vectors: two channel groups of 25; no padding (out 15 x 7)
+    (24, 576, 14, 14, 1),  # 144 vectors: five channel groups, the last part-filled
+    (24, 1032, 7, 7, 2),  # 258 vectors: nine groups, the last part-filled; padding 2 (out 9 x 9)
+    (49, 128, 54, 54, 1),  # 1372 positions (two bands of 27 rows, 14 strips, the last of 2 columns): on 132
+                           # multiprocessors each thread walks two of them back to back, the last part one
 ])
-def test_the_stride1_depthwise_wgrad_kernel_is_deterministic_and_matches_float64(extension, channels, height, width,
-                                                                                  padding):
-    """Our stride-1 bfloat16 wgrad (depthwise_conv_wgrad_rows, then the fixed-order sum of its blocks' partial sums):
+def test_the_stride1_depthwise_wgrad_kernel_is_deterministic_and_matches_float64(extension, batch, channels, height,
+                                                                                  width, padding):
+    """Our stride-1 bfloat16 wgrad (depthwise_conv_wgrad_walk, then the fixed-order sum of its blocks' partial sums):
     poisoned output fully written, the same bits on every call, as accurate as PyTorch's against float64, on shapes
-    whose strips, bands and channel groups do not divide evenly."""
+    whose strips, bands and channel groups do not divide evenly, and where threads walk several positions."""
     torch.manual_seed(0)
     dtype = torch.bfloat16
     out_h, out_w = height + 2 * padding - 2, width + 2 * padding - 2
-    x = torch.randn(24, channels, height, width, device="cuda").to(dtype).contiguous(memory_format=CL)
-    dz = torch.randn(24, channels, out_h, out_w, device="cuda").to(dtype).contiguous(memory_format=CL)
+    x = torch.randn(batch, channels, height, width, device="cuda").to(dtype).contiguous(memory_format=CL)
+    dz = torch.randn(batch, channels, out_h, out_w, device="cuda").to(dtype).contiguous(memory_format=CL)
     args = ([channels, 1, 3, 3], [1, 1], [padding] * 2, [padding] * 2, [1, 1], channels)
     ran = _profile_kernels(lambda: torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args))
-    assert any("depthwise_conv_wgrad_rows" in n for n in ran), ran
+    assert any("depthwise_conv_wgrad_walk" in n for n in ran), ran
     first = torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args)
     assert first.shape == (channels, 1, 3, 3) and first.dtype == dtype and not first.isnan().any()
     for _ in range(3):
@@ -449,7 +452,7 @@ def test_depthwise_layers_under_torch_compile_fullgraph(extension):
     # the two layers' forwards, and the second's dgrad (stride 1, bf16: the walk with the filter turned)
     assert sum("depthwise_conv_forward" in n for n in ran) == 3, ran
     assert sum("depthwise_conv_dgrad" in n for n in ran) == 2, ran  # the first layer's and the conv + BN's
-    assert sum("depthwise_conv_wgrad_rows" in n for n in ran) == 1, ran  # the second layer's (stride 1)
+    assert sum("depthwise_conv_wgrad_walk" in n for n in ran) == 1, ran  # the second layer's (stride 1)
     assert sum("depthwise_conv_wgrad_tiled" in n for n in ran) == 2, ran  # the stride-2 layers'
     for got, want in zip(step(compiled), eager):
         torch.testing.assert_close(got, want)

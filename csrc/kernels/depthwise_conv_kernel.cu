@@ -15,17 +15,20 @@
 // depthwise_conv_dgrad_tiled): a block first copies its whole input tile into shared memory with asynchronous copies,
 // all in flight at once, then computes from there. The stride-1 forward, and the stride-1 dgrad as that forward with
 // the filter turned, walk down columns (depthwise_conv_forward_walk): a thread walks a band of output rows, each
-// input row copied into shared memory of its own 7 rows ahead of its use. The strip kernels above stay for one element
+// input row copied into shared memory of its own 6 rows ahead of its use. The strip kernels above stay for one element
 // at a time, filters or bias not on a vector boundary and batches over 65535.
 // wgrad at stride 2 (depthwise_conv_wgrad_tiled) stages tiles of dy and x in shared memory and sums each channel's 9
 // taps per thread over many tiles, then in a fixed order across warps, blocks and parts: deterministic. At stride 1 it
 // was compute-bound (Nsight Compute: SM throughput 70%, DRAM 31-58% on three stride-1 layers) and no faster than
-// PyTorch's; there depthwise_conv_wgrad_rows runs instead: a thread walks a strip of 4 output columns down 16 rows
-// with its 3 input rows in registers, and sums in the same fixed order. Two earlier wgrad kernels that read global
-// memory directly (per-thread sums of a strip's taps; a thread per channel vector walking an output row with the 3x3
-// window in registers, 2026-11-23 and -24) ran 1.2-26x slower than PyTorch's and were not kept.
+// PyTorch's; there depthwise_conv_wgrad_walk runs instead: the forward's walk with a dy row beside each input row, the
+// taps' sums in registers across a thread's bands, added in the same fixed order. Before it, a kernel with the three
+// input rows in registers (255 of them, no prefetch: 1.55-2.69x its bytes' time) and two that read global memory
+// directly (per-thread sums of a strip's taps; a thread per channel vector walking an output row with the 3x3 window
+// in registers, 2026-11-23 and -24, 1.2-26x slower than PyTorch's) were not kept.
 #include "kernels/depthwise_conv_kernel.h"
 
+#include <atomic>
+#include <cstdint>
 #include <type_traits>
 
 #include "kernels/nhwc_rows.cuh"
@@ -332,7 +335,7 @@ __global__ void __launch_bounds__(ForwardTile<S, TH, TW>::kThreads) depthwise_co
 // the row's kWalkColumns + 2 vectors, converted to float once, to the three output rows that read it (three
 // accumulators that rotate: kh = 0 to the newest, 1, then 2 to the oldest, which is then complete and stored), so each
 // output adds its taps row by row, kw within a row, as depthwise_conv_forward does: the two give the same numbers.
-// Its input rows are copied kWalkSlots - 1 rows ahead of their use into slots of shared memory of its own with
+// Its input rows are copied kWalkAhead rows ahead of their use into slots of shared memory of its own with
 // asynchronous copies (zeros outside the image); a thread reads back only what it copied, so no barrier is needed,
 // and many more bytes are in flight per multiprocessor than registers could hold. With the filter turned 180 degrees
 // (Turned) it is the stride-1 dgrad: dx is the forward of dy, padded kernel - 1 - padding.
@@ -345,10 +348,12 @@ __global__ void __launch_bounds__(ForwardTile<S, TH, TW>::kThreads) depthwise_co
 // advanced a row a step, 32-bit sizes) 1.2-1.3x its bytes' time on the three largest layers. Of the shapes tried,
 // 4 columns x 4 channels beat 2 x 4, 2 x 8 and 1 x 8; with 4 blocks a multiprocessor (at most 128 registers, no
 // spills) the ten layers' forwards took 0.698 ms against 0.723 with 3 and 0.752 with bands of 16 rows, and cuDNN's
-// plain forwards 0.893.
+// plain forwards 0.893. Copying 6 rows ahead rather than 7, so that no slot is refilled the step after it was read,
+// took 0.689 against 0.695 ms in one later run.
 constexpr int kWalkVector = 4;    // channels a thread: 8 bytes in 16-bit types, 16 in float
 constexpr int kWalkColumns = 4;   // output columns a thread
-constexpr int kWalkSlots = 8;     // input rows a thread holds in shared memory: the one in use and 7 in flight
+constexpr int kWalkSlots = 8;     // input rows a thread holds in shared memory: the one in use and up to 6 in flight
+constexpr int kWalkAhead = 6;     // a slot is refilled two steps after it was read, never the step after
 constexpr int kWalkThreads = 128;   // 4 blocks a multiprocessor (__launch_bounds__)
 constexpr int kWalkMaxBand = 32;  // output rows a thread walks at most
 
@@ -395,6 +400,7 @@ __global__ void __launch_bounds__(kWalkThreads, 4) depthwise_conv_forward_walk(
     T* __restrict__ y, DepthwiseShape s, int band, int64_t threads) {
   constexpr int V = kWalkVector, CW = kWalkColumns, COLS = CW + 2, SLOTS = kWalkSlots;
   static_assert((SLOTS & (SLOTS - 1)) == 0, "slots: a power of two");
+  static_assert(kWalkAhead + 2 <= SLOTS, "a slot is refilled no sooner than two steps after it was read");
   using P = Pack<T, V>;
   extern __shared__ __align__(16) unsigned char shared[];
   P* mine = reinterpret_cast<P*>(shared) + threadIdx.x;  // slot k, column j: mine[(k * COLS + j) * kWalkThreads]
@@ -439,7 +445,7 @@ __global__ void __launch_bounds__(kWalkThreads, 4) depthwise_conv_forward_walk(
 #endif
   };
 #pragma unroll
-  for (int e = 0; e < SLOTS - 1; ++e) issue();
+  for (int e = 0; e < kWalkAhead; ++e) issue();
   // the V filters: 9 * V consecutive elements from w + c * 9; turned: tap k of the filter is tap 8 - k here
   float wr[9][V], b[V];
 #pragma unroll
@@ -453,7 +459,7 @@ __global__ void __launch_bounds__(kWalkThreads, 4) depthwise_conv_forward_walk(
   auto step = [&](int e, float (&oldest)[CW][V], float (&middle)[CW][V], float (&newest)[CW][V]) {
     issue();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(SLOTS - 1) : "memory");  // row e has landed
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kWalkAhead) : "memory");  // row e has landed
 #endif
     const P* slot = mine + (e & (SLOTS - 1)) * COLS * kWalkThreads;
     float xv[COLS][V];
@@ -660,7 +666,7 @@ constexpr int kWgradPixelBytes = 32 * 4;  // a tile position: 32 lanes of 4 byte
 
 template <int S>
 struct WgradTile {
-  static_assert(S == 2, "the tiled wgrad runs at stride 2; stride 1 runs depthwise_conv_wgrad_rows");
+  static_assert(S == 2, "the tiled wgrad runs at stride 2; stride 1 runs depthwise_conv_wgrad_walk");
   static constexpr int kColumns = 8;  // output columns of a tile, at most
   static constexpr int kInputRows = (kWgradRows - 1) * S + 3;
   static constexpr int kInputColumns = (kColumns - 1) * S + 3;
@@ -809,137 +815,188 @@ __global__ void __launch_bounds__(32 * kWgradSumGroups) depthwise_conv_wgrad_sum
   dw[c * 9 + tap] = from_float<O>(total);
 }
 
-// The stride-1 wgrad from registers: a thread takes one 16-byte vector of channels of a strip of up to
-// kWgradRowsColumns output columns and kWgradRowsBand output rows of one image. It walks the strip's output rows once,
-// keeping the three input rows they read (columns + 2 vectors each, as stored) in registers: each input row and each
-// dy row is loaded once, and neighbouring strips' overlapping columns meet in L1. Its 9 taps' sums stay in registers
-// over all its strips (strip t, t + gridDim.x * blockDim.y, ...); at the end the block adds them across blockDim.y in
+// The stride-1 3x3 wgrad as a walk: a thread takes kWalkVector channels of kWalkColumns output columns and walks a
+// band of output rows of one image, then the next band its block gives it (position p, p + gridDim.x * blockDim.y,
+// ...), one input row a step without a break between bands. Each step converts one input row (kWalkColumns + 2
+// vectors) and one dy row to float once and adds their products to the taps: the input row e of a band meets dy rows
+// e (kh = 0), e - 1 (kh = 1) and e - 2 (kh = 2), the last three dy rows held in registers that rotate as the
+// forward walk's accumulators do. Both rows arrive by asynchronous copies into slots of shared memory of the
+// thread's own, Ahead steps before their use (zeros outside the image and past out_w); a thread reads back only what
+// it copied, so no barrier is needed. A slot is refilled Slots - Ahead steps after it was read, never the step after.
+// The 9 taps' sums stay in registers across the thread's bands; at the end the block adds them across blockDim.y in
 // order and writes one partial sum per tap and channel, for depthwise_conv_wgrad_sum: the same inputs give the same
-// bits. Threads: channel vectors fastest (blockDim.x, the channel group's), then strips. Against the tiled kernel
-// above at stride 1 this holds no tile in shared memory and needs no barrier. Of the shapes tried in a scratch
-// harness (2 to 8 columns; 4-, 8- and 16-byte lanes; bands of 8 and 16 rows; loading the three input rows for each
-// output row instead, at higher occupancy), 4 columns of 16-byte vectors was the fastest over the stride-1 layers of
-// MobileNet v1 and v2 summed, and on each but v2's 384- and 576-channel 14x14 layers, where 3 columns were faster
-// (batch 256, bf16, H100, 2026-11-25; docs/benchmarks.md). Its 255 registers leave one block per multiprocessor.
-constexpr int kWgradRowsColumns = 4;
-constexpr int kWgradRowsBand = 16;
+// bits. Threads: blockDim.x vectors of channels (fastest), blockDim.y positions.
+// Why these numbers (a scratch harness, H200, batch 256, bf16, the ten stride-1 layers of MobileNet v1 and v2 with
+// v1's 512-channel layer counted five times, 2026-11-26): 8 slots, 5 steps ahead and 2 blocks a multiprocessor
+// (80 KB of shared memory each, 156 registers) took 0.908 ms; 6 ahead 0.931; 6 slots, 4 ahead and 3 blocks 0.971;
+// 4 blocks (5 or 4 slots, spilling at 128 registers) 1.29-1.52; the kernel with the input rows in registers before
+// it 1.079, and PyTorch's (cuDNN's) wgrad 1.474.
+constexpr int kWgradWalkSlots = 8;
+constexpr int kWgradWalkAhead = 5;
+constexpr int kWgradWalkBlocks = 2;  // blocks a multiprocessor: shared memory, 80 KB a block in 16-bit types
 
-struct WgradRowsShape {
-  int columns, strips_w, band, bands;  // a strip's columns and rows (at most), how many across out_w and out_h
-  int64_t strips;                      // n * bands * strips_w
+struct WgradWalkShape {
+  int band, bands, strips;  // output rows a band (the last may have fewer), bands across out_h, strips across out_w
+  int64_t positions;        // n * bands * strips
 };
 
-// The V channels of a 16-byte vector, kept as raw words, as float (bf16 by shifts and masks).
-template <typename T, int V>
-__device__ inline void vector_to_float(const uint4& vector, float (&out)[V]) {
-  const uint32_t words[4] = {vector.x, vector.y, vector.z, vector.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if constexpr (std::is_same_v<T, float>) {
-      out[i] = __uint_as_float(words[i]);
-    } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-      out[2 * i] = __uint_as_float(words[i] << 16);
-      out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
-    } else {
-      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&words[i]));
-      out[2 * i] = f.x;
-      out[2 * i + 1] = f.y;
-    }
-  }
+template <typename T, int Slots, int Ahead>
+constexpr int wgrad_walk_shared_bytes() {
+  return Slots * (2 * kWalkColumns + 2) * kWalkThreads * static_cast<int>(sizeof(Pack<T, kWalkVector>));
 }
 
-template <typename T>
-__global__ void __launch_bounds__(nhwc::kThreads) depthwise_conv_wgrad_rows(const T* __restrict__ x,
-                                                                            const T* __restrict__ dy,
-                                                                            float* __restrict__ partial,
-                                                                            DepthwiseShape s, WgradRowsShape r) {
-  constexpr int V = nhwc::Vec<T>::kSize;
-  constexpr int K = 3;
-  constexpr int C = kWgradRowsColumns;
-  using Vector = uint4;  // V channels as stored
-  __shared__ float sums[nhwc::kThreads * V];  // one tap at a time: [blockDim.y][blockDim.x * V]
+template <typename T, int Slots, int Ahead, int Blocks>
+__global__ void __launch_bounds__(kWalkThreads, Blocks) depthwise_conv_wgrad_walk(const T* __restrict__ x,
+                                                                                  const T* __restrict__ dy,
+                                                                                  float* __restrict__ partial,
+                                                                                  DepthwiseShape s, WgradWalkShape r) {
+  constexpr int V = kWalkVector, CW = kWalkColumns, COLS = CW + 2;
+  static_assert(Ahead + 2 <= Slots, "a slot is refilled no sooner than two steps after it was read");
+  using P = Pack<T, V>;
+  extern __shared__ __align__(16) unsigned char shared[];
+  const int thread = threadIdx.y * blockDim.x + threadIdx.x;
+  P* x_slots = reinterpret_cast<P*>(shared) + thread;  // slot k, column j: x_slots[(k * COLS + j) * kWalkThreads]
+  P* dy_slots = x_slots + Slots * COLS * kWalkThreads;  // slot k, column j: dy_slots[(k * CW + j) * kWalkThreads]
+  const int C = static_cast<int>(s.channels), H = static_cast<int>(s.h), W = static_cast<int>(s.w);
+  const int out_h = static_cast<int>(s.out_h), out_w = static_cast<int>(s.out_w);
   const int width = blockDim.x * V;
-  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * width;
-  const int64_t c = c0 + threadIdx.x * V;
-  float acc[K * K][V];
-  zero(acc);
-  if (c < s.channels) {
-    for (int64_t strip = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; strip < r.strips;
-         strip += static_cast<int64_t>(gridDim.x) * blockDim.y) {
-      const int sw = static_cast<int>(strip % r.strips_w);
-      const int64_t rest = strip / r.strips_w;
-      const int oh0 = static_cast<int>(rest % r.bands) * r.band;
-      const int64_t n = rest / r.bands;
-      const int ow0 = sw * r.columns;
-      const int rows = min(r.band, static_cast<int>(s.out_h - oh0));
-      const int columns = min(r.columns, static_cast<int>(s.out_w - ow0));
-      const T* image = x + n * s.h * s.w * s.channels + c;
-      const T* grad = dy + (n * s.out_h * s.out_w + ow0) * s.channels + c;
-      const int iw0 = ow0 - s.pad_w;
-      // input row ih, columns iw0 ... iw0 + columns + 1 (zeros outside the image)
-      auto load_row = [&](Vector(&row)[C + 2], int ih) {
-        const bool inside = ih >= 0 && ih < s.h;
+  const int c0 = blockIdx.y * width;
+  const int c = c0 + threadIdx.x * V;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.y;
+  const int64_t positions = c < C ? r.positions : 0;  // a thread past the last channel walks nothing
+  const int in_row = W * C, out_row = out_w * C;
+
+  // the issuing side: position ip, step is of its steps (rows + 2)
+  int64_t ip = first;
+  int is = 0, i_rows = 0, ih = 0;
+  const T* xs = x;
+  const T* ds = dy;
+  bool x_inside[COLS], dy_inside[CW];
+  auto begin = [&]() {  // the issuing side's state for position ip
+    const int strip = static_cast<int>(ip % r.strips);
+    const int64_t rest = ip / r.strips;
+    const int oh0 = static_cast<int>(rest % r.bands) * r.band;
+    const int64_t n = rest / r.bands;
+    const int ow0 = strip * CW, iw0 = ow0 - s.pad_w;
+    i_rows = min(r.band, out_h - oh0);
+    ih = oh0 - s.pad_h;
 #pragma unroll
-        for (int e = 0; e < C + 2; ++e) {
-          const int iw = iw0 + e;
-          row[e] = inside && e < columns + 2 && iw >= 0 && iw < s.w
-                       ? *reinterpret_cast<const Vector*>(image + (static_cast<int64_t>(ih) * s.w + iw) * s.channels)
-                       : Vector{};
+    for (int j = 0; j < COLS; ++j) x_inside[j] = iw0 + j >= 0 && iw0 + j < W;
+#pragma unroll
+    for (int j = 0; j < CW; ++j) dy_inside[j] = ow0 + j < out_w;
+    xs = x + ((n * H + ih) * W + iw0) * static_cast<int64_t>(C) + c;
+    ds = dy + ((n * out_h + oh0) * out_w + ow0) * static_cast<int64_t>(C) + c;
+  };
+  if (ip < positions) begin();
+  int issue_slot = 0;
+  auto issue = [&]() {  // the next step's input row and dy row into their slots; one commit group each
+    if (ip < positions) {
+      const bool row_inside = ih >= 0 && ih < H;
+      P* xk = x_slots + issue_slot * COLS * kWalkThreads;
+#pragma unroll
+      for (int j = 0; j < COLS; ++j) {
+        const bool inside = row_inside && x_inside[j];
+        copy_async_or_zero<sizeof(P)>(xk + j * kWalkThreads, inside ? xs + j * C : x, inside);
+      }
+      if (is < i_rows) {
+        P* dk = dy_slots + issue_slot * CW * kWalkThreads;
+#pragma unroll
+        for (int j = 0; j < CW; ++j) {
+          copy_async_or_zero<sizeof(P)>(dk + j * kWalkThreads, dy_inside[j] ? ds + j * C : dy, dy_inside[j]);
         }
-      };
-      Vector in[K][C + 2];
-      load_row(in[0], oh0 - s.pad_h);
-      load_row(in[1], oh0 - s.pad_h + 1);
-      for (int i = 0; i < rows; ++i) {
-        const int oh = oh0 + i;
-        load_row(in[2], oh - s.pad_h + 2);
-        float d[C][V];
-#pragma unroll
-        for (int j = 0; j < C; ++j) {
-          const Vector g = j < columns ? *reinterpret_cast<const Vector*>(
-                                             grad + (static_cast<int64_t>(oh) * s.out_w + j) * s.channels)
-                                       : Vector{};
-          vector_to_float<T>(g, d[j]);
-        }
-#pragma unroll
-        for (int kh = 0; kh < K; ++kh) {
-#pragma unroll
-          for (int e = 0; e < C + 2; ++e) {
-            float xv[V];
-            vector_to_float<T>(in[kh][e], xv);
-#pragma unroll
-            for (int kw = 0; kw < K; ++kw) {
-              const int j = e - kw;  // the output column that reads input column e through tap kw
-              if (j >= 0 && j < C) {
-#pragma unroll
-                for (int v = 0; v < V; ++v) acc[kh * K + kw][v] = fmaf(d[j][v], xv[v], acc[kh * K + kw][v]);
-              }
-            }
-          }
-        }
-#pragma unroll
-        for (int e = 0; e < C + 2; ++e) {
-          in[0][e] = in[1][e];
-          in[1][e] = in[2][e];
-        }
+        ds += out_row;
+      }
+      xs += in_row;
+      ++ih;
+      if (++is == i_rows + 2) {
+        is = 0;
+        ip += stride;
+        if (ip < positions) begin();
       }
     }
-  }
-  // the block's sum per tap and channel: its rows of threads' sums in order
-  const int threads = blockDim.x * blockDim.y;
-  const int thread = threadIdx.y * blockDim.x + threadIdx.x;
+    issue_slot = issue_slot + 1 == Slots ? 0 : issue_slot + 1;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+  };
 #pragma unroll
-  for (int tap = 0; tap < K * K; ++tap) {
+  for (int e = 0; e < Ahead; ++e) issue();
+
+  float acc[9][V];
+  zero(acc);
+  float d0[CW][V], d1[CW][V], d2[CW][V];
+  int slot = 0;
+  // step e of a band: input row e meets dy row e (newest, read now), e - 1 (middle) and e - 2 (oldest)
+  auto step = [&](int e, int rows, const float (&oldest)[CW][V], const float (&middle)[CW][V],
+                  float (&newest)[CW][V]) {
+    issue();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(Ahead) : "memory");  // this step's rows have landed
+#endif
+    float xv[COLS][V];
+    const P* xk = x_slots + slot * COLS * kWalkThreads;
 #pragma unroll
-    for (int v = 0; v < V; ++v) sums[threadIdx.y * width + threadIdx.x * V + v] = acc[tap][v];
-    __syncthreads();
-    for (int i = thread; i < width; i += threads) {
-      if (c0 + i >= s.channels) continue;
-      float total = 0.f;
-      for (int y = 0; y < static_cast<int>(blockDim.y); ++y) total += sums[y * width + i];
-      partial[(static_cast<int64_t>(blockIdx.x) * K * K + tap) * s.channels + c0 + i] = total;
+    for (int j = 0; j < COLS; ++j) {
+      const P pack = xk[j * kWalkThreads];
+#pragma unroll
+      for (int v = 0; v < V; ++v) xv[j][v] = to_float(pack.v[v]);
     }
-    __syncthreads();
+    if (e < rows) {
+      const P* dk = dy_slots + slot * CW * kWalkThreads;
+#pragma unroll
+      for (int j = 0; j < CW; ++j) {
+        const P pack = dk[j * kWalkThreads];
+#pragma unroll
+        for (int v = 0; v < V; ++v) newest[j][v] = to_float(pack.v[v]);
+      }
+    } else {
+      zero(newest);  // past the band's last dy row
+    }
+    slot = slot + 1 == Slots ? 0 : slot + 1;
+#pragma unroll
+    for (int kw = 0; kw < 3; ++kw)
+#pragma unroll
+      for (int j = 0; j < CW; ++j)
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+          acc[kw][v] = fmaf(xv[j + kw][v], newest[j][v], acc[kw][v]);
+          acc[3 + kw][v] = fmaf(xv[j + kw][v], middle[j][v], acc[3 + kw][v]);
+          acc[6 + kw][v] = fmaf(xv[j + kw][v], oldest[j][v], acc[6 + kw][v]);
+        }
+  };
+  for (int64_t p = first; p < positions; p += stride) {
+    const int oh0 = static_cast<int>((p / r.strips) % r.bands) * r.band;
+    const int rows = min(r.band, out_h - oh0);
+    zero(d1);
+    zero(d2);
+    for (int e = 0; e < rows + 2; e += 3) {
+      step(e, rows, d1, d2, d0);
+      if (e + 1 < rows + 2) step(e + 1, rows, d2, d0, d1);
+      if (e + 2 < rows + 2) step(e + 2, rows, d0, d1, d2);
+    }
+  }
+
+  // the block's sum per tap and channel: its rows of threads' sums in order, in the slots' memory once every copy is
+  // done
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#endif
+  __syncthreads();
+  float* sums = reinterpret_cast<float*>(shared);  // [9][blockDim.y][width]
+  const int rows_of_threads = blockDim.y;
+#pragma unroll
+  for (int tap = 0; tap < 9; ++tap)
+#pragma unroll
+    for (int v = 0; v < V; ++v) sums[(tap * rows_of_threads + threadIdx.y) * width + threadIdx.x * V + v] = acc[tap][v];
+  __syncthreads();
+  const int threads = blockDim.x * blockDim.y;
+  for (int i = thread; i < 9 * width; i += threads) {
+    const int tap = i / width, lane = i % width;
+    if (c0 + lane >= C) continue;
+    float total = 0.f;
+    for (int y = 0; y < rows_of_threads; ++y) total += sums[(tap * rows_of_threads + y) * width + lane];
+    partial[(static_cast<int64_t>(blockIdx.x) * 9 + tap) * C + c0 + lane] = total;
   }
 }
 
@@ -999,6 +1056,21 @@ cudaError_t forward_tiled(const DepthwiseShape& s, const void* x, const void* w,
   return cudaGetLastError();
 }
 
+// Lets `kernel` launch with `bytes` of dynamic shared memory (above the 48 KB a launch gets without asking), once per
+// device and kernel: `devices` is the kernel's own record of the devices done.
+template <typename Kernel>
+cudaError_t allow_shared_bytes(Kernel kernel, int bytes, std::atomic<uint64_t>& devices) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  int device = 0;
+  cudaError_t status = cudaGetDevice(&device);
+  if (status != cudaSuccess) return status;
+  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+  if (bit != 0 && (devices.load(std::memory_order_relaxed) & bit) != 0) return cudaSuccess;
+  status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (status == cudaSuccess) devices.fetch_or(bit, std::memory_order_relaxed);
+  return status;
+}
+
 // The walk's launch: bands of at most kWalkMaxBand rows splitting out_h evenly; false where the grid cannot hold the
 // threads (the caller runs another kernel then).
 template <typename T, bool Turned>
@@ -1012,25 +1084,26 @@ bool forward_walk(const DepthwiseShape& s, const void* x, const void* w, const v
     return false;  // the kernel's sizes within an image are 32-bit
   }
   const int shared_bytes = kWalkSlots * (kWalkColumns + 2) * kWalkThreads * static_cast<int>(sizeof(Pack<T, kWalkVector>));
-  auto launch = [&](auto kernel) {
-    if (shared_bytes > 48 * 1024) {  // float: 16-byte vectors, 96 KB (2 blocks a multiprocessor)
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes);
-    }
+  auto launch = [&](auto activation_constant, auto has_bias) {
+    constexpr int A = decltype(activation_constant)::value;
+    constexpr bool B = decltype(has_bias)::value;
+    auto kernel = depthwise_conv_forward_walk<T, A, B, Turned>;
+    static std::atomic<uint64_t> devices{0};  // one per kernel: float takes 96 KB (2 blocks a multiprocessor)
+    if (allow_shared_bytes(kernel, shared_bytes, devices) != cudaSuccess) return;  // the launch error is kept
     kernel<<<static_cast<unsigned>(blocks), kWalkThreads, shared_bytes, stream>>>(
         static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(bias),
         static_cast<const T*>(residual), static_cast<T*>(y), s, band, threads);
   };
   if constexpr (Turned) {
-    launch(depthwise_conv_forward_walk<T, kActivationNone, false, true>);
+    launch(std::integral_constant<int, kActivationNone>{}, std::false_type{});
   } else {
     auto by_activation = [&](auto has_bias) {
-      constexpr bool B = decltype(has_bias)::value;
       if (activation == kActivationRelu) {
-        launch(depthwise_conv_forward_walk<T, kActivationRelu, B, false>);
+        launch(std::integral_constant<int, kActivationRelu>{}, has_bias);
       } else if (activation == kActivationRelu6) {
-        launch(depthwise_conv_forward_walk<T, kActivationRelu6, B, false>);
+        launch(std::integral_constant<int, kActivationRelu6>{}, has_bias);
       } else {
-        launch(depthwise_conv_forward_walk<T, kActivationNone, B, false>);
+        launch(std::integral_constant<int, kActivationNone>{}, has_bias);
       }
     };
     if (bias != nullptr) {
@@ -1141,52 +1214,70 @@ WgradPlan wgrad_plan(const DepthwiseShape& s, int multiprocessors) {
   return plan;
 }
 
-// How a stride-1 wgrad launch splits the outputs: strips of `columns` x `band` outputs (out_w and out_h split evenly
-// into strips no larger than the kernel's), channel groups of up to 32 vectors (split evenly), and the blocks
-// per channel group (parts): no more than every multiprocessor holds at once, each walking the same number of strips.
-// The channels are a multiple of the vector (the caller checks: depthwise_vectors_fit).
-struct WgradRowsPlan {
-  WgradRowsShape shape;
+// How a stride-1 wgrad walk splits the outputs: bands of at most kWalkMaxBand rows (out_h split evenly), strips of
+// kWalkColumns, blocks of up to 32 vectors of channels (split evenly), and the blocks per channel group (parts): no
+// more than every multiprocessor holds at once, each thread walking the same number of positions but in the last part.
+struct WgradWalkPlan {
+  WgradWalkShape shape;
   dim3 block;
   int64_t channel_groups, parts;
 };
 
-template <typename T>
-int wgrad_rows_blocks_per_multiprocessor() {
+// The kernel, allowed its shared memory on the current device.
+template <typename T, int Slots, int Ahead, int Blocks>
+cudaError_t wgrad_walk_allowed() {
+  static std::atomic<uint64_t> devices{0};
+  return allow_shared_bytes(depthwise_conv_wgrad_walk<T, Slots, Ahead, Blocks>,
+                            wgrad_walk_shared_bytes<T, Slots, Ahead>(), devices);
+}
+
+template <typename T, int Slots, int Ahead, int Blocks>
+int wgrad_walk_blocks_per_multiprocessor() {
   static const int blocks = [] {
     int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, depthwise_conv_wgrad_rows<T>, nhwc::kThreads, 0) !=
-        cudaSuccess) {
+    if (wgrad_walk_allowed<T, Slots, Ahead, Blocks>() != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, depthwise_conv_wgrad_walk<T, Slots, Ahead, Blocks>,
+                                                      kWalkThreads, wgrad_walk_shared_bytes<T, Slots, Ahead>()) !=
+            cudaSuccess) {
       cudaGetLastError();
-      n = 1;
+      n = 0;  // cannot launch: the caller runs PyTorch's kernel
     }
-    return std::max(n, 1);
+    return n;
   }();
   return blocks;
 }
 
-template <typename T>
-WgradRowsPlan wgrad_rows_plan(const DepthwiseShape& s, int multiprocessors) {
-  constexpr int64_t V = vector_size<T>();
-  WgradRowsPlan plan;
-  WgradRowsShape& r = plan.shape;
-  const int64_t strips_w = (s.out_w + kWgradRowsColumns - 1) / kWgradRowsColumns;
-  const int64_t bands = (s.out_h + kWgradRowsBand - 1) / kWgradRowsBand;
-  r.strips_w = static_cast<int>(strips_w);
-  r.columns = static_cast<int>((s.out_w + strips_w - 1) / strips_w);
-  r.bands = static_cast<int>(bands);
+template <typename T, int Slots = kWgradWalkSlots, int Ahead = kWgradWalkAhead, int Blocks = kWgradWalkBlocks>
+WgradWalkPlan wgrad_walk_plan(const DepthwiseShape& s, int multiprocessors) {
+  WgradWalkPlan plan;
+  WgradWalkShape& r = plan.shape;
+  const int64_t bands = (s.out_h + kWalkMaxBand - 1) / kWalkMaxBand;
   r.band = static_cast<int>((s.out_h + bands - 1) / bands);
-  r.strips = s.n * bands * strips_w;
-  const int64_t vectors = (s.channels + V - 1) / V;
+  r.bands = static_cast<int>((s.out_h + r.band - 1) / r.band);
+  r.strips = static_cast<int>((s.out_w + kWalkColumns - 1) / kWalkColumns);
+  r.positions = s.n * r.bands * r.strips;
+  const int64_t vectors = s.channels / kWalkVector;
   plan.channel_groups = (vectors + 31) / 32;
   const int bx = static_cast<int>((vectors + plan.channel_groups - 1) / plan.channel_groups);
-  plan.block = dim3(bx, nhwc::kThreads / bx);
-  const int64_t blocks = (r.strips + plan.block.y - 1) / plan.block.y;
-  const int64_t resident = static_cast<int64_t>(multiprocessors) * wgrad_rows_blocks_per_multiprocessor<T>();
+  plan.block = dim3(bx, kWalkThreads / bx);
+  const int64_t blocks = (r.positions + plan.block.y - 1) / plan.block.y;
+  const int64_t resident =
+      static_cast<int64_t>(multiprocessors) * wgrad_walk_blocks_per_multiprocessor<T, Slots, Ahead, Blocks>();
   const int64_t parts = std::max<int64_t>(1, std::min(blocks, resident / plan.channel_groups));
   const int64_t rounds = (blocks + parts - 1) / parts;
-  plan.parts = (blocks + rounds - 1) / rounds;
+  plan.parts = resident == 0 ? 0 : (blocks + rounds - 1) / rounds;
   return plan;
+}
+
+template <typename T, int Slots = kWgradWalkSlots, int Ahead = kWgradWalkAhead, int Blocks = kWgradWalkBlocks>
+void wgrad_walk(const DepthwiseShape& s, const WgradWalkPlan& plan, const void* x, const void* dy, float* partial,
+                cudaStream_t stream) {
+  if (wgrad_walk_allowed<T, Slots, Ahead, Blocks>() != cudaSuccess) return;  // the launch error is kept
+  depthwise_conv_wgrad_walk<T, Slots, Ahead, Blocks><<<dim3(static_cast<unsigned>(plan.parts),
+                                                            static_cast<unsigned>(plan.channel_groups)),
+                                                       plan.block, wgrad_walk_shared_bytes<T, Slots, Ahead>(),
+                                                       stream>>>(static_cast<const T*>(x), static_cast<const T*>(dy),
+                                                                 partial, s, plan.shape);
 }
 
 bool wgrad_takes(const DepthwiseShape& s) {
@@ -1197,7 +1288,10 @@ bool wgrad_takes(const DepthwiseShape& s) {
 template <typename T>
 int64_t wgrad_parts_typed(const DepthwiseShape& s, int multiprocessors) {
   if (s.stride == 1) {
-    const WgradRowsPlan plan = wgrad_rows_plan<T>(s, multiprocessors);
+    if (s.h * s.w * s.channels > 0x7fffffff || s.out_h * s.out_w * s.channels > 0x7fffffff) {
+      return 0;  // the walk's sizes within an image are 32-bit
+    }
+    const WgradWalkPlan plan = wgrad_walk_plan<T>(s, multiprocessors);
     return plan.channel_groups > 65535 ? 0 : plan.parts;
   }
   const WgradPlan plan = wgrad_plan<T, 2>(s, multiprocessors);
@@ -1208,12 +1302,9 @@ template <typename T>
 cudaError_t wgrad_typed(const DepthwiseShape& s, const void* x, const void* dy, void* dw, bool dw_float,
                         float* partial, int64_t parts, int multiprocessors, cudaStream_t stream) {
   if (s.stride == 1) {
-    const WgradRowsPlan plan = wgrad_rows_plan<T>(s, multiprocessors);
-    if (plan.parts != parts || plan.channel_groups > 65535) return cudaErrorInvalidValue;
-    depthwise_conv_wgrad_rows<T><<<dim3(static_cast<unsigned>(plan.parts),
-                                        static_cast<unsigned>(plan.channel_groups)),
-                                   plan.block, 0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(dy),
-                                                            partial, s, plan.shape);
+    const WgradWalkPlan plan = wgrad_walk_plan<T>(s, multiprocessors);
+    if (plan.parts != parts || parts <= 0 || plan.channel_groups > 65535) return cudaErrorInvalidValue;
+    wgrad_walk<T>(s, plan, x, dy, partial, stream);
   } else {
     const WgradPlan plan = wgrad_plan<T, 2>(s, multiprocessors);
     if (plan.parts != parts || plan.channel_groups > 65535) return cudaErrorInvalidValue;
