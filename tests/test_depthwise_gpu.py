@@ -40,8 +40,11 @@ CASES = {
     "3x3-s1-ring-padding-2": (128, 3, 1, 2, 6, 5, True, False, True),
     "3x3-s1-rows-tiles": (40, 3, 1, 1, 13, 37, True, True, True),
     "3x3-s1-bands": (16, 3, 1, 1, 70, 6, True, True, "relu6"),
-    # the stride-2 dgrad's 8 x 16 tiles of dx, partial in both directions
+    # the stride-2 dgrad walk (depthwise_conv_dgrad_walk): strips of 4 dx columns from b = 0 (b = iw + padding), 35
+    # columns + 1 of padding in 9 strips; bands of at most 8 dy rows splitting 10 and 34 rows as 5 + 5 and
+    # 7 + 7 + 7 + 7 + 6
     "3x3-s2-wide-dgrad-tiles": (24, 3, 2, 1, 19, 35, True, False, True),
+    "3x3-s2-dgrad-bands": (32, 3, 2, 1, 67, 9, True, False, True),
     # stride 1 with padding 0 and 2: in bfloat16 dgrad runs as the walk with the filter turned, padded 2 and 0
     "3x3-s1-no-padding": (32, 3, 1, 0, 10, 12, True, False, True),
     "3x3-s1-padding-2": (32, 3, 1, 2, 9, 8, True, False, True),
@@ -98,6 +101,8 @@ def test_depthwise_conv_matches_float64(extension, no_tf32, dtype, case):
                                                        activation).backward(grad))
     assert any("depthwise_conv_forward" in n for n in ran), ran
     assert any("depthwise_conv_dgrad" in n for n in ran) == (stride == 2), ran
+    vectors = channels * dtype.itemsize % 16 == 0  # the walks take channels that fill 16-byte vectors
+    assert any("depthwise_conv_dgrad_walk<" in n for n in ran) == (stride == 2 and vectors), ran
     # at stride 1 in bfloat16 the dgrad is the walk with the filter turned, where the channels fill 16-byte vectors
     turned_walk = stride == 1 and dtype == torch.bfloat16 and channels % 8 == 0 and padding < kernel
     assert any("depthwise_conv_forward_walk<" in n and ", true>" in n for n in ran) == turned_walk, ran

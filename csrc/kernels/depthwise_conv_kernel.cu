@@ -11,12 +11,13 @@
 //            dy[n, oh, ow, c] * w[c, kh, kw]. With ih + pad_h = th*S + rh, the taps are kh = rh + S*dh at oh = th - dh:
 //            a block takes one class (rh, rw) (blockIdx.z), so that which taps a thread uses is the same across the
 //            block and the strip's columns share their loads as in the forward.
-// With 16-byte vectors the stride-2 forward and dgrad run tiled instead (depthwise_conv_forward_tiled,
-// depthwise_conv_dgrad_tiled): a block first copies its whole input tile into shared memory with asynchronous copies,
-// all in flight at once, then computes from there. The stride-1 forward, and the stride-1 dgrad as that forward with
-// the filter turned, walk down columns (depthwise_conv_forward_walk): a thread walks a band of output rows, each
-// input row copied into shared memory of its own 6 rows ahead of its use. The strip kernels above stay for one element
-// at a time, filters or bias not on a vector boundary and batches over 65535.
+// With 16-byte vectors the stride-2 forward runs tiled instead (depthwise_conv_forward_tiled): a block first copies
+// its whole input tile into shared memory with asynchronous copies, all in flight at once, then computes from there.
+// The stride-1 forward, and the stride-1 dgrad as that forward with the filter turned, walk down columns
+// (depthwise_conv_forward_walk): a thread walks a band of output rows, each input row copied into shared memory of
+// its own 6 rows ahead of its use; the stride-2 dgrad walks the same way down dy's rows, writing two dx rows a step
+// (depthwise_conv_dgrad_walk). The strip kernels above stay for one element at a time, filters or bias not on a
+// vector boundary and images too large for 32-bit sizes.
 // wgrad at stride 2 (depthwise_conv_wgrad_tiled) stages tiles of dy and x in shared memory and sums each channel's 9
 // taps per thread over many tiles, then in a fixed order across warps, blocks and parts: deterministic. At stride 1 it
 // was compute-bound (Nsight Compute: SM throughput 70%, DRAM 31-58% on three stride-1 layers) and no faster than
@@ -231,7 +232,7 @@ __device__ inline void wait_async_copies() {
 #endif
 }
 
-// What both tiled kernels do first: the block's Tile::kRows x Tile::kColumns positions of src ([n][height][width]
+// What the tiled forward does first: the block's Tile::kRows x Tile::kColumns positions of src ([n][height][width]
 // [channels], dense NHWC) from (row0, col0), kTileGroups vectors of channels from c0, copied into `tile`
 // ([kRows][kColumns][kTileGroups]) with asynchronous 16-byte copies, zeros outside the image and past the last
 // channel; and the block's 3 x 3 filters as float into w_s ([9][kTileGroups * V]). Returns once both are in place.
@@ -261,7 +262,7 @@ __device__ inline void stage_tile(Pack<T, nhwc::Vec<T>::kSize>* tile, float* w_s
   __syncthreads();
 }
 
-// A tiled kernel's thread after staging: its vector of channels in the block (group, fastest across threads), its row
+// The tiled forward's thread after staging: its vector of channels in the block (group, fastest across threads), its row
 // in the tile and the first column of its strip of kStrip positions.
 struct TileThread {
   int group, row, column0;
@@ -502,80 +503,131 @@ __global__ void __launch_bounds__(kWalkThreads, 4) depthwise_conv_forward_walk(
   }
 }
 
-// dgrad at stride 2 for 16-byte channel vectors, from a tile of dy staged in shared memory as the tiled forward
-// does. A block takes a dx tile of kDgradRows x kDgradColumns positions x kTileGroups vectors of channels; the dy rows
-// it reads are oh = (ih + pad_h - kh) / 2 for the even ones among ih + pad_h - kh: floor((ih0 + pad_h - 2) / 2) and
-// the kDgradRows / 2 + 1 after it (the same along W). Each thread takes a strip of kStrip dx positions along W of one
-// row for one vector of channels; which taps a position uses depends on the parity of ih + pad_h - kh and of
-// iw + pad_w - kw, the same across a warp (one row, strips starting on multiples of kStrip).
-constexpr int kDgradRows = 8;
-constexpr int kDgradColumns = 16;
+// dgrad at stride 2 as a walk, for vectors of kWalkVector channels: a thread takes kWalkVector channels of
+// kDgradWalkColumns dx columns and walks a band of dy rows of one image, one dy row a step. In the padded
+// coordinates a = ih + pad_h (b = iw + pad_w along W), dy row oh reaches dx rows 2 oh (tap kh = 0), 2 oh + 1 (kh = 1)
+// and 2 oh + 2 (kh = 2): so at dy row oh the thread writes dx rows 2 oh, from this row and the one before (kept in
+// registers, as float), and 2 oh + 1, from this row alone. Its columns start at an even b0 = 2 m and read the dy
+// columns m - 1 ... m + kDgradWalkColumns / 2 - 1 (dx column b = 2 (m + q) from dy columns m + q (kw = 0) and
+// m + q - 1 (kw = 2); b + 1 from dy column m + q (kw = 1)). Each output adds its taps kh, then kw, ascending, from 0.
+// The dy rows are copied as the forward walk's input rows are, kWalkAhead rows ahead into slots of shared memory of
+// the thread's own.
+// Why this shape (a scratch harness, H200, batch 256, bf16, the eight stride-2 layers of MobileNet v1 and v2 with v1's
+// 512-channel layer counted five times, 2026-11-26): the kernel it replaced (a dx tile of 8 x 16 positions a block,
+// its dy tile staged in shared memory, then a strip of 4 dx columns a thread) took 1.422 ms, 2.10-2.83x its bytes'
+// time, and cuDNN's 3.050; this walk with 4 columns and bands of 8 dy rows 0.691 (1.11-1.51x), with 8 columns or
+// bands of 16 or 32 rows 0.715-0.777. It gave the replaced kernel's bits on every layer (the same taps in the same
+// order).
+constexpr int kDgradWalkColumns = 4;  // dx columns a thread, even
+constexpr int kDgradWalkBand = 8;     // dy rows a thread writes from at most (two dx rows each)
 
-struct DgradTile {
-  static constexpr int kRows = kDgradRows / 2 + 2;
-  static constexpr int kColumns = kDgradColumns / 2 + 2;
-  static constexpr int kStrips = kDgradColumns / kStrip;
-  static constexpr int kThreads = kTileGroups * kDgradRows * kStrips;
-  static constexpr int kInputBytes = kRows * kColumns * kTileGroups * 16;
-};
-
-__host__ __device__ inline int floor_half(int v) { return v >= 0 ? v / 2 : -((1 - v) / 2); }
-
-template <typename T>
-__global__ void __launch_bounds__(DgradTile::kThreads) depthwise_conv_dgrad_tiled(
-    const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ dx, DepthwiseShape s, int tiles_w) {
-  constexpr int V = nhwc::Vec<T>::kSize;
-  constexpr int K = 3;
-  constexpr int kWidth = kTileGroups * V;
-  using Tile = DgradTile;
+template <typename T, int CX>
+__global__ void __launch_bounds__(kWalkThreads, 4) depthwise_conv_dgrad_walk(
+    const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ dx, DepthwiseShape s, int band, int first_row,
+    int rows, int64_t threads) {
+  constexpr int V = kWalkVector, DC = CX / 2 + 1, SLOTS = kWalkSlots;
+  static_assert(CX % 2 == 0, "dx columns a thread: even");
+  using P = Pack<T, V>;
   extern __shared__ __align__(16) unsigned char shared[];
-  auto* tile = reinterpret_cast<Pack<T, V>*>(shared);  // [kRows][kColumns][kTileGroups]
-  float* w_s = reinterpret_cast<float*>(shared + Tile::kInputBytes);  // [K*K][kWidth]
-  const int64_t n = blockIdx.z;
-  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * kWidth;
-  const int ih0 = static_cast<int>(blockIdx.x / tiles_w) * kDgradRows;
-  const int iw0 = static_cast<int>(blockIdx.x % tiles_w) * kDgradColumns;
-  const int oh_lo = floor_half(ih0 + s.pad_h - (K - 1));
-  const int ow_lo = floor_half(iw0 + s.pad_w - (K - 1));
-  stage_tile<T, Tile>(tile, w_s, dy, w, n, oh_lo, ow_lo, s.out_h, s.out_w, s.channels, c0);
-
-  const auto [group, row, column0] = tile_thread<Tile>();
-  const int64_t c = c0 + group * V;
-  const int ih = ih0 + row;
-  const int iw_first = iw0 + column0;
-  if (c >= s.channels || ih >= s.h || iw_first >= s.w) return;
-  const float* filters = w_s + group * V;
-
-  float acc[kStrip][V];
-  zero(acc);
+  P* mine = reinterpret_cast<P*>(shared) + threadIdx.x;  // slot k, column j: mine[(k * DC + j) * kWalkThreads]
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kWalkThreads + threadIdx.x;
+  if (i >= threads) return;
+  const int C = static_cast<int>(s.channels), H = static_cast<int>(s.h), W = static_cast<int>(s.w);
+  const int out_h = static_cast<int>(s.out_h), out_w = static_cast<int>(s.out_w);
+  const int groups = C / V, strips = (W + s.pad_w + CX - 1) / CX, bands = (rows + band - 1) / band;
+  const int c = static_cast<int>(i % groups) * V;
+  int64_t t = i / groups;
+  const int b0 = static_cast<int>(t % strips) * CX;
+  t /= strips;
+  const int band_index = static_cast<int>(t % bands);
+  const int64_t n = t / bands;
+  const int o0 = first_row + band_index * band;  // the first dy row whose dx rows the thread writes
+  const int steps = min(band, rows - band_index * band) + 1;  // dy rows o0 - 1 ... o0 + steps - 2
+  const int m = b0 / 2;
+  bool column_inside[DC];
 #pragma unroll
-  for (int kh = 0; kh < K; ++kh) {
-    const int t = ih + s.pad_h - kh;
-    if (t & 1) continue;  // no dy row reaches this dx row through tap kh
-    const Pack<T, V>* in = tile + (floor_half(t) - oh_lo) * Tile::kColumns * kTileGroups + group;
+  for (int j = 0; j < DC; ++j) column_inside[j] = m - 1 + j >= 0 && m - 1 + j < out_w;
+  const T* src = dy + ((n * out_h + o0 - 1) * out_w + m - 1) * static_cast<int64_t>(C) + c;
+  int oh = o0 - 1, issued = 0;
+  auto issue = [&]() {  // the next dy row into its slot; one commit group each, empty past the last row
+    if (issued < steps) {
+      const bool row_inside = oh >= 0 && oh < out_h;
+      P* slot = mine + (issued & (SLOTS - 1)) * DC * kWalkThreads;
 #pragma unroll
-    for (int i = 0; i < kStrip; ++i) {
+      for (int j = 0; j < DC; ++j) {
+        const bool inside = row_inside && column_inside[j];
+        copy_async_or_zero<sizeof(P)>(slot + j * kWalkThreads, inside ? src + j * C : dy, inside);
+      }
+      src += out_w * C;
+      ++oh;
+      ++issued;
+    }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+  };
 #pragma unroll
-      for (int kw = 0; kw < K; ++kw) {
-        const int u = iw_first + i + s.pad_w - kw;
-        if (u & 1) continue;
-        const Pack<T, V> pack = in[(floor_half(u) - ow_lo) * kTileGroups];
+  for (int e = 0; e < kWalkAhead; ++e) issue();
+  float wr[9][V];
 #pragma unroll
-        for (int v = 0; v < V; ++v) {
-          acc[i][v] = fmaf(to_float(pack.v[v]), filters[(kh * K + kw) * kWidth + v], acc[i][v]);
-        }
+  for (int k = 0; k < 9 * V; ++k) wr[k % 9][k / 9] = to_float(w[c * 9 + k]);
+  // dx columns: b0 + jj - pad_w, written where inside the image
+  const int iw0 = b0 - s.pad_w;
+  bool store_column[CX];
+#pragma unroll
+  for (int jj = 0; jj < CX; ++jj) store_column[jj] = iw0 + jj >= 0 && iw0 + jj < W;
+  int ih = 2 * o0 - s.pad_h;  // the even dx row of the step's dy row
+  T* dst = dx + ((n * H + ih) * W + iw0) * static_cast<int64_t>(C) + c;
+  auto store_row = [&](T* row, bool inside, const float (&acc)[CX][V]) {
+    if (!inside) return;
+#pragma unroll
+    for (int jj = 0; jj < CX; ++jj) {
+      if (store_column[jj]) {
+        P out;
+#pragma unroll
+        for (int v = 0; v < V; ++v) out.v[v] = from_float<T>(acc[jj][v]);
+        *reinterpret_cast<P*>(row + jj * C) = out;
       }
     }
-  }
-  const int64_t base = ((n * s.h + ih) * s.w) * s.channels + c;
+  };
+  float d0[DC][V], d1[DC][V];
+  // step e: dy row o0 - 1 + e into `current`; from the second step on, dx rows 2 oh and 2 oh + 1
+  auto step = [&](int e, const float (&previous)[DC][V], float (&current)[DC][V]) {
+    issue();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kWalkAhead) : "memory");  // row e has landed
+#endif
+    const P* slot = mine + (e & (SLOTS - 1)) * DC * kWalkThreads;
 #pragma unroll
-  for (int i = 0; i < kStrip; ++i) {
-    const int iw = iw_first + i;
-    if (iw >= s.w) break;
-    Pack<T, V> out;
+    for (int j = 0; j < DC; ++j) {
+      const P pack = slot[j * kWalkThreads];
 #pragma unroll
-    for (int v = 0; v < V; ++v) out.v[v] = from_float<T>(acc[i][v]);
-    *reinterpret_cast<Pack<T, V>*>(dx + base + static_cast<int64_t>(iw) * s.channels) = out;
+      for (int v = 0; v < V; ++v) current[j][v] = to_float(pack.v[v]);
+    }
+    if (e == 0) return;
+    float even[CX][V], odd[CX][V];
+#pragma unroll
+    for (int q = 0; q < CX / 2; ++q)
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        // dy column m + q is current[q + 1], m + q - 1 is current[q]
+        float a = current[q + 1][v] * wr[0][v];        // kh 0, kw 0
+        a = fmaf(current[q][v], wr[2][v], a);          // kh 0, kw 2
+        a = fmaf(previous[q + 1][v], wr[6][v], a);     // kh 2, kw 0
+        even[2 * q][v] = fmaf(previous[q][v], wr[8][v], a);  // kh 2, kw 2
+        even[2 * q + 1][v] = fmaf(previous[q + 1][v], wr[7][v], current[q + 1][v] * wr[1][v]);  // kh 0 kw 1, kh 2 kw 1
+        float b = current[q + 1][v] * wr[3][v];        // kh 1, kw 0
+        odd[2 * q][v] = fmaf(current[q][v], wr[5][v], b);    // kh 1, kw 2
+        odd[2 * q + 1][v] = current[q + 1][v] * wr[4][v];    // kh 1, kw 1
+      }
+    store_row(dst, ih >= 0 && ih < H, even);
+    store_row(dst + W * C, ih + 1 >= 0 && ih + 1 < H, odd);
+    dst += 2 * W * C;
+    ih += 2;
+  };
+  for (int e = 0; e < steps; e += 2) {
+    step(e, d1, d0);
+    if (e + 1 < steps) step(e + 1, d0, d1);
   }
 }
 
@@ -1140,21 +1192,33 @@ cudaError_t forward_typed(const DepthwiseShape& s, const void* x, const void* w,
   });
 }
 
+// The stride-2 dgrad walk's launch: bands of at most MaxBand dy rows splitting the rows evenly; false where the grid
+// cannot hold the threads or an image's sizes are not 32-bit (the caller runs the strip kernel then).
+template <typename T, int CX = kDgradWalkColumns, int MaxBand = kDgradWalkBand>
+bool dgrad_walk(const DepthwiseShape& s, const void* dy, const void* w, void* dx, cudaStream_t stream) {
+  const int first_row = s.pad_h / 2;
+  const int64_t rows = (s.h + s.pad_h - 1) / 2 - first_row + 1;  // dy rows that reach dx: two dx rows each
+  const int64_t bands = (rows + MaxBand - 1) / MaxBand;
+  const int band = static_cast<int>((rows + bands - 1) / bands);
+  const int64_t strips = (s.w + s.pad_w + CX - 1) / CX;
+  const int64_t threads = s.n * ((rows + band - 1) / band) * strips * (s.channels / kWalkVector);
+  const int64_t blocks = (threads + kWalkThreads - 1) / kWalkThreads;
+  if (blocks > 0x7fffffff || s.h * s.w * s.channels > 0x7fffffff || s.out_h * s.out_w * s.channels > 0x7fffffff) {
+    return false;
+  }
+  constexpr int shared_bytes = kWalkSlots * (CX / 2 + 1) * kWalkThreads * static_cast<int>(sizeof(Pack<T, kWalkVector>));
+  static std::atomic<uint64_t> devices{0};
+  if (allow_shared_bytes(depthwise_conv_dgrad_walk<T, CX>, shared_bytes, devices) != cudaSuccess) return true;
+  depthwise_conv_dgrad_walk<T, CX><<<static_cast<unsigned>(blocks), kWalkThreads, shared_bytes, stream>>>(
+      static_cast<const T*>(dy), static_cast<const T*>(w), static_cast<T*>(dx), s, band, first_row,
+      static_cast<int>(rows), threads);
+  return true;
+}
+
 template <typename T>
 cudaError_t dgrad_typed(const DepthwiseShape& s, const void* dy, const void* w, void* dx, bool vectors,
                         cudaStream_t stream) {
-  const int64_t tiles = (s.h + kDgradRows - 1) / kDgradRows * ((s.w + kDgradColumns - 1) / kDgradColumns);
-  if (vectors && s.kernel == 3 && s.stride == 2 && s.n <= 65535 && tiles <= 0x7fffffff) {
-    const int64_t width = kTileGroups * nhwc::Vec<T>::kSize;
-    const size_t shared_bytes = DgradTile::kInputBytes + 9 * width * sizeof(float);
-    depthwise_conv_dgrad_tiled<T><<<dim3(static_cast<unsigned>(tiles),
-                                         static_cast<unsigned>((s.channels + width - 1) / width),
-                                         static_cast<unsigned>(s.n)),
-                                    dim3(DgradTile::kThreads), shared_bytes, stream>>>(
-        static_cast<const T*>(dy), static_cast<const T*>(w), static_cast<T*>(dx), s,
-        static_cast<int>((s.w + kDgradColumns - 1) / kDgradColumns));
-    return cudaGetLastError();
-  }
+  if (vectors && s.kernel == 3 && s.stride == 2 && dgrad_walk<T>(s, dy, w, dx, stream)) return cudaGetLastError();
   // stride 1: the walk over dy with the filter turned 180 degrees, padded kernel - 1 - padding
   if (s.stride == 1) {
     const DepthwiseShape turned{s.n, s.out_h, s.out_w, s.channels, s.h, s.w, 3, 1, 2 - s.pad_h, 2 - s.pad_w};
