@@ -169,28 +169,35 @@ def test_the_stride1_dgrad_off_a_vector_boundary_runs_the_turned_forward(extensi
         assert_as_accurate_as_eager("dx", dx, eager, reference, dtype)
 
 
-def test_the_depthwise_wgrad_kernel_is_deterministic_and_matches_float64(extension):
-    """Our stride-2 bfloat16 wgrad (cudnn_fusion::conv_wgrad) on a batch large enough for many blocks' partial sums: the same
-    bits on every call (fixed-order sums, no atomics), as accurate as PyTorch's against float64, and PyTorch's where
-    the input is off a 16-byte boundary."""
+@pytest.mark.parametrize("batch, channels, height, width", [
+    (16, 96, 30, 30),  # 24 vectors of 4 channels: blocks of 5 positions; out 15 x 15 in one band, 4 strips
+    (48, 128, 130, 70),  # out 65 x 35: three bands (22, 22, 21), 9 strips (the last of 3 columns); 1296 positions:
+                         # on 132 multiprocessors each thread walks two of them back to back
+])
+def test_the_depthwise_wgrad_kernel_is_deterministic_and_matches_float64(extension, batch, channels, height, width):
+    """Our stride-2 bfloat16 wgrad (cudnn_fusion::conv_wgrad: depthwise_conv_wgrad_walk at stride 2) on batches large
+    enough for many blocks' partial sums: the same bits on every call (fixed-order sums, no atomics), as accurate as
+    PyTorch's against float64, and PyTorch's where the input is off a 16-byte boundary."""
     torch.manual_seed(0)
     dtype = torch.bfloat16
-    x = torch.randn(16, 96, 30, 30, device="cuda").to(dtype).contiguous(memory_format=CL)
-    dz = torch.randn(16, 96, 15, 15, device="cuda").to(dtype).contiguous(memory_format=CL)
-    args = ([96, 1, 3, 3], [2, 2], [1, 1], [1, 1], [1, 1], 96)
+    x = torch.randn(batch, channels, height, width, device="cuda").to(dtype).contiguous(memory_format=CL)
+    dz = torch.randn(batch, channels, (height + 1) // 2, (width + 1) // 2,
+                     device="cuda").to(dtype).contiguous(memory_format=CL)
+    w_size = (channels, 1, 3, 3)
+    args = (list(w_size), [2, 2], [1, 1], [1, 1], [1, 1], channels)
     ran = _profile_kernels(lambda: torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args))
-    assert any("depthwise_conv_wgrad" in n for n in ran), ran
+    assert any("depthwise_conv_wgrad_walk<" in n for n in ran), ran
     first = torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args)
     for _ in range(3):
         assert torch.equal(torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args), first)
-    assert first.shape == (96, 1, 3, 3) and first.dtype == dtype
-    eager = torch.nn.grad.conv2d_weight(x, (96, 1, 3, 3), dz, 2, 1, 1, 96)
-    reference = torch.nn.grad.conv2d_weight(x.double(), (96, 1, 3, 3), dz.double(), 2, 1, 1, 96)
+    assert first.shape == w_size and first.dtype == dtype and not first.isnan().any()
+    eager = torch.nn.grad.conv2d_weight(x, w_size, dz, 2, 1, 1, channels)
+    reference = torch.nn.grad.conv2d_weight(x.double(), w_size, dz.double(), 2, 1, 1, channels)
     assert_as_accurate_as_eager("dweight", first, eager, reference, dtype)
     _assert_the_float32_wgrad_is_the_unrounded_sums(dz, x, args, first, eager, reference)
     # an NHWC view 2 elements past a 16-byte boundary: PyTorch's wgrad, the same numbers as eager's
     storage = torch.empty(x.numel() + 2, device="cuda", dtype=dtype)
-    shifted = storage[2:].view(16, 30, 30, 96).permute(0, 3, 1, 2)
+    shifted = storage[2:].view(batch, height, width, channels).permute(0, 3, 1, 2)
     shifted.copy_(x)
     assert shifted.is_contiguous(memory_format=CL) and shifted.data_ptr() % 16 != 0
     ran = _profile_kernels(lambda: torch.ops.cudnn_fusion.conv_wgrad(dz, shifted, *args))
@@ -457,8 +464,8 @@ def test_depthwise_layers_under_torch_compile_fullgraph(extension):
     # the two layers' forwards, and the second's dgrad (stride 1, bf16: the walk with the filter turned)
     assert sum("depthwise_conv_forward" in n for n in ran) == 3, ran
     assert sum("depthwise_conv_dgrad" in n for n in ran) == 2, ran  # the first layer's and the conv + BN's
-    assert sum("depthwise_conv_wgrad_walk" in n for n in ran) == 1, ran  # the second layer's (stride 1)
-    assert sum("depthwise_conv_wgrad_tiled" in n for n in ran) == 2, ran  # the stride-2 layers'
+    assert sum("depthwise_conv_wgrad_walk<" in n for n in ran) == 3, ran  # the three layers'
+    assert sum("depthwise_conv_wgrad_walk<__nv_bfloat16, 2," in n for n in ran) == 2, ran  # at stride 2
     for got, want in zip(step(compiled), eager):
         torch.testing.assert_close(got, want)
 

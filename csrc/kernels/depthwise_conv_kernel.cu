@@ -18,14 +18,13 @@
 // its own 6 rows ahead of its use; the stride-2 dgrad walks the same way down dy's rows, writing two dx rows a step
 // (depthwise_conv_dgrad_walk). The strip kernels above stay for one element at a time, filters or bias not on a
 // vector boundary and images too large for 32-bit sizes.
-// wgrad at stride 2 (depthwise_conv_wgrad_tiled) stages tiles of dy and x in shared memory and sums each channel's 9
-// taps per thread over many tiles, then in a fixed order across warps, blocks and parts: deterministic. At stride 1 it
-// was compute-bound (Nsight Compute: SM throughput 70%, DRAM 31-58% on three stride-1 layers) and no faster than
-// PyTorch's; there depthwise_conv_wgrad_walk runs instead: the forward's walk with a dy row beside each input row, the
-// taps' sums in registers across a thread's bands, added in the same fixed order. Before it, a kernel with the three
-// input rows in registers (255 of them, no prefetch: 1.55-2.69x its bytes' time) and two that read global memory
-// directly (per-thread sums of a strip's taps; a thread per channel vector walking an output row with the 3x3 window
-// in registers, 2026-11-23 and -24, 1.2-26x slower than PyTorch's) were not kept.
+// wgrad (depthwise_conv_wgrad_walk) walks as the forward does, with a dy row beside each step's input rows, and
+// keeps each channel's 9 taps' sums in registers across a thread's bands; they are added in a fixed order across
+// threads, blocks and parts: deterministic. Before it, a stride-2 kernel with tiles of dy and x staged in shared
+// memory (1.56-2.37x its bytes' time), a stride-1 kernel with the three input rows in registers (255 of them, no
+// prefetch: 1.55-2.69x) and two that read global memory directly (per-thread sums of a strip's taps; a thread per
+// channel vector walking an output row with the 3x3 window in registers, 2026-11-23 and -24, 1.2-26x slower than
+// PyTorch's) were not kept.
 #include "kernels/depthwise_conv_kernel.h"
 
 #include <atomic>
@@ -704,143 +703,6 @@ __global__ void __launch_bounds__(nhwc::kThreads) depthwise_conv_dgrad(const T* 
   }
 }
 
-// wgrad for channels that fill 16-byte vectors: dw[c, kh, kw] = sum over n, oh, ow of dy[n, oh, ow, c] *
-// x[n, oh*S - pad_h + kh, ow*S - pad_w + kw, c], in float, in a fixed order (no atomics: the same inputs give the
-// same bits). A block takes 32 lanes of 4 bytes of channels (two 16-bit channels or one float per lane) and walks its
-// share of the output tiles (tile t, t + gridDim.x, ...; a tile: up to kWgradRows x WgradTile<S>::kColumns outputs of
-// one image). It copies the tile's dy and the x they read into shared memory with asynchronous copies; then each warp
-// takes one output row and walks its input columns once, adding each to the taps of the (up to 3) outputs that read
-// it. Each thread keeps its 9 taps' sums over all its tiles in registers; at the end the block adds its warps' sums
-// in order and writes one partial sum per tap and channel, which depthwise_conv_wgrad_sum adds up in order.
-constexpr int kWgradRows = 8;  // output rows of a tile: one per warp
-constexpr int kWgradThreads = kWgradRows * 32;
-constexpr int kWgradPixelBytes = 32 * 4;  // a tile position: 32 lanes of 4 bytes
-
-template <int S>
-struct WgradTile {
-  static_assert(S == 2, "the tiled wgrad runs at stride 2; stride 1 runs depthwise_conv_wgrad_walk");
-  static constexpr int kColumns = 8;  // output columns of a tile, at most
-  static constexpr int kInputRows = (kWgradRows - 1) * S + 3;
-  static constexpr int kInputColumns = (kColumns - 1) * S + 3;
-  static constexpr int kSharedBytes = (kInputRows * kInputColumns + kWgradRows * kColumns) * kWgradPixelBytes;
-};
-
-// rows x columns positions of src ([n][height][width][channels]) from (row0, col0), the 32 lanes from channel c0, into
-// `tile` ([rows][pitch][32 lanes]) with asynchronous 16-byte copies: zeros outside the image. The 16-byte chunks past
-// the last channel are left as they are (their lanes' sums are never written). Each thread copies one chunk of every
-// kWgradThreads / kChunks-th position, stepping through the positions without dividing.
-template <typename T>
-__device__ inline void stage_wgrad_tile(unsigned char* tile, const T* __restrict__ src, int64_t n, int row0, int col0,
-                                        int rows, int columns, int pitch, int64_t height, int64_t width,
-                                        int64_t channels, int64_t c0) {
-  constexpr int kChunks = kWgradPixelBytes / 16;
-  constexpr int kChunkChannels = 16 / static_cast<int>(sizeof(T));
-  constexpr int kStep = kWgradThreads / kChunks;  // positions between a thread's copies
-  const int chunk = threadIdx.x % kChunks;
-  const int64_t c = c0 + chunk * kChunkChannels;
-  if (c >= channels) return;
-  int r = 0;
-  int col = threadIdx.x / kChunks;
-  while (col >= columns) {
-    col -= columns;
-    ++r;
-  }
-  const T* image = src + n * height * width * channels + c;
-  for (; r < rows;) {
-    const int row = row0 + r;
-    const int column = col0 + col;
-    const bool valid = row >= 0 && row < height && column >= 0 && column < width;
-    copy_async_16(tile + (r * pitch + col) * kWgradPixelBytes + chunk * 16,
-                  valid ? image + (static_cast<int64_t>(row) * width + column) * channels : src, valid);
-    col += kStep;
-    while (col >= columns) {
-      col -= columns;
-      ++r;
-    }
-  }
-}
-
-template <typename T, int S>
-__global__ void __launch_bounds__(kWgradThreads) depthwise_conv_wgrad_tiled(
-    const T* __restrict__ x, const T* __restrict__ dy, float* __restrict__ partial, DepthwiseShape s, int tile_rows,
-    int tile_columns, int tiles_h, int tiles_w, int64_t tiles) {
-  constexpr int L = 4 / static_cast<int>(sizeof(T));  // channels per lane
-  constexpr int K = 3;
-  using Tile = WgradTile<S>;
-  extern __shared__ __align__(16) unsigned char shared[];
-  unsigned char* x_tile = shared;  // [kInputRows][kInputColumns][32 lanes]
-  unsigned char* dy_tile = shared + Tile::kInputRows * Tile::kInputColumns * kWgradPixelBytes;  // [rows][kColumns][32]
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * 32 * L;
-
-  float acc[K * K][L];
-  zero(acc);
-  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const int tw = static_cast<int>(t % tiles_w);
-    const int64_t rest = t / tiles_w;
-    const int th = static_cast<int>(rest % tiles_h);
-    const int64_t n = rest / tiles_h;
-    const int oh0 = th * tile_rows;
-    const int ow0 = tw * tile_columns;
-    const int rows = min(tile_rows, static_cast<int>(s.out_h - oh0));
-    const int columns = min(tile_columns, static_cast<int>(s.out_w - ow0));
-    const int input_columns = (columns - 1) * S + K;
-    __syncthreads();  // every warp is done with the previous tile
-    stage_wgrad_tile<T>(x_tile, x, n, oh0 * S - s.pad_h, ow0 * S - s.pad_w, (rows - 1) * S + K, input_columns,
-                        Tile::kInputColumns, s.h, s.w, s.channels, c0);
-    stage_wgrad_tile<T>(dy_tile, dy, n, oh0, ow0, rows, columns, Tile::kColumns, s.out_h, s.out_w, s.channels, c0);
-    wait_async_copies();
-    __syncthreads();
-    if (warp >= rows) continue;
-    const auto* g = reinterpret_cast<const Pack<T, L>*>(dy_tile) + warp * Tile::kColumns * 32 + lane;
-    float d[Tile::kColumns][L];
-#pragma unroll
-    for (int ow = 0; ow < Tile::kColumns; ++ow) {
-      const Pack<T, L> pack = g[ow * 32];
-#pragma unroll
-      for (int l = 0; l < L; ++l) d[ow][l] = to_float(pack.v[l]);
-    }
-#pragma unroll
-    for (int kh = 0; kh < K; ++kh) {
-      const auto* in = reinterpret_cast<const Pack<T, L>*>(x_tile) + (warp * S + kh) * Tile::kInputColumns * 32 + lane;
-#pragma unroll
-      for (int e = 0; e < Tile::kInputColumns; ++e) {
-        if (e >= input_columns) break;
-        const Pack<T, L> pack = in[e * 32];
-        float xv[L];
-#pragma unroll
-        for (int l = 0; l < L; ++l) xv[l] = to_float(pack.v[l]);
-#pragma unroll
-        for (int kw = 0; kw < K; ++kw) {
-          const int ow = (e - kw) / S;  // the output that reads input column e through tap kw, if any
-          if (e - kw >= 0 && (e - kw) % S == 0 && ow < Tile::kColumns && ow < columns) {
-#pragma unroll
-            for (int l = 0; l < L; ++l) acc[kh * K + kw][l] = fmaf(d[ow][l], xv[l], acc[kh * K + kw][l]);
-          }
-        }
-      }
-    }
-  }
-  // the block's sum per tap and channel: its warps' sums in order
-  __syncthreads();
-  float* sums = reinterpret_cast<float*>(shared);  // [kWgradRows][K*K][32 * L]
-#pragma unroll
-  for (int tap = 0; tap < K * K; ++tap)
-#pragma unroll
-    for (int l = 0; l < L; ++l) sums[(warp * K * K + tap) * 32 * L + lane * L + l] = acc[tap][l];
-  __syncthreads();
-  for (int i = threadIdx.x; i < K * K * 32 * L; i += kWgradThreads) {
-    const int tap = i / (32 * L);
-    const int local = i - tap * 32 * L;
-    const int64_t c = c0 + local;
-    if (c >= s.channels) continue;
-    float sum = 0.f;
-    for (int wp = 0; wp < kWgradRows; ++wp) sum += sums[(wp * K * K + tap) * 32 * L + local];
-    partial[(static_cast<int64_t>(blockIdx.x) * K * K + tap) * s.channels + c] = sum;
-  }
-}
-
 // dw[c, tap] = the sum of partial[p, tap, c] over p, rounded once to dw's type O (the element type, or float for a
 // float32 weight's gradient): block (channels / 32, tap); threads: 32 channels x kWgradSumGroups, group j adding
 // parts j, j + kWgradSumGroups, ..., then the groups added in order.
@@ -867,48 +729,73 @@ __global__ void __launch_bounds__(32 * kWgradSumGroups) depthwise_conv_wgrad_sum
   dw[c * 9 + tap] = from_float<O>(total);
 }
 
-// The stride-1 3x3 wgrad as a walk: a thread takes kWalkVector channels of kWalkColumns output columns and walks a
-// band of output rows of one image, then the next band its block gives it (position p, p + gridDim.x * blockDim.y,
-// ...), one input row a step without a break between bands. Each step converts one input row (kWalkColumns + 2
-// vectors) and one dy row to float once and adds their products to the taps: the input row e of a band meets dy rows
-// e (kh = 0), e - 1 (kh = 1) and e - 2 (kh = 2), the last three dy rows held in registers that rotate as the
-// forward walk's accumulators do. Both rows arrive by asynchronous copies into slots of shared memory of the
-// thread's own, Ahead steps before their use (zeros outside the image and past out_w); a thread reads back only what
-// it copied, so no barrier is needed. A slot is refilled Slots - Ahead steps after it was read, never the step after.
-// The 9 taps' sums stay in registers across the thread's bands; at the end the block adds them across blockDim.y in
-// order and writes one partial sum per tap and channel, for depthwise_conv_wgrad_sum: the same inputs give the same
-// bits. Threads: blockDim.x vectors of channels (fastest), blockDim.y positions.
-// Why these numbers (a scratch harness, H200, batch 256, bf16, the ten stride-1 layers of MobileNet v1 and v2 with
-// v1's 512-channel layer counted five times, 2026-11-26): 8 slots, 5 steps ahead and 2 blocks a multiprocessor
-// (80 KB of shared memory each, 156 registers) took 0.908 ms; 6 ahead 0.931; 6 slots, 4 ahead and 3 blocks 0.971;
-// 4 blocks (5 or 4 slots, spilling at 128 registers) 1.29-1.52; the kernel with the input rows in registers before
-// it 1.079, and PyTorch's (cuDNN's) wgrad 1.474.
-constexpr int kWgradWalkSlots = 8;
-constexpr int kWgradWalkAhead = 5;
-constexpr int kWgradWalkBlocks = 2;  // blocks a multiprocessor: shared memory, 80 KB a block in 16-bit types
+// wgrad as a walk (3x3, stride S = 1 or 2): a thread takes kWalkVector channels of kWalkColumns output columns and
+// walks a band of output rows of one image, then the next band its block gives it (position p, p + gridDim.x *
+// blockDim.y, ...), without a break between bands. Each step converts S input rows (S * kWalkColumns + 3 - S vectors
+// each) and one dy row to float once and adds their products to the taps:
+// - stride 1, step e of a band: input row e meets dy rows e (kh = 0), e - 1 (kh = 1) and e - 2 (kh = 2), the last
+//   three dy rows held in registers that rotate as the forward walk's accumulators do (rows + 2 steps);
+// - stride 2, step e: input rows 2e and 2e + 1 meet dy row e (kh = 0 and 1), input row 2e also dy row e - 1 (kh = 2),
+//   the last two dy rows in registers (rows + 1 steps; the last has input row 2e alone).
+// The rows arrive by asynchronous copies into slots of shared memory of the thread's own, Ahead steps before their
+// use (zeros outside the image and past out_w); a thread reads back only what it copied, so no barrier is needed. A
+// slot is refilled Slots - Ahead steps after it was read, never the step after. The 9 taps' sums stay in registers
+// across the thread's bands; at the end the block adds them across blockDim.y in order and writes one partial sum
+// per tap and channel, for depthwise_conv_wgrad_sum: the same inputs give the same bits. Threads: blockDim.x vectors
+// of channels (fastest), blockDim.y positions.
+// Why these numbers (a scratch harness, H200, batch 256, bf16, 2026-11-26). Stride 1, the ten stride-1 layers of
+// MobileNet v1 and v2 with v1's 512-channel layer counted five times: 8 slots, 5 steps ahead and 2 blocks a
+// multiprocessor (80 KB of shared memory each, 156 registers) took 0.908 ms; 6 ahead 0.931; 6 slots, 4 ahead and
+// 3 blocks 0.971; 4 blocks (5 or 4 slots, spilling at 128 registers) 1.29-1.52; the kernel with the input rows in
+// registers before it 1.079, and PyTorch's (cuDNN's) wgrad 1.474. Stride 2, the eight stride-2 layers: 4 slots,
+// 2 ahead and 2 blocks (88 KB each) 0.606 ms (1.03-1.82x the bytes' time); 6 slots, 4 ahead, 1 block 0.659; 5 slots,
+// 3 ahead, 2 blocks and 3 slots, 1 ahead, 3 blocks 0.747; the tiled kernel before it 1.006, PyTorch's 1.031.
+// By stride (1, 2): slots, steps ahead, and blocks a multiprocessor (shared memory: 80 and 88 KB a block in 16-bit
+// types).
+constexpr int kWgradWalkSlots[3] = {0, 8, 4};
+constexpr int kWgradWalkAhead[3] = {0, 5, 2};
+constexpr int kWgradWalkBlocks = 2;
 
 struct WgradWalkShape {
   int band, bands, strips;  // output rows a band (the last may have fewer), bands across out_h, strips across out_w
   int64_t positions;        // n * bands * strips
 };
 
-template <typename T, int Slots, int Ahead>
-constexpr int wgrad_walk_shared_bytes() {
-  return Slots * (2 * kWalkColumns + 2) * kWalkThreads * static_cast<int>(sizeof(Pack<T, kWalkVector>));
+template <int S>
+__host__ __device__ constexpr int wgrad_walk_columns() {  // input columns a step reads
+  return S * kWalkColumns + 3 - S;
 }
 
-template <typename T, int Slots, int Ahead, int Blocks>
+template <typename T, int S, int Slots>
+constexpr int wgrad_walk_shared_bytes() {
+  return Slots * (S * wgrad_walk_columns<S>() + kWalkColumns) * kWalkThreads *
+         static_cast<int>(sizeof(Pack<T, kWalkVector>));
+}
+
+template <int CW, int COLS, int V>
+__device__ inline void add_wgrad_row(const float (&xv)[COLS][V], const float (&d)[CW][V], int kh, int stride,
+                                     float (&acc)[9][V]) {
+#pragma unroll
+  for (int kw = 0; kw < 3; ++kw)
+#pragma unroll
+    for (int j = 0; j < CW; ++j)
+#pragma unroll
+      for (int v = 0; v < V; ++v) acc[kh * 3 + kw][v] = fmaf(xv[j * stride + kw][v], d[j][v], acc[kh * 3 + kw][v]);
+}
+
+template <typename T, int S, int Slots, int Ahead, int Blocks>
 __global__ void __launch_bounds__(kWalkThreads, Blocks) depthwise_conv_wgrad_walk(const T* __restrict__ x,
                                                                                   const T* __restrict__ dy,
                                                                                   float* __restrict__ partial,
                                                                                   DepthwiseShape s, WgradWalkShape r) {
-  constexpr int V = kWalkVector, CW = kWalkColumns, COLS = CW + 2;
+  constexpr int V = kWalkVector, CW = kWalkColumns, COLS = wgrad_walk_columns<S>();
   static_assert(Ahead + 2 <= Slots, "a slot is refilled no sooner than two steps after it was read");
   using P = Pack<T, V>;
   extern __shared__ __align__(16) unsigned char shared[];
   const int thread = threadIdx.y * blockDim.x + threadIdx.x;
-  P* x_slots = reinterpret_cast<P*>(shared) + thread;  // slot k, column j: x_slots[(k * COLS + j) * kWalkThreads]
-  P* dy_slots = x_slots + Slots * COLS * kWalkThreads;  // slot k, column j: dy_slots[(k * CW + j) * kWalkThreads]
+  // slot k, input row i of the step, column j: x_slots[((k * S + i) * COLS + j) * kWalkThreads]
+  P* x_slots = reinterpret_cast<P*>(shared) + thread;
+  P* dy_slots = x_slots + Slots * S * COLS * kWalkThreads;  // slot k, column j: dy_slots[(k * CW + j) * kWalkThreads]
   const int C = static_cast<int>(s.channels), H = static_cast<int>(s.h), W = static_cast<int>(s.w);
   const int out_h = static_cast<int>(s.out_h), out_w = static_cast<int>(s.out_w);
   const int width = blockDim.x * V;
@@ -919,7 +806,7 @@ __global__ void __launch_bounds__(kWalkThreads, Blocks) depthwise_conv_wgrad_wal
   const int64_t positions = c < C ? r.positions : 0;  // a thread past the last channel walks nothing
   const int in_row = W * C, out_row = out_w * C;
 
-  // the issuing side: position ip, step is of its steps (rows + 2)
+  // the issuing side: position ip, step is of its steps (rows + 3 - S)
   int64_t ip = first;
   int is = 0, i_rows = 0, ih = 0;
   const T* xs = x;
@@ -930,9 +817,9 @@ __global__ void __launch_bounds__(kWalkThreads, Blocks) depthwise_conv_wgrad_wal
     const int64_t rest = ip / r.strips;
     const int oh0 = static_cast<int>(rest % r.bands) * r.band;
     const int64_t n = rest / r.bands;
-    const int ow0 = strip * CW, iw0 = ow0 - s.pad_w;
+    const int ow0 = strip * CW, iw0 = ow0 * S - s.pad_w;
     i_rows = min(r.band, out_h - oh0);
-    ih = oh0 - s.pad_h;
+    ih = oh0 * S - s.pad_h;
 #pragma unroll
     for (int j = 0; j < COLS; ++j) x_inside[j] = iw0 + j >= 0 && iw0 + j < W;
 #pragma unroll
@@ -942,14 +829,20 @@ __global__ void __launch_bounds__(kWalkThreads, Blocks) depthwise_conv_wgrad_wal
   };
   if (ip < positions) begin();
   int issue_slot = 0;
-  auto issue = [&]() {  // the next step's input row and dy row into their slots; one commit group each
+  auto issue = [&]() {  // the next step's input rows and dy row into their slots; one commit group each
     if (ip < positions) {
-      const bool row_inside = ih >= 0 && ih < H;
-      P* xk = x_slots + issue_slot * COLS * kWalkThreads;
+      const bool last = is == i_rows;  // stride 2: input row 2e alone, no dy row
 #pragma unroll
-      for (int j = 0; j < COLS; ++j) {
-        const bool inside = row_inside && x_inside[j];
-        copy_async_or_zero<sizeof(P)>(xk + j * kWalkThreads, inside ? xs + j * C : x, inside);
+      for (int i = 0; i < S; ++i) {
+        if (i == 0 || !last) {
+          const bool row_inside = ih + i >= 0 && ih + i < H;
+          P* xk = x_slots + (issue_slot * S + i) * COLS * kWalkThreads;
+#pragma unroll
+          for (int j = 0; j < COLS; ++j) {
+            const bool inside = row_inside && x_inside[j];
+            copy_async_or_zero<sizeof(P)>(xk + j * kWalkThreads, inside ? xs + i * in_row + j * C : x, inside);
+          }
+        }
       }
       if (is < i_rows) {
         P* dk = dy_slots + issue_slot * CW * kWalkThreads;
@@ -959,9 +852,9 @@ __global__ void __launch_bounds__(kWalkThreads, Blocks) depthwise_conv_wgrad_wal
         }
         ds += out_row;
       }
-      xs += in_row;
-      ++ih;
-      if (++is == i_rows + 2) {
+      xs += S * in_row;
+      ih += S;
+      if (++is == i_rows + 3 - S) {
         is = 0;
         ip += stride;
         if (ip < positions) begin();
@@ -979,53 +872,77 @@ __global__ void __launch_bounds__(kWalkThreads, Blocks) depthwise_conv_wgrad_wal
   zero(acc);
   float d0[CW][V], d1[CW][V], d2[CW][V];
   int slot = 0;
-  // step e of a band: input row e meets dy row e (newest, read now), e - 1 (middle) and e - 2 (oldest)
-  auto step = [&](int e, int rows, const float (&oldest)[CW][V], const float (&middle)[CW][V],
-                  float (&newest)[CW][V]) {
-    issue();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(Ahead) : "memory");  // this step's rows have landed
-#endif
-    float xv[COLS][V];
-    const P* xk = x_slots + slot * COLS * kWalkThreads;
+  auto input_row = [&](int i, float (&xv)[COLS][V]) {  // the step's input row i as float
+    const P* xk = x_slots + (slot * S + i) * COLS * kWalkThreads;
 #pragma unroll
     for (int j = 0; j < COLS; ++j) {
       const P pack = xk[j * kWalkThreads];
 #pragma unroll
       for (int v = 0; v < V; ++v) xv[j][v] = to_float(pack.v[v]);
     }
+  };
+  auto dy_row = [&](int e, int rows, float (&d)[CW][V]) {  // the step's dy row as float, zeros past the band's last
     if (e < rows) {
       const P* dk = dy_slots + slot * CW * kWalkThreads;
 #pragma unroll
       for (int j = 0; j < CW; ++j) {
         const P pack = dk[j * kWalkThreads];
 #pragma unroll
-        for (int v = 0; v < V; ++v) newest[j][v] = to_float(pack.v[v]);
+        for (int v = 0; v < V; ++v) d[j][v] = to_float(pack.v[v]);
       }
     } else {
-      zero(newest);  // past the band's last dy row
+      zero(d);
     }
-    slot = slot + 1 == Slots ? 0 : slot + 1;
-#pragma unroll
-    for (int kw = 0; kw < 3; ++kw)
-#pragma unroll
-      for (int j = 0; j < CW; ++j)
-#pragma unroll
-        for (int v = 0; v < V; ++v) {
-          acc[kw][v] = fmaf(xv[j + kw][v], newest[j][v], acc[kw][v]);
-          acc[3 + kw][v] = fmaf(xv[j + kw][v], middle[j][v], acc[3 + kw][v]);
-          acc[6 + kw][v] = fmaf(xv[j + kw][v], oldest[j][v], acc[6 + kw][v]);
-        }
   };
+  auto wait = [&]() {
+    issue();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(Ahead) : "memory");  // this step's rows have landed
+#endif
+  };
+  auto next_slot = [&]() { slot = slot + 1 == Slots ? 0 : slot + 1; };
   for (int64_t p = first; p < positions; p += stride) {
     const int oh0 = static_cast<int>((p / r.strips) % r.bands) * r.band;
     const int rows = min(r.band, out_h - oh0);
-    zero(d1);
-    zero(d2);
-    for (int e = 0; e < rows + 2; e += 3) {
-      step(e, rows, d1, d2, d0);
-      if (e + 1 < rows + 2) step(e + 1, rows, d2, d0, d1);
-      if (e + 2 < rows + 2) step(e + 2, rows, d0, d1, d2);
+    if constexpr (S == 1) {
+      // step e: input row e meets dy row e (newest, read now), e - 1 (middle) and e - 2 (oldest)
+      auto step = [&](int e, const float (&oldest)[CW][V], const float (&middle)[CW][V], float (&newest)[CW][V]) {
+        wait();
+        float xv[COLS][V];
+        input_row(0, xv);
+        dy_row(e, rows, newest);
+        next_slot();
+        add_wgrad_row<CW, COLS, V>(xv, newest, 0, 1, acc);
+        add_wgrad_row<CW, COLS, V>(xv, middle, 1, 1, acc);
+        add_wgrad_row<CW, COLS, V>(xv, oldest, 2, 1, acc);
+      };
+      zero(d1);
+      zero(d2);
+      for (int e = 0; e < rows + 2; e += 3) {
+        step(e, d1, d2, d0);
+        if (e + 1 < rows + 2) step(e + 1, d2, d0, d1);
+        if (e + 2 < rows + 2) step(e + 2, d0, d1, d2);
+      }
+    } else {
+      // step e: input rows 2e and 2e + 1 meet dy row e (current, read now), input row 2e also dy row e - 1 (previous)
+      auto step = [&](int e, const float (&previous)[CW][V], float (&current)[CW][V]) {
+        wait();
+        float xv[COLS][V];
+        dy_row(e, rows, current);
+        input_row(0, xv);
+        add_wgrad_row<CW, COLS, V>(xv, current, 0, 2, acc);
+        add_wgrad_row<CW, COLS, V>(xv, previous, 2, 2, acc);
+        if (e < rows) {
+          input_row(1, xv);
+          add_wgrad_row<CW, COLS, V>(xv, current, 1, 2, acc);
+        }
+        next_slot();
+      };
+      zero(d1);
+      for (int e = 0; e < rows + 1; e += 2) {
+        step(e, d1, d0);
+        if (e + 1 < rows + 1) step(e + 1, d0, d1);
+      }
     }
   }
 
@@ -1239,46 +1156,7 @@ cudaError_t dgrad_typed(const DepthwiseShape& s, const void* dy, const void* w, 
   });
 }
 
-// How a wgrad launch splits the outputs: tiles of tile_rows x tile_columns (the out_h and out_w split evenly into
-// tiles no larger than the kernel's), and the blocks per channel group (parts): enough to fill every
-// multiprocessor once, no more than the tiles.
-struct WgradPlan {
-  int tile_rows, tile_columns, tiles_h, tiles_w;
-  int64_t tiles, channel_groups, parts;
-};
-
-template <typename T, int S>
-int wgrad_blocks_per_multiprocessor() {
-  static const int blocks = [] {
-    int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, depthwise_conv_wgrad_tiled<T, S>, kWgradThreads,
-                                                      WgradTile<S>::kSharedBytes) != cudaSuccess) {
-      cudaGetLastError();
-      n = 1;
-    }
-    return std::max(n, 1);
-  }();
-  return blocks;
-}
-
-template <typename T, int S>
-WgradPlan wgrad_plan(const DepthwiseShape& s, int multiprocessors) {
-  WgradPlan plan;
-  const int64_t split_h = (s.out_h + kWgradRows - 1) / kWgradRows;
-  const int64_t split_w = (s.out_w + WgradTile<S>::kColumns - 1) / WgradTile<S>::kColumns;
-  plan.tile_rows = static_cast<int>((s.out_h + split_h - 1) / split_h);
-  plan.tile_columns = static_cast<int>((s.out_w + split_w - 1) / split_w);
-  plan.tiles_h = static_cast<int>((s.out_h + plan.tile_rows - 1) / plan.tile_rows);
-  plan.tiles_w = static_cast<int>((s.out_w + plan.tile_columns - 1) / plan.tile_columns);
-  plan.tiles = s.n * plan.tiles_h * plan.tiles_w;
-  constexpr int64_t kLaneChannels = 4 / sizeof(T);
-  plan.channel_groups = (s.channels + 32 * kLaneChannels - 1) / (32 * kLaneChannels);
-  const int64_t resident = static_cast<int64_t>(multiprocessors) * wgrad_blocks_per_multiprocessor<T, S>();
-  plan.parts = std::max<int64_t>(1, std::min(plan.tiles, (resident + plan.channel_groups - 1) / plan.channel_groups));
-  return plan;
-}
-
-// How a stride-1 wgrad walk splits the outputs: bands of at most kWalkMaxBand rows (out_h split evenly), strips of
+// How a wgrad walk splits the outputs: bands of at most kWalkMaxBand rows (out_h split evenly), strips of
 // kWalkColumns, blocks of up to 32 vectors of channels (split evenly), and the blocks per channel group (parts): no
 // more than every multiprocessor holds at once, each thread walking the same number of positions but in the last part.
 struct WgradWalkPlan {
@@ -1288,20 +1166,20 @@ struct WgradWalkPlan {
 };
 
 // The kernel, allowed its shared memory on the current device.
-template <typename T, int Slots, int Ahead, int Blocks>
+template <typename T, int S, int Slots, int Ahead, int Blocks>
 cudaError_t wgrad_walk_allowed() {
   static std::atomic<uint64_t> devices{0};
-  return allow_shared_bytes(depthwise_conv_wgrad_walk<T, Slots, Ahead, Blocks>,
-                            wgrad_walk_shared_bytes<T, Slots, Ahead>(), devices);
+  return allow_shared_bytes(depthwise_conv_wgrad_walk<T, S, Slots, Ahead, Blocks>,
+                            wgrad_walk_shared_bytes<T, S, Slots>(), devices);
 }
 
-template <typename T, int Slots, int Ahead, int Blocks>
+template <typename T, int S, int Slots, int Ahead, int Blocks>
 int wgrad_walk_blocks_per_multiprocessor() {
   static const int blocks = [] {
     int n = 0;
-    if (wgrad_walk_allowed<T, Slots, Ahead, Blocks>() != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, depthwise_conv_wgrad_walk<T, Slots, Ahead, Blocks>,
-                                                      kWalkThreads, wgrad_walk_shared_bytes<T, Slots, Ahead>()) !=
+    if (wgrad_walk_allowed<T, S, Slots, Ahead, Blocks>() != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, depthwise_conv_wgrad_walk<T, S, Slots, Ahead, Blocks>,
+                                                      kWalkThreads, wgrad_walk_shared_bytes<T, S, Slots>()) !=
             cudaSuccess) {
       cudaGetLastError();
       n = 0;  // cannot launch: the caller runs PyTorch's kernel
@@ -1311,7 +1189,8 @@ int wgrad_walk_blocks_per_multiprocessor() {
   return blocks;
 }
 
-template <typename T, int Slots = kWgradWalkSlots, int Ahead = kWgradWalkAhead, int Blocks = kWgradWalkBlocks>
+template <typename T, int S, int Slots = kWgradWalkSlots[S], int Ahead = kWgradWalkAhead[S],
+          int Blocks = kWgradWalkBlocks>
 WgradWalkPlan wgrad_walk_plan(const DepthwiseShape& s, int multiprocessors) {
   WgradWalkPlan plan;
   WgradWalkShape& r = plan.shape;
@@ -1326,57 +1205,56 @@ WgradWalkPlan wgrad_walk_plan(const DepthwiseShape& s, int multiprocessors) {
   plan.block = dim3(bx, kWalkThreads / bx);
   const int64_t blocks = (r.positions + plan.block.y - 1) / plan.block.y;
   const int64_t resident =
-      static_cast<int64_t>(multiprocessors) * wgrad_walk_blocks_per_multiprocessor<T, Slots, Ahead, Blocks>();
+      static_cast<int64_t>(multiprocessors) * wgrad_walk_blocks_per_multiprocessor<T, S, Slots, Ahead, Blocks>();
   const int64_t parts = std::max<int64_t>(1, std::min(blocks, resident / plan.channel_groups));
   const int64_t rounds = (blocks + parts - 1) / parts;
   plan.parts = resident == 0 ? 0 : (blocks + rounds - 1) / rounds;
   return plan;
 }
 
-template <typename T, int Slots = kWgradWalkSlots, int Ahead = kWgradWalkAhead, int Blocks = kWgradWalkBlocks>
+template <typename T, int S, int Slots = kWgradWalkSlots[S], int Ahead = kWgradWalkAhead[S],
+          int Blocks = kWgradWalkBlocks>
 void wgrad_walk(const DepthwiseShape& s, const WgradWalkPlan& plan, const void* x, const void* dy, float* partial,
                 cudaStream_t stream) {
-  if (wgrad_walk_allowed<T, Slots, Ahead, Blocks>() != cudaSuccess) return;  // the launch error is kept
-  depthwise_conv_wgrad_walk<T, Slots, Ahead, Blocks><<<dim3(static_cast<unsigned>(plan.parts),
-                                                            static_cast<unsigned>(plan.channel_groups)),
-                                                       plan.block, wgrad_walk_shared_bytes<T, Slots, Ahead>(),
-                                                       stream>>>(static_cast<const T*>(x), static_cast<const T*>(dy),
-                                                                 partial, s, plan.shape);
+  if (wgrad_walk_allowed<T, S, Slots, Ahead, Blocks>() != cudaSuccess) return;  // the launch error is kept
+  depthwise_conv_wgrad_walk<T, S, Slots, Ahead, Blocks><<<dim3(static_cast<unsigned>(plan.parts),
+                                                               static_cast<unsigned>(plan.channel_groups)),
+                                                          plan.block, wgrad_walk_shared_bytes<T, S, Slots>(),
+                                                          stream>>>(static_cast<const T*>(x),
+                                                                    static_cast<const T*>(dy), partial, s,
+                                                                    plan.shape);
+}
+
+// The walk's plan at the shape's stride, or none (parts 0) where an image's sizes are not 32-bit or the grid cannot
+// hold the channel groups (PyTorch's kernel runs then).
+template <typename T>
+WgradWalkPlan wgrad_walk_plan_for(const DepthwiseShape& s, int multiprocessors) {
+  WgradWalkPlan plan{};
+  if (s.h * s.w * s.channels > 0x7fffffff || s.out_h * s.out_w * s.channels > 0x7fffffff) return plan;
+  plan = s.stride == 1 ? wgrad_walk_plan<T, 1>(s, multiprocessors) : wgrad_walk_plan<T, 2>(s, multiprocessors);
+  if (plan.channel_groups > 65535) plan.parts = 0;
+  return plan;
 }
 
 bool wgrad_takes(const DepthwiseShape& s) {
   return s.kernel == 3 && (s.stride == 1 || s.stride == 2) && s.out_h > 0 && s.out_w > 0 && s.n > 0;
 }
 
-// The parts of a launch, or 0 where the grid cannot hold the channel groups (PyTorch's kernel runs then).
+// The parts of a launch, or 0 where the walk does not take the shape (PyTorch's kernel runs then).
 template <typename T>
 int64_t wgrad_parts_typed(const DepthwiseShape& s, int multiprocessors) {
-  if (s.stride == 1) {
-    if (s.h * s.w * s.channels > 0x7fffffff || s.out_h * s.out_w * s.channels > 0x7fffffff) {
-      return 0;  // the walk's sizes within an image are 32-bit
-    }
-    const WgradWalkPlan plan = wgrad_walk_plan<T>(s, multiprocessors);
-    return plan.channel_groups > 65535 ? 0 : plan.parts;
-  }
-  const WgradPlan plan = wgrad_plan<T, 2>(s, multiprocessors);
-  return plan.channel_groups > 65535 ? 0 : plan.parts;
+  return wgrad_walk_plan_for<T>(s, multiprocessors).parts;
 }
 
 template <typename T>
 cudaError_t wgrad_typed(const DepthwiseShape& s, const void* x, const void* dy, void* dw, bool dw_float,
                         float* partial, int64_t parts, int multiprocessors, cudaStream_t stream) {
+  const WgradWalkPlan plan = wgrad_walk_plan_for<T>(s, multiprocessors);
+  if (plan.parts != parts || parts <= 0) return cudaErrorInvalidValue;
   if (s.stride == 1) {
-    const WgradWalkPlan plan = wgrad_walk_plan<T>(s, multiprocessors);
-    if (plan.parts != parts || parts <= 0 || plan.channel_groups > 65535) return cudaErrorInvalidValue;
-    wgrad_walk<T>(s, plan, x, dy, partial, stream);
+    wgrad_walk<T, 1>(s, plan, x, dy, partial, stream);
   } else {
-    const WgradPlan plan = wgrad_plan<T, 2>(s, multiprocessors);
-    if (plan.parts != parts || plan.channel_groups > 65535) return cudaErrorInvalidValue;
-    depthwise_conv_wgrad_tiled<T, 2><<<dim3(static_cast<unsigned>(plan.parts),
-                                            static_cast<unsigned>(plan.channel_groups)),
-                                       kWgradThreads, WgradTile<2>::kSharedBytes, stream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(dy), partial, s, plan.tile_rows, plan.tile_columns,
-        plan.tiles_h, plan.tiles_w, plan.tiles);
+    wgrad_walk<T, 2>(s, plan, x, dy, partial, stream);
   }
   cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess) return status;
