@@ -15,7 +15,7 @@
 // its whole input tile into shared memory with asynchronous copies, all in flight at once, then computes from there.
 // The stride-1 forward, and the stride-1 dgrad as that forward with the filter turned, walk down columns
 // (depthwise_conv_forward_walk): a thread walks a band of output rows, each input row copied into shared memory of
-// its own 6 rows ahead of its use; the stride-2 dgrad walks the same way down dy's rows, writing two dx rows a step
+// its own 2 rows ahead of its use; the stride-2 dgrad walks the same way down dy's rows, writing two dx rows a step
 // (depthwise_conv_dgrad_walk). The strip kernels above stay for one element at a time, filters or bias not on a
 // vector boundary and images too large for 32-bit sizes.
 // wgrad (depthwise_conv_wgrad_walk) walks as the forward does, with a dy row beside each step's input rows, and
@@ -349,11 +349,15 @@ __global__ void __launch_bounds__(ForwardTile<S, TH, TW>::kThreads) depthwise_co
 // 4 columns x 4 channels beat 2 x 4, 2 x 8 and 1 x 8; with 4 blocks a multiprocessor (at most 128 registers, no
 // spills) the ten layers' forwards took 0.698 ms against 0.723 with 3 and 0.752 with bands of 16 rows, and cuDNN's
 // plain forwards 0.893. Copying 6 rows ahead rather than 7, so that no slot is refilled the step after it was read,
-// took 0.689 against 0.695 ms in one later run.
+// took 0.689 against 0.695 ms in one later run. In another, 4 slots 2 rows ahead took 0.667 ms against 0.691 with 8
+// slots 6 ahead, less on each of the ten layers (a guess at why: 24 rather than 48 KB of shared memory a block leave
+// more of each multiprocessor's 256 KB to L1, where neighbouring strips meet); 7 columns a thread (3 blocks a
+// multiprocessor) 0.660, faster on the 14 x 14 and 7 x 7 layers but slower on v1's 256-channel 28 x 28 one (0.0752
+// against 0.0635 ms: 1.3 waves of blocks), and bands of 16 rows 0.664.
 constexpr int kWalkVector = 4;    // channels a thread: 8 bytes in 16-bit types, 16 in float
 constexpr int kWalkColumns = 4;   // output columns a thread
-constexpr int kWalkSlots = 8;     // input rows a thread holds in shared memory: the one in use and up to 6 in flight
-constexpr int kWalkAhead = 6;     // a slot is refilled two steps after it was read, never the step after
+constexpr int kWalkSlots = 4;     // input rows a thread holds in shared memory: the one in use and up to 2 in flight
+constexpr int kWalkAhead = 2;     // a slot is refilled two steps after it was read, never the step after
 constexpr int kWalkThreads = 128;   // 4 blocks a multiprocessor (__launch_bounds__)
 constexpr int kWalkMaxBand = 32;  // output rows a thread walks at most
 
@@ -509,8 +513,8 @@ __global__ void __launch_bounds__(kWalkThreads, 4) depthwise_conv_forward_walk(
 // registers, as float), and 2 oh + 1, from this row alone. Its columns start at an even b0 = 2 m and read the dy
 // columns m - 1 ... m + kDgradWalkColumns / 2 - 1 (dx column b = 2 (m + q) from dy columns m + q (kw = 0) and
 // m + q - 1 (kw = 2); b + 1 from dy column m + q (kw = 1)). Each output adds its taps kh, then kw, ascending, from 0.
-// The dy rows are copied as the forward walk's input rows are, kWalkAhead rows ahead into slots of shared memory of
-// the thread's own.
+// The dy rows are copied as the forward walk's input rows are, kDgradWalkAhead rows ahead into slots of shared memory
+// of the thread's own.
 // Why this shape (a scratch harness, H200, batch 256, bf16, the eight stride-2 layers of MobileNet v1 and v2 with v1's
 // 512-channel layer counted five times, 2026-11-26): the kernel it replaced (a dx tile of 8 x 16 positions a block,
 // its dy tile staged in shared memory, then a strip of 4 dx columns a thread) took 1.422 ms, 2.10-2.83x its bytes'
@@ -519,13 +523,17 @@ __global__ void __launch_bounds__(kWalkThreads, 4) depthwise_conv_forward_walk(
 // order).
 constexpr int kDgradWalkColumns = 4;  // dx columns a thread, even
 constexpr int kDgradWalkBand = 8;     // dy rows a thread writes from at most (two dx rows each)
+constexpr int kDgradWalkSlots = 8;    // dy rows a thread holds in shared memory (4 slots 2 ahead: 0.714 against 0.706 ms)
+constexpr int kDgradWalkAhead = 6;
 
 template <typename T, int CX>
 __global__ void __launch_bounds__(kWalkThreads, 4) depthwise_conv_dgrad_walk(
     const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ dx, DepthwiseShape s, int band, int first_row,
     int rows, int64_t threads) {
-  constexpr int V = kWalkVector, DC = CX / 2 + 1, SLOTS = kWalkSlots;
+  constexpr int V = kWalkVector, DC = CX / 2 + 1, SLOTS = kDgradWalkSlots;
   static_assert(CX % 2 == 0, "dx columns a thread: even");
+  static_assert((SLOTS & (SLOTS - 1)) == 0, "slots: a power of two");
+  static_assert(kDgradWalkAhead + 2 <= SLOTS, "a slot is refilled no sooner than two steps after it was read");
   using P = Pack<T, V>;
   extern __shared__ __align__(16) unsigned char shared[];
   P* mine = reinterpret_cast<P*>(shared) + threadIdx.x;  // slot k, column j: mine[(k * DC + j) * kWalkThreads]
@@ -566,7 +574,7 @@ __global__ void __launch_bounds__(kWalkThreads, 4) depthwise_conv_dgrad_walk(
 #endif
   };
 #pragma unroll
-  for (int e = 0; e < kWalkAhead; ++e) issue();
+  for (int e = 0; e < kDgradWalkAhead; ++e) issue();
   float wr[9][V];
 #pragma unroll
   for (int k = 0; k < 9 * V; ++k) wr[k % 9][k / 9] = to_float(w[c * 9 + k]);
@@ -594,7 +602,7 @@ __global__ void __launch_bounds__(kWalkThreads, 4) depthwise_conv_dgrad_walk(
   auto step = [&](int e, const float (&previous)[DC][V], float (&current)[DC][V]) {
     issue();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kWalkAhead) : "memory");  // row e has landed
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kDgradWalkAhead) : "memory");  // row e has landed
 #endif
     const P* slot = mine + (e & (SLOTS - 1)) * DC * kWalkThreads;
 #pragma unroll
@@ -1057,7 +1065,7 @@ bool forward_walk(const DepthwiseShape& s, const void* x, const void* w, const v
     constexpr int A = decltype(activation_constant)::value;
     constexpr bool B = decltype(has_bias)::value;
     auto kernel = depthwise_conv_forward_walk<T, A, B, Turned>;
-    static std::atomic<uint64_t> devices{0};  // one per kernel: float takes 96 KB (2 blocks a multiprocessor)
+    static std::atomic<uint64_t> devices{0};  // one per kernel (each takes at most 48 KB as the slots stand)
     if (allow_shared_bytes(kernel, shared_bytes, devices) != cudaSuccess) return;  // the launch error is kept
     kernel<<<static_cast<unsigned>(blocks), kWalkThreads, shared_bytes, stream>>>(
         static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(bias),
@@ -1123,7 +1131,8 @@ bool dgrad_walk(const DepthwiseShape& s, const void* dy, const void* w, void* dx
   if (blocks > 0x7fffffff || s.h * s.w * s.channels > 0x7fffffff || s.out_h * s.out_w * s.channels > 0x7fffffff) {
     return false;
   }
-  constexpr int shared_bytes = kWalkSlots * (CX / 2 + 1) * kWalkThreads * static_cast<int>(sizeof(Pack<T, kWalkVector>));
+  constexpr int shared_bytes =
+      kDgradWalkSlots * (CX / 2 + 1) * kWalkThreads * static_cast<int>(sizeof(Pack<T, kWalkVector>));
   static std::atomic<uint64_t> devices{0};
   if (allow_shared_bytes(depthwise_conv_dgrad_walk<T, CX>, shared_bytes, devices) != cudaSuccess) return true;
   depthwise_conv_dgrad_walk<T, CX><<<static_cast<unsigned>(blocks), kWalkThreads, shared_bytes, stream>>>(
