@@ -11,13 +11,13 @@
 //            dy[n, oh, ow, c] * w[c, kh, kw]. With ih + pad_h = th*S + rh, the taps are kh = rh + S*dh at oh = th - dh:
 //            a block takes one class (rh, rw) (blockIdx.z), so that which taps a thread uses is the same across the
 //            block and the strip's columns share their loads as in the forward.
-// With 16-byte vectors the stride-2 forward runs tiled instead (depthwise_conv_forward_tiled): a block first copies
-// its whole input tile into shared memory with asynchronous copies, all in flight at once, then computes from there.
-// The stride-1 forward, and the stride-1 dgrad as that forward with the filter turned, walk down columns
-// (depthwise_conv_forward_walk): a thread walks a band of output rows, each input row copied into shared memory of
-// its own 2 rows ahead of its use; the stride-2 dgrad walks the same way down dy's rows, writing two dx rows a step
-// (depthwise_conv_dgrad_walk). The strip kernels above stay for one element at a time, filters or bias not on a
-// vector boundary and images too large for 32-bit sizes.
+// With 16-byte vectors the forward, and the stride-1 dgrad as that forward with the filter turned, walk down columns
+// instead (depthwise_conv_forward_walk): a thread walks a band of output rows, each input row copied into shared
+// memory of its own 2 rows ahead of its use; the stride-2 dgrad walks the same way down dy's rows, writing two dx rows
+// a step (depthwise_conv_dgrad_walk). The strip kernels above stay for one element at a time, filters or bias not on
+// a vector boundary and images too large for 32-bit sizes. Before the walks, the stride-2 forward and dgrad staged a
+// tile of their input in shared memory per block (1.13-1.81x and 2.10-2.83x their bytes' time, against 1.06-1.58x
+// and 1.11-1.51x for the walks on the same layers).
 // wgrad (depthwise_conv_wgrad_walk) walks as the forward does, with a dy row beside each step's input rows, and
 // keeps each channel's 9 taps' sums in registers across a thread's bands; they are added in a fixed order across
 // threads, blocks and parts: deterministic. Before it, a stride-2 kernel with tiles of dy and x staged in shared
@@ -198,143 +198,13 @@ __global__ void __launch_bounds__(nhwc::kThreads) depthwise_conv_forward(
                             activation);
 }
 
-// The forward for 16-byte channel vectors, from a tile of the input staged in shared memory. A block takes an output
-// tile of TH rows x TW columns x kTileGroups vectors of channels of one image: its threads first copy the input tile
-// ((TH-1)*S + 3 rows x (TW-1)*S + 3 columns, zeros outside the image and past the last channel) into shared memory
-// with asynchronous 16-byte copies, all in flight at once, then each thread computes a strip of kStrip outputs along
-// W for one vector of channels from shared memory, adding the taps in depthwise_conv_forward's order (taps over
-// the padding add zeros here, where that kernel skips them). Threads: kTileGroups (fastest) x TH x TW / kStrip, so
-// that each quarter-warp reads 128 contiguous bytes.
-constexpr int kTileGroups = 8;
-
-template <int S, int TH, int TW>
-struct ForwardTile {
-  static constexpr int kRows = (TH - 1) * S + 3;
-  static constexpr int kColumns = (TW - 1) * S + 3;
-  static constexpr int kStrips = TW / kStrip;
-  static constexpr int kThreads = kTileGroups * TH * kStrips;
-  static constexpr int kInputBytes = kRows * kColumns * kTileGroups * 16;
-};
-
-__device__ inline void copy_async_16(void* shared, const void* global, bool valid) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(global), "r"(valid ? 16 : 0));
-#else
-  *reinterpret_cast<uint4*>(shared) = valid ? *reinterpret_cast<const uint4*>(global) : make_uint4(0, 0, 0, 0);
-#endif
-}
-
-__device__ inline void wait_async_copies() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
-#endif
-}
-
-// What the tiled forward does first: the block's Tile::kRows x Tile::kColumns positions of src ([n][height][width]
-// [channels], dense NHWC) from (row0, col0), kTileGroups vectors of channels from c0, copied into `tile`
-// ([kRows][kColumns][kTileGroups]) with asynchronous 16-byte copies, zeros outside the image and past the last
-// channel; and the block's 3 x 3 filters as float into w_s ([9][kTileGroups * V]). Returns once both are in place.
-template <typename T, typename Tile>
-__device__ inline void stage_tile(Pack<T, nhwc::Vec<T>::kSize>* tile, float* w_s, const T* __restrict__ src,
-                                  const T* __restrict__ w, int64_t n, int row0, int col0, int64_t height, int64_t width,
-                                  int64_t channels, int64_t c0) {
-  constexpr int V = nhwc::Vec<T>::kSize;
-  constexpr int K = 3;
-  constexpr int kWidth = kTileGroups * V;
-  for (int i = threadIdx.x; i < Tile::kRows * Tile::kColumns * kTileGroups; i += Tile::kThreads) {
-    const int group = i % kTileGroups;
-    const int cell = i / kTileGroups;
-    const int row = row0 + cell / Tile::kColumns;
-    const int col = col0 + cell % Tile::kColumns;
-    const int64_t c = c0 + group * V;
-    const bool valid = row >= 0 && row < height && col >= 0 && col < width && c < channels;
-    copy_async_16(tile + i, valid ? src + ((n * height + row) * width + col) * channels + c : src, valid);
-  }
-  for (int i = threadIdx.x; i < K * K * kWidth; i += Tile::kThreads) {
-    const int local = i / (K * K);
-    const int tap = i - local * (K * K);
-    const int64_t c = c0 + local;
-    w_s[tap * kWidth + local] = c < channels ? to_float(w[c * K * K + tap]) : 0.f;
-  }
-  wait_async_copies();
-  __syncthreads();
-}
-
-// The tiled forward's thread after staging: its vector of channels in the block (group, fastest across threads), its row
-// in the tile and the first column of its strip of kStrip positions.
-struct TileThread {
-  int group, row, column0;
-};
-
-template <typename Tile>
-__device__ inline TileThread tile_thread() {
-  const int position = threadIdx.x / kTileGroups;
-  return {static_cast<int>(threadIdx.x % kTileGroups), position / Tile::kStrips, position % Tile::kStrips * kStrip};
-}
-
-template <typename T, int S, int TH, int TW>
-__global__ void __launch_bounds__(ForwardTile<S, TH, TW>::kThreads) depthwise_conv_forward_tiled(
-    const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, const T* __restrict__ residual,
-    T* __restrict__ y, DepthwiseShape s, int tiles_w, int activation) {
-  constexpr int V = nhwc::Vec<T>::kSize;
-  constexpr int K = 3;
-  constexpr int kWidth = kTileGroups * V;  // channels per block
-  using Tile = ForwardTile<S, TH, TW>;
-  extern __shared__ __align__(16) unsigned char shared[];
-  auto* tile = reinterpret_cast<Pack<T, V>*>(shared);  // [kRows][kColumns][kTileGroups]
-  float* w_s = reinterpret_cast<float*>(shared + Tile::kInputBytes);  // [K*K][kWidth]
-  const int64_t n = blockIdx.z;
-  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * kWidth;
-  const int oh0 = static_cast<int>(blockIdx.x / tiles_w) * TH;
-  const int ow0 = static_cast<int>(blockIdx.x % tiles_w) * TW;
-  const int ih0 = oh0 * S - s.pad_h;
-  const int iw0 = ow0 * S - s.pad_w;
-  stage_tile<T, Tile>(tile, w_s, x, w, n, ih0, iw0, s.h, s.w, s.channels, c0);
-
-  const auto [group, row, column0] = tile_thread<Tile>();
-  const int64_t c = c0 + group * V;
-  const int oh = oh0 + row;
-  const int ow0_strip = ow0 + column0;
-  if (c >= s.channels || oh >= s.out_h || ow0_strip >= s.out_w) return;
-  const float* filters = w_s + group * V;
-
-  float acc[kStrip][V];
-  zero(acc);
-#pragma unroll
-  for (int kh = 0; kh < K; ++kh) {
-    float wr[K][V];
-#pragma unroll
-    for (int kw = 0; kw < K; ++kw)
-#pragma unroll
-      for (int v = 0; v < V; ++v) wr[kw][v] = filters[(kh * K + kw) * kWidth + v];
-    const Pack<T, V>* in = tile + ((row * S + kh) * Tile::kColumns + column0 * S) * kTileGroups + group;
-    constexpr int kColumns = (kStrip - 1) * S + K;
-#pragma unroll
-    for (int e = 0; e < kColumns; ++e) {
-      const Pack<T, V> pack = in[e * kTileGroups];
-      float xv[V];
-#pragma unroll
-      for (int v = 0; v < V; ++v) xv[v] = to_float(pack.v[v]);
-#pragma unroll
-      for (int i = 0; i < kStrip; ++i) {
-        const int kw = e - i * S;
-        if (kw >= 0 && kw < K) {
-#pragma unroll
-          for (int v = 0; v < V; ++v) acc[i][v] = fmaf(xv[v], wr[kw][v], acc[i][v]);
-        }
-      }
-    }
-  }
-  store_forward_strip<T, V>(acc, bias, residual, y, ((n * s.out_h + oh) * s.out_w) * s.channels + c, c, ow0_strip,
-                            s.out_w, s.channels, activation);
-}
-
-// The stride-1 3x3 forward for vectors of kWalkVector channels ("walk"): a thread takes kWalkVector channels of
-// kWalkColumns output columns and walks a band of output rows of one image, one input row a step. Each step it adds
-// the row's kWalkColumns + 2 vectors, converted to float once, to the three output rows that read it (three
-// accumulators that rotate: kh = 0 to the newest, 1, then 2 to the oldest, which is then complete and stored), so each
-// output adds its taps row by row, kw within a row, as depthwise_conv_forward does: the two give the same numbers.
+// The 3x3 forward at stride S (1 or 2) for vectors of kWalkVector channels ("walk"): a thread takes kWalkVector
+// channels of kWalkColumns output columns and walks a band of output rows of one image, one input row a step. Each
+// step it adds the row's S * kWalkColumns + 3 - S vectors, converted to float once, to the output rows that read it:
+// at stride 1 to three (accumulators that rotate: kh = 0 to the newest, 1, then 2 to the oldest, which is then
+// complete and stored), at stride 2 an even row to two (kh = 2 to the previous output row, then stored, kh = 0 to the
+// current one) and an odd row to one (kh = 1). Each output adds its taps row by row, kw within a row, as
+// depthwise_conv_forward does: the two give the same numbers.
 // Its input rows are copied kWalkAhead rows ahead of their use into slots of shared memory of its own with
 // asynchronous copies (zeros outside the image); a thread reads back only what it copied, so no barrier is needed,
 // and many more bytes are in flight per multiprocessor than registers could hold. With the filter turned 180 degrees
@@ -353,7 +223,9 @@ __global__ void __launch_bounds__(ForwardTile<S, TH, TW>::kThreads) depthwise_co
 // slots 6 ahead, less on each of the ten layers (a guess at why: 24 rather than 48 KB of shared memory a block leave
 // more of each multiprocessor's 256 KB to L1, where neighbouring strips meet); 7 columns a thread (3 blocks a
 // multiprocessor) 0.660, faster on the 14 x 14 and 7 x 7 layers but slower on v1's 256-channel 28 x 28 one (0.0752
-// against 0.0635 ms: 1.3 waves of blocks), and bands of 16 rows 0.664.
+// against 0.0635 ms: 1.3 waves of blocks), and bands of 16 rows 0.664. At stride 2 (the eight stride-2 layers of v1
+// and v2, 2026-11-26): 0.588 ms for the plain forwards, 1.06-1.58x their bytes' time, against 0.743 for the tiled
+// kernel it replaced (the same bits) and 0.786 for cuDNN's; bands of 8 rows 0.583, of 32 0.600.
 constexpr int kWalkVector = 4;    // channels a thread: 8 bytes in 16-bit types, 16 in float
 constexpr int kWalkColumns = 4;   // output columns a thread
 constexpr int kWalkSlots = 4;     // input rows a thread holds in shared memory: the one in use and up to 2 in flight
@@ -386,25 +258,33 @@ __device__ inline float activate_fast(float v) {
   }
 }
 
-template <int CW, int V>
-__device__ inline void add_walk_row(const float (&xv)[CW + 2][V], const float (&wr)[9][V], int kh,
-                                    float (&acc)[CW][V], bool first) {
+// acc[j] (+)= the taps (kh, 0 ... 2) of input row xv read by output column j: columns j * S + kw (from 0 where first).
+template <int S, int CW, int COLS, int V>
+__device__ inline void add_walk_row(const float (&xv)[COLS][V], const float (&wr)[9][V], int kh, float (&acc)[CW][V],
+                                    bool first) {
 #pragma unroll
   for (int j = 0; j < CW; ++j)
 #pragma unroll
     for (int kw = 0; kw < 3; ++kw)
 #pragma unroll
       for (int v = 0; v < V; ++v)
-        acc[j][v] = fmaf(xv[j + kw][v], wr[kh * 3 + kw][v], first && kw == 0 ? 0.f : acc[j][v]);
+        acc[j][v] = fmaf(xv[j * S + kw][v], wr[kh * 3 + kw][v], first && kw == 0 ? 0.f : acc[j][v]);
 }
 
-template <typename T, int Activation, bool Bias, bool Turned>
+// Input columns a walk step reads for kWalkColumns outputs at stride S.
+template <int S>
+__host__ __device__ constexpr int walk_columns() {
+  return S * kWalkColumns + 3 - S;
+}
+
+template <typename T, int S, int Activation, bool Bias, bool Turned>
 __global__ void __launch_bounds__(kWalkThreads, 4) depthwise_conv_forward_walk(
     const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, const T* __restrict__ residual,
     T* __restrict__ y, DepthwiseShape s, int band, int64_t threads) {
-  constexpr int V = kWalkVector, CW = kWalkColumns, COLS = CW + 2, SLOTS = kWalkSlots;
+  constexpr int V = kWalkVector, CW = kWalkColumns, COLS = walk_columns<S>(), SLOTS = kWalkSlots;
   static_assert((SLOTS & (SLOTS - 1)) == 0, "slots: a power of two");
   static_assert(kWalkAhead + 2 <= SLOTS, "a slot is refilled no sooner than two steps after it was read");
+  static_assert(S == 1 || !Turned, "the turned filter is the stride-1 dgrad");
   using P = Pack<T, V>;
   extern __shared__ __align__(16) unsigned char shared[];
   P* mine = reinterpret_cast<P*>(shared) + threadIdx.x;  // slot k, column j: mine[(k * COLS + j) * kWalkThreads]
@@ -420,17 +300,18 @@ __global__ void __launch_bounds__(kWalkThreads, 4) depthwise_conv_forward_walk(
   t /= strips;
   const int oh0 = static_cast<int>(t % bands) * band;
   const int64_t n = t / bands;
-  const int steps = min(band, out_h - oh0) + 2;  // input rows oh0 - pad_h ... (+ steps - 1)
-  const int iw0 = ow0 - s.pad_w;
+  const int rows = min(band, out_h - oh0);
+  const int steps = S * rows + 3 - S;  // input rows oh0 * S - pad_h ... (+ steps - 1)
+  const int iw0 = ow0 * S - s.pad_w;
   bool column_inside[COLS];
 #pragma unroll
   for (int j = 0; j < COLS; ++j) column_inside[j] = iw0 + j >= 0 && iw0 + j < W;
   const int in_row = W * C, out_row = out_w * C;
   // row e of the walk at src + e * in_row, column j at + j * C (outside the tensor where not inside)
-  const T* src = x + ((n * H + oh0 - s.pad_h) * W + iw0) * static_cast<int64_t>(C) + c;
+  const T* src = x + ((n * H + oh0 * S - s.pad_h) * W + iw0) * static_cast<int64_t>(C) + c;
   T* dst = y + ((n * out_h + oh0) * out_w + ow0) * static_cast<int64_t>(C) + c;
   const T* res = residual != nullptr ? residual + (dst - y) : nullptr;
-  int ih = oh0 - s.pad_h, issued = 0;
+  int ih = oh0 * S - s.pad_h, issued = 0;
   auto issue = [&]() {  // the next row into its slot; one commit group each, empty past the last row
     if (issued < steps) {
       const bool row_inside = ih >= 0 && ih < H;
@@ -457,52 +338,78 @@ __global__ void __launch_bounds__(kWalkThreads, 4) depthwise_conv_forward_walk(
 #pragma unroll
   for (int v = 0; v < V; ++v) b[v] = Bias ? to_float(bias[c + v]) : 0.f;
 
-  float a0[CW][V], a1[CW][V], a2[CW][V];
-  // step e: input row e adds kh = 0 to output row e (newest), 1 to row e - 1, 2 to row e - 2 (oldest, then stored);
-  // the first two and the last two steps also add into rows outside the band, never stored
-  auto step = [&](int e, float (&oldest)[CW][V], float (&middle)[CW][V], float (&newest)[CW][V]) {
+  auto row = [&](int e, float (&xv)[COLS][V]) {  // input row e of the walk, once it has landed, as float
     issue();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.wait_group %0;\n" ::"n"(kWalkAhead) : "memory");  // row e has landed
 #endif
     const P* slot = mine + (e & (SLOTS - 1)) * COLS * kWalkThreads;
-    float xv[COLS][V];
 #pragma unroll
     for (int j = 0; j < COLS; ++j) {
       const P pack = slot[j * kWalkThreads];
 #pragma unroll
       for (int v = 0; v < V; ++v) xv[j][v] = to_float(pack.v[v]);
     }
-    add_walk_row<CW, V>(xv, wr, 0, newest, true);
-    add_walk_row<CW, V>(xv, wr, 1, middle, false);
-    add_walk_row<CW, V>(xv, wr, 2, oldest, false);
-    if (e >= 2) {
-#pragma unroll
-      for (int j = 0; j < CW; ++j) {
-        if (ow0 + j < out_w) {
-          float sum[V];
-#pragma unroll
-          for (int v = 0; v < V; ++v) sum[v] = Bias ? oldest[j][v] + b[v] : oldest[j][v];
-          if (res != nullptr) {  // the residual added after the bias, as depthwise_conv_forward adds it
-            float r[V];
-            load<T, V>(res + j * C, r);
-#pragma unroll
-            for (int v = 0; v < V; ++v) sum[v] += r[v];
-          }
-          P out;
-#pragma unroll
-          for (int v = 0; v < V; ++v) out.v[v] = from_float<T>(activate_fast<Activation>(sum[v]));
-          *reinterpret_cast<P*>(dst + j * C) = out;
-        }
-      }
-      dst += out_row;
-      if (res != nullptr) res += out_row;
-    }
   };
-  for (int e = 0; e < steps; e += 3) {
-    step(e, a1, a2, a0);
-    if (e + 1 < steps) step(e + 1, a2, a0, a1);
-    if (e + 2 < steps) step(e + 2, a0, a1, a2);
+  auto store = [&](const float (&acc)[CW][V]) {  // the next output row: act(acc + bias + residual)
+#pragma unroll
+    for (int j = 0; j < CW; ++j) {
+      if (ow0 + j < out_w) {
+        float sum[V];
+#pragma unroll
+        for (int v = 0; v < V; ++v) sum[v] = Bias ? acc[j][v] + b[v] : acc[j][v];
+        if (res != nullptr) {  // the residual added after the bias, as depthwise_conv_forward adds it
+          float r[V];
+          load<T, V>(res + j * C, r);
+#pragma unroll
+          for (int v = 0; v < V; ++v) sum[v] += r[v];
+        }
+        P out;
+#pragma unroll
+        for (int v = 0; v < V; ++v) out.v[v] = from_float<T>(activate_fast<Activation>(sum[v]));
+        *reinterpret_cast<P*>(dst + j * C) = out;
+      }
+    }
+    dst += out_row;
+    if (res != nullptr) res += out_row;
+  };
+
+  float a0[CW][V], a1[CW][V], a2[CW][V];
+  if constexpr (S == 1) {
+    // step e: input row e adds kh = 0 to output row e (newest), 1 to row e - 1, 2 to row e - 2 (oldest, then
+    // stored); the first two and the last two steps also add into rows outside the band, never stored
+    auto step = [&](int e, float (&oldest)[CW][V], float (&middle)[CW][V], float (&newest)[CW][V]) {
+      float xv[COLS][V];
+      row(e, xv);
+      add_walk_row<S, CW, COLS, V>(xv, wr, 0, newest, true);
+      add_walk_row<S, CW, COLS, V>(xv, wr, 1, middle, false);
+      add_walk_row<S, CW, COLS, V>(xv, wr, 2, oldest, false);
+      if (e >= 2) store(oldest);
+    };
+    for (int e = 0; e < steps; e += 3) {
+      step(e, a1, a2, a0);
+      if (e + 1 < steps) step(e + 1, a2, a0, a1);
+      if (e + 2 < steps) step(e + 2, a0, a1, a2);
+    }
+  } else {
+    // steps e (even) and e + 1: input row e adds kh = 2 to output row e / 2 - 1 (previous, then stored) and kh = 0
+    // to output row e / 2 (current), input row e + 1 kh = 1 to the current one; the first step's previous row and
+    // the last step's current one are outside the band, never stored
+    auto pair = [&](int e, float (&previous)[CW][V], float (&current)[CW][V]) {
+      float xv[COLS][V];
+      row(e, xv);
+      add_walk_row<S, CW, COLS, V>(xv, wr, 2, previous, false);
+      if (e >= 2) store(previous);
+      add_walk_row<S, CW, COLS, V>(xv, wr, 0, current, true);
+      if (e + 1 < steps) {
+        row(e + 1, xv);
+        add_walk_row<S, CW, COLS, V>(xv, wr, 1, current, false);
+      }
+    };
+    for (int e = 0; e < steps; e += 4) {
+      pair(e, a1, a0);
+      if (e + 2 < steps) pair(e + 2, a0, a1);
+    }
   }
 }
 
@@ -1016,23 +923,6 @@ cudaError_t dispatch(const DepthwiseShape& s, bool vectors, Fn&& fn) {
   return by_kernel(std::integral_constant<int, 1>{});
 }
 
-template <typename T, int S, int TH, int TW>
-cudaError_t forward_tiled(const DepthwiseShape& s, const void* x, const void* w, const void* bias,
-                          const void* residual, void* y, int activation, cudaStream_t stream) {
-  using Tile = ForwardTile<S, TH, TW>;
-  const int64_t tiles_h = (s.out_h + TH - 1) / TH;
-  const int64_t tiles_w = (s.out_w + TW - 1) / TW;
-  const int64_t width = kTileGroups * vector_size<T>();
-  const size_t shared_bytes = Tile::kInputBytes + 9 * width * sizeof(float);
-  depthwise_conv_forward_tiled<T, S, TH, TW><<<dim3(static_cast<unsigned>(tiles_h * tiles_w),
-                                                     static_cast<unsigned>((s.channels + width - 1) / width),
-                                                     static_cast<unsigned>(s.n)),
-                                                dim3(Tile::kThreads), shared_bytes, stream>>>(
-      static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(bias),
-      static_cast<const T*>(residual), static_cast<T*>(y), s, static_cast<int>(tiles_w), activation);
-  return cudaGetLastError();
-}
-
 // Lets `kernel` launch with `bytes` of dynamic shared memory (above the 48 KB a launch gets without asking), once per
 // device and kernel: `devices` is the kernel's own record of the devices done.
 template <typename Kernel>
@@ -1048,23 +938,24 @@ cudaError_t allow_shared_bytes(Kernel kernel, int bytes, std::atomic<uint64_t>& 
   return status;
 }
 
-// The walk's launch: bands of at most kWalkMaxBand rows splitting out_h evenly; false where the grid cannot hold the
-// threads (the caller runs another kernel then).
-template <typename T, bool Turned>
+// The walk's launch: bands of at most MaxBand output rows splitting out_h evenly; false where the grid cannot hold
+// the threads or an image's sizes are not 32-bit (the caller runs the strip kernel then).
+template <typename T, int S, bool Turned, int MaxBand = kWalkMaxBand / S>
 bool forward_walk(const DepthwiseShape& s, const void* x, const void* w, const void* bias, const void* residual,
                   void* y, int activation, cudaStream_t stream) {
-  const int64_t bands = (s.out_h + kWalkMaxBand - 1) / kWalkMaxBand;
+  const int64_t bands = (s.out_h + MaxBand - 1) / MaxBand;
   const int band = static_cast<int>((s.out_h + bands - 1) / bands);
   const int64_t threads = s.n * bands * ((s.out_w + kWalkColumns - 1) / kWalkColumns) * (s.channels / kWalkVector);
   const int64_t blocks = (threads + kWalkThreads - 1) / kWalkThreads;
   if (blocks > 0x7fffffff || s.h * s.w * s.channels > 0x7fffffff || s.out_h * s.out_w * s.channels > 0x7fffffff) {
-    return false;  // the kernel's sizes within an image are 32-bit
+    return false;
   }
-  const int shared_bytes = kWalkSlots * (kWalkColumns + 2) * kWalkThreads * static_cast<int>(sizeof(Pack<T, kWalkVector>));
+  const int shared_bytes =
+      kWalkSlots * walk_columns<S>() * kWalkThreads * static_cast<int>(sizeof(Pack<T, kWalkVector>));
   auto launch = [&](auto activation_constant, auto has_bias) {
     constexpr int A = decltype(activation_constant)::value;
     constexpr bool B = decltype(has_bias)::value;
-    auto kernel = depthwise_conv_forward_walk<T, A, B, Turned>;
+    auto kernel = depthwise_conv_forward_walk<T, S, A, B, Turned>;
     static std::atomic<uint64_t> devices{0};  // one per kernel (each takes at most 48 KB as the slots stand)
     if (allow_shared_bytes(kernel, shared_bytes, devices) != cudaSuccess) return;  // the launch error is kept
     kernel<<<static_cast<unsigned>(blocks), kWalkThreads, shared_bytes, stream>>>(
@@ -1095,14 +986,13 @@ bool forward_walk(const DepthwiseShape& s, const void* x, const void* w, const v
 template <typename T>
 cudaError_t forward_typed(const DepthwiseShape& s, const void* x, const void* w, const void* bias,
                           const void* residual, void* y, int activation, bool vectors, cudaStream_t stream) {
-  // 16-byte vectors: at stride 2 the tiled kernel (a grid of images x channel blocks x tiles within CUDA's limits),
-  // at stride 1 the walk; else the strip kernel
-  const int64_t tiles = (s.out_h + 7) / 8 * ((s.out_w + 7) / 8);
-  if (vectors && s.kernel == 3 && s.stride == 2 && s.n <= 65535 && tiles <= 0x7fffffff) {
-    return forward_tiled<T, 2, 8, 8>(s, x, w, bias, residual, y, activation, stream);
-  }
+  // 16-byte vectors: the walk; else the strip kernel
   if (vectors && s.kernel == 3 && s.stride == 1 &&
-      forward_walk<T, false>(s, x, w, bias, residual, y, activation, stream)) {
+      forward_walk<T, 1, false>(s, x, w, bias, residual, y, activation, stream)) {
+    return cudaGetLastError();
+  }
+  if (vectors && s.kernel == 3 && s.stride == 2 &&
+      forward_walk<T, 2, false>(s, x, w, bias, residual, y, activation, stream)) {
     return cudaGetLastError();
   }
   return dispatch<T, true>(s, vectors, [&](auto v, auto k, auto stride) {
@@ -1149,7 +1039,7 @@ cudaError_t dgrad_typed(const DepthwiseShape& s, const void* dy, const void* w, 
   if (s.stride == 1) {
     const DepthwiseShape turned{s.n, s.out_h, s.out_w, s.channels, s.h, s.w, 3, 1, 2 - s.pad_h, 2 - s.pad_w};
     const bool taken = vectors && s.kernel == 3 && s.pad_h <= 2 && s.pad_w <= 2 &&
-                       forward_walk<T, true>(turned, dy, w, nullptr, nullptr, dx, kActivationNone, stream);
+                       forward_walk<T, 1, true>(turned, dy, w, nullptr, nullptr, dx, kActivationNone, stream);
     return taken ? cudaGetLastError() : cudaErrorInvalidValue;
   }
   return dispatch<T, false>(s, vectors, [&](auto v, auto k, auto stride) {

@@ -24,19 +24,19 @@ std::string depthwise_kernel_unmet(int64_t in_channels, at::IntArrayRef w_size, 
 std::string depthwise_kernel_unmet(const ConvProblem& p);
 
 // Which steps of a depthwise convolution our kernels run (where depthwise_kernel_unmet is empty), as measured against
-// PyTorch's own (cuDNN's) depthwise kernels on MobileNet v1 and v2 layers (benchmarks/bench_depthwise.py, H200,
-// benchmarks/results/depthwise_{bfloat16,float16}_h200_2026-11-26c). The forward: with an epilogue to fuse (bias,
-// residual or ReLU), which saves eager's passes over y; without one at stride 1 in bfloat16 and float16 where the
-// channels fill 16-byte vectors: our walk kernel, with bias and ReLU, took 0.73-0.95x (bfloat16) and 0.73-0.98x
-// (float16) of cuDNN's plain forward on each of the ten stride-1 layers (at stride 2, and in float32, not measured
-// without an epilogue: cuDNN's stays). dgrad: ours at stride 2; at stride 1 in bfloat16 the walk over grad_z with the
-// filter turned 180 degrees where the channels fill its vectors (0.39-0.55x of cuDNN's bfloat16 dgrad, 0.71-0.89x of
-// cuDNN's forward so turned), else PyTorch's (cuDNN's) forward so turned; in float16 and float32 cuDNN's dgrad (in
-// float16 the turned walk was 4% and 8% slower than it on two of the ten layers). wgrad in our kernels in bfloat16,
-// where the channels fill their 16-byte vectors: at stride 2 the tiled kernel took 0.71-0.92x of PyTorch's time on
-// the five stride-2 layers, at stride 1 the rows kernel 0.69-0.92x on the ten stride-1 layers of v1 and v2 (H100,
-// benchmarks/results/depthwise_bfloat16_h100_2026-11-25q); in float16 PyTorch's was 4-24% faster than ours at stride
-// 2, and float32 was not measured. The rest runs PyTorch's kernels.
+// PyTorch's own (cuDNN's) depthwise kernels on MobileNet v1 and v2 layers (benchmarks/bench_depthwise.py and
+// development harnesses, H200, batch 256; benchmarks/results/depthwise_{bfloat16,float16}_h200_2026-11-26c and later).
+// The forward: with an epilogue to fuse (bias, residual or ReLU), which saves eager's passes over y; without one
+// where the channels fill 16-byte vectors, in bfloat16 at both strides (our walk, plain, took 0.72-0.88x of cuDNN's
+// time on the eight stride-2 layers, a harness on 2026-11-26) and in float16 at stride 1 (with bias and ReLU 0.73-0.98x
+// of cuDNN's plain forward on the ten stride-1 layers; at stride 2 not measured in float16, and float32 not at all:
+// cuDNN's stays). dgrad: ours at stride 2; at stride 1 in bfloat16 the walk over grad_z with the filter turned 180
+// degrees where the channels fill its vectors (0.39-0.55x of cuDNN's bfloat16 dgrad, 0.71-0.89x of cuDNN's forward so
+// turned), else PyTorch's (cuDNN's) forward so turned; in float16 and float32 cuDNN's dgrad (in float16 the turned
+// walk was 4% and 8% slower than it on two of the ten layers). wgrad in our walk in bfloat16, where the channels fill
+// 16-byte vectors: 0.51-0.65x of cuDNN's time on the eight stride-2 layers and 0.53-0.75x on the ten stride-1 layers
+// (harnesses, 2026-11-26); in float16 and float32 not measured since the walk: PyTorch's. The rest runs PyTorch's
+// kernels.
 enum class DepthwiseDgrad {
   kPyTorch,        // PyTorch's (cuDNN's) dgrad
   kOurKernel,      // our dgrad kernel (at stride 1 the walk forward with the filter turned)
