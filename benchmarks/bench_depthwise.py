@@ -1,12 +1,12 @@
 """Our depthwise kernels against PyTorch's (cuDNN's) on the depthwise layers of MobileNet v1 and v2 (batch 256,
-bf16, channels_last), in the steps the extension runs them (csrc/ops/depthwise_ops.h): the forward with bias and ReLU
-fused (against PyTorch's conv + bias + ReLU, and its conv alone), dgrad (the op: ours at stride 2; at stride 1 in
-bfloat16 PyTorch's forward with the filter turned 180 degrees, else PyTorch's dgrad) and wgrad (the op: ours in
-bfloat16, else PyTorch's), each against PyTorch's own. GPU time per call (CUDA-graph replay, no host
-cost), and as a multiple of the time its bytes take at the copy bandwidth measured in the same run (the issue's
-target: 1.3x). Beside them, a plain device-to-device copy of the same bytes, as a multiple of the same time: what a
-kernel that only moves a layer's bytes takes at that size (a small layer's copy does not reach the large copy's
-bandwidth).
+bf16, channels_last), in the steps the extension runs them (the rule: csrc/ops/depthwise_ops.h): the forward with
+bias and ReLU fused (against PyTorch's conv + bias + ReLU), the plain forward as the op runs it (against PyTorch's
+conv alone), dgrad and wgrad as the ops run them, each against PyTorch's own. GPU time per call (CUDA-graph replay,
+no host cost), and as a multiple of the time its bytes take at the copy bandwidth measured in the same run (the
+issue's target: 1.3x). Beside them, a plain device-to-device copy of the same bytes, as a multiple of the same time:
+what a kernel that only moves a layer's bytes takes at that size (a small layer's copy does not reach the large
+copy's bandwidth). At stride 1 also the forward of dy with the filter turned 180 degrees, ours and PyTorch's: the
+dgrad's other forms.
 
     python benchmarks/bench_depthwise.py [--batch 256] [--dtype bfloat16] [--json out.json]
 
@@ -37,9 +37,12 @@ LAYERS = [
     ("v1 1024 3x3/1 @7", 1024, 3, 1, 7),
     ("v2 96 3x3/2 @112", 96, 3, 2, 112),
     ("v2 144 3x3/1 @56", 144, 3, 1, 56),
+    ("v2 144 3x3/2 @56", 144, 3, 2, 56),
     ("v2 192 3x3/1 @28", 192, 3, 1, 28),
+    ("v2 192 3x3/2 @28", 192, 3, 2, 28),
     ("v2 384 3x3/1 @14", 384, 3, 1, 14),
     ("v2 576 3x3/1 @14", 576, 3, 1, 14),
+    ("v2 576 3x3/2 @14", 576, 3, 2, 14),
     ("v2 960 3x3/1 @7", 960, 3, 1, 7),
 ]
 
@@ -51,7 +54,7 @@ def copy_bandwidth(dtype) -> float:
     not examined). This function's 512 MiB copy was the reference before 2026-11-26."""
     best = 0.0
     for mib in (320, 384, 448):
-        src = torch.empty(mib * 1024 * 1024 // torch.empty(0, dtype=dtype).element_size(), device="cuda", dtype=dtype)
+        src = torch.empty(mib * 1024 * 1024 // dtype.itemsize, device="cuda", dtype=dtype)
         dst = torch.empty_like(src)
         ms = graph_replay_ms(lambda: dst.copy_(src), calls=5, replays=11)
         best = max(best, 2 * src.numel() * src.element_size() / ms)
@@ -95,10 +98,15 @@ def main() -> None:
         }
         moved = (x.numel() + dy.numel()) * x.element_size()  # each step reads or writes x (dx) and y (dy) once
         row = {"layer": name, "conv_alone_ms": graph_replay_ms(lambda: torch.convolution(x, w, None, *conv_args))}
+        # the plain forward as the op runs it (ours or PyTorch's, depthwise_kernel_steps without an epilogue): the
+        # training conv + BatchNorm op's conv
+        row["plain_op_ms"] = graph_replay_ms(
+            lambda: ops.conv_bias_act(x, w, None, None, [stride] * 2, [pad] * 2, [pad] * 2, [1, 1], channels, 0))
         source = torch.empty(moved // 2 // x.element_size(), device="cuda", dtype=dtype)  # read + write: `moved`
         target = torch.empty_like(source)
         row["copy_ms"] = graph_replay_ms(lambda: target.copy_(source))
         row["copy_vs_bandwidth"] = row["copy_ms"] / (moved / bandwidth)
+        row["plain_op_vs_bandwidth"] = row["plain_op_ms"] / (moved / bandwidth)
         for step, (ours, theirs) in steps.items():
             ours_ms, theirs_ms = graph_replay_ms(ours), graph_replay_ms(theirs)
             floor = moved / bandwidth
@@ -123,21 +131,25 @@ def main() -> None:
               "(CUDA-graph replay), ours / PyTorch's (cuDNN), and ours as a multiple of its bytes' time at that "
               "bandwidth")
     print(header)
-    print(f"{'layer':<20}{'copy x bw':>10}{'fwd+bias+relu ours':>19}{'PyTorch':>9}{'conv alone':>11}{'x bw':>6}"
+    print(f"{'layer':<20}{'copy x bw':>10}{'fwd+bias+relu ours':>19}{'PyTorch':>9}{'x bw':>6}{'plain op':>9}"
+          f"{'conv alone':>11}{'x bw':>6}"
           f"{'dgrad op':>10}{'PyTorch':>9}{'x bw':>6}{'wgrad op':>10}{'PyTorch':>9}{'x bw':>6}"
           f"{'dgrad as our fwd':>17}{'as PyTorch fwd':>15}")
     totals = {"forward": [0.0, 0.0], "dgrad": [0.0, 0.0], "wgrad": [0.0, 0.0]}
     for row in rows:
         f, d, g = row["forward"], row["dgrad"], row["wgrad"]
-        print(f"{row['layer']:<20}{row['copy_vs_bandwidth']:>10.2f}{f['ours_ms']:>19.4f}{f['pytorch_ms']:>9.4f}{row['conv_alone_ms']:>11.4f}"
-              f"{f['ours_vs_bandwidth']:>6.2f}{d['ours_ms']:>10.4f}{d['pytorch_ms']:>9.4f}{d['ours_vs_bandwidth']:>6.2f}"
+        print(f"{row['layer']:<20}{row['copy_vs_bandwidth']:>10.2f}{f['ours_ms']:>19.4f}{f['pytorch_ms']:>9.4f}"
+              f"{f['ours_vs_bandwidth']:>6.2f}{row['plain_op_ms']:>9.4f}{row['conv_alone_ms']:>11.4f}"
+              f"{row['plain_op_vs_bandwidth']:>6.2f}{d['ours_ms']:>10.4f}{d['pytorch_ms']:>9.4f}{d['ours_vs_bandwidth']:>6.2f}"
               f"{g['ours_ms']:>10.4f}{g['pytorch_ms']:>9.4f}{g['ours_vs_bandwidth']:>6.2f}"
               + (f"{row['dgrad_as_forward_ms']:>17.4f}{row['dgrad_as_pytorch_forward_ms']:>15.4f}"
                  if "dgrad_as_forward_ms" in row else ""))
         for step in totals:
             totals[step][0] += row[step]["ours_ms"]
             totals[step][1] += row[step]["pytorch_ms"]
-    print("sums (ms): " + ", ".join(f"{s} ours {t[0]:.3f} vs PyTorch {t[1]:.3f}" for s, t in totals.items()))
+    print("sums (ms): " + ", ".join(f"{s} ours {t[0]:.3f} vs PyTorch {t[1]:.3f}" for s, t in totals.items())
+          + f", plain forward op {sum(r['plain_op_ms'] for r in rows):.3f} vs PyTorch's conv alone "
+          f"{sum(r['conv_alone_ms'] for r in rows):.3f}")
     print("a copy of each layer's bytes, as a multiple of their time at the large copy's bandwidth: "
           f"{min(r['copy_vs_bandwidth'] for r in rows):.2f} to {max(r['copy_vs_bandwidth'] for r in rows):.2f}")
     slower = [f"{r['layer']} {s}" for r in rows for s in totals if r[s]["ours_ms"] > r[s]["pytorch_ms"] * 1.02]
