@@ -460,8 +460,9 @@ def test_depthwise_layers_under_torch_compile_fullgraph(extension):
     compiled = torch.compile(model, fullgraph=True)
     step(compiled)  # compiles
     ran = _profile_kernels(lambda: step(compiled))
-    # the two layers' forwards, and the second's dgrad (stride 1, bf16: the walk with the filter turned)
-    assert sum("depthwise_conv_forward" in n for n in ran) == 3, ran
+    # the three depthwise layers' forwards (the conv + BN's plain, bf16 at stride 2: the walk too), and the second's
+    # dgrad (stride 1, bf16: the walk with the filter turned)
+    assert sum("depthwise_conv_forward" in n for n in ran) == 4, ran
     assert sum("depthwise_conv_dgrad" in n for n in ran) == 2, ran  # the first layer's and the conv + BN's
     assert sum("depthwise_conv_wgrad_walk<" in n for n in ran) == 3, ran  # the three layers'
     assert sum("depthwise_conv_wgrad_walk<__nv_bfloat16, 2," in n for n in ran) == 2, ran  # at stride 2
