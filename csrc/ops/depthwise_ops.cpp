@@ -87,14 +87,14 @@ DepthwiseSteps depthwise_kernel_steps(const ConvProblem& p, bool has_epilogue) {
   const bool vectors_fit = depthwise_vectors_fit(p.w_size[0], element_bytes);
   const bool bf16_vectors = p.dtype == at::kBFloat16 && vectors_fit;
   const bool half_precision = p.dtype == at::kBFloat16 || p.dtype == at::kHalf;
-  steps.forward = has_epilogue || (p.stride[0] == 1 && half_precision && vectors_fit) || bf16_vectors;
+  steps.forward = has_epilogue || (half_precision && vectors_fit);
   if (p.stride[0] == 2) {
     steps.dgrad = DepthwiseDgrad::kOurKernel;
   } else if (p.stride[0] == 1 && p.dtype == at::kBFloat16 && p.pad_pre == p.pad_post &&
              p.pad_pre[0] < p.w_size[2] && p.pad_pre[1] < p.w_size[3]) {
     steps.dgrad = bf16_vectors ? DepthwiseDgrad::kOurKernel : DepthwiseDgrad::kTurnedForward;
   }
-  steps.wgrad = bf16_vectors;
+  steps.wgrad = bf16_vectors || (p.dtype == at::kHalf && vectors_fit && p.stride[0] == 1);
   return steps;
 }
 

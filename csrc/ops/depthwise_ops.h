@@ -24,19 +24,18 @@ std::string depthwise_kernel_unmet(int64_t in_channels, at::IntArrayRef w_size, 
 std::string depthwise_kernel_unmet(const ConvProblem& p);
 
 // Which steps of a depthwise convolution our kernels run (where depthwise_kernel_unmet is empty), as measured against
-// PyTorch's own (cuDNN's) depthwise kernels on MobileNet v1 and v2 layers (benchmarks/bench_depthwise.py and
-// development harnesses, H200, batch 256; benchmarks/results/depthwise_{bfloat16,float16}_h200_2026-11-26c and later).
-// The forward: with an epilogue to fuse (bias, residual or ReLU), which saves eager's passes over y; without one
-// where the channels fill 16-byte vectors, in bfloat16 at both strides (our walk, plain, took 0.72-0.88x of cuDNN's
-// time on the eight stride-2 layers, a harness on 2026-11-26) and in float16 at stride 1 (with bias and ReLU 0.73-0.98x
-// of cuDNN's plain forward on the ten stride-1 layers; at stride 2 not measured in float16, and float32 not at all:
-// cuDNN's stays). dgrad: ours at stride 2; at stride 1 in bfloat16 the walk over grad_z with the filter turned 180
-// degrees where the channels fill its vectors (0.39-0.55x of cuDNN's bfloat16 dgrad, 0.71-0.89x of cuDNN's forward so
-// turned), else PyTorch's (cuDNN's) forward so turned; in float16 and float32 cuDNN's dgrad (in float16 the turned
-// walk was 4% and 8% slower than it on two of the ten layers). wgrad in our walk in bfloat16, where the channels fill
-// 16-byte vectors: 0.51-0.65x of cuDNN's time on the eight stride-2 layers and 0.53-0.75x on the ten stride-1 layers
-// (harnesses, 2026-11-26); in float16 and float32 not measured since the walk: PyTorch's. The rest runs PyTorch's
-// kernels.
+// PyTorch's own (cuDNN's) depthwise kernels on the 18 depthwise layers of MobileNet v1 and v2 (H200, batch 256;
+// benchmarks/bench_depthwise.py, benchmarks/results/depthwise_{bfloat16,float16}_h200_2026-11-26h, and a development
+// harness for the float16 wgrad). The forward: with an epilogue to fuse (bias, residual or ReLU), which saves eager's
+// passes over y; without one in bfloat16 and float16 where the channels fill 16-byte vectors (our walk, plain, took
+// 0.70-0.90x of cuDNN's plain forward on each layer in bfloat16; with bias and ReLU 0.72-0.93x of it in float16;
+// float32 not measured: cuDNN's stays). dgrad: ours at stride 2; at stride 1 in bfloat16 the walk over grad_z with the
+// filter turned 180 degrees where the channels fill its vectors (0.37-0.52x of cuDNN's bfloat16 dgrad), else
+// PyTorch's (cuDNN's) forward so turned; in float16 and float32 cuDNN's dgrad (in float16 the turned walk was 3%
+// slower than it on v2's 576-channel 14x14 layer). wgrad in our walk where the channels fill 16-byte vectors: in
+// bfloat16 0.52-0.76x of cuDNN's time on each layer; in float16 at stride 1 only, 0.69-0.93x of cuDNN's with
+// torch.backends.cudnn.benchmark on (at stride 2 0.82-1.04x: v1's 64-channel 112x112 layer was 4% slower); float32
+// not measured. The rest runs PyTorch's kernels.
 enum class DepthwiseDgrad {
   kPyTorch,        // PyTorch's (cuDNN's) dgrad
   kOurKernel,      // our dgrad kernel (at stride 1 the walk forward with the filter turned)
