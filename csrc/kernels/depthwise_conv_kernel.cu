@@ -231,7 +231,7 @@ constexpr int kWalkColumns = 4;   // output columns a thread
 constexpr int kWalkSlots = 4;     // input rows a thread holds in shared memory: the one in use and up to 2 in flight
 constexpr int kWalkAhead = 2;     // a slot is refilled two steps after it was read, never the step after
 constexpr int kWalkThreads = 128;   // 4 blocks a multiprocessor (__launch_bounds__)
-constexpr int kWalkMaxBand = 32;  // output rows a thread walks at most
+constexpr int kWalkMaxBand = 32;  // output rows a thread walks at most (the forward at stride 2: half as many)
 
 template <int Bytes>
 __device__ inline void copy_async_or_zero(void* shared, const void* global, bool valid) {
