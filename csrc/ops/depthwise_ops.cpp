@@ -90,9 +90,14 @@ DepthwiseSteps depthwise_kernel_steps(const ConvProblem& p, bool has_epilogue) {
   steps.forward = has_epilogue || (half_precision && vectors_fit);
   if (p.stride[0] == 2) {
     steps.dgrad = DepthwiseDgrad::kOurKernel;
-  } else if (p.stride[0] == 1 && p.dtype == at::kBFloat16 && p.pad_pre == p.pad_post &&
-             p.pad_pre[0] < p.w_size[2] && p.pad_pre[1] < p.w_size[3]) {
-    steps.dgrad = bf16_vectors ? DepthwiseDgrad::kOurKernel : DepthwiseDgrad::kTurnedForward;
+  } else if (p.stride[0] == 1 && half_precision && p.pad_pre == p.pad_post && p.pad_pre[0] < p.w_size[2] &&
+             p.pad_pre[1] < p.w_size[3]) {
+    // without the vectors: in bfloat16 cuDNN's forward turned (its bfloat16 dgrad is slow), in float16 its dgrad
+    if (vectors_fit) {
+      steps.dgrad = DepthwiseDgrad::kOurKernel;
+    } else if (p.dtype == at::kBFloat16) {
+      steps.dgrad = DepthwiseDgrad::kTurnedForward;
+    }
   }
   steps.wgrad = bf16_vectors || (p.dtype == at::kHalf && vectors_fit && p.stride[0] == 1);
   return steps;

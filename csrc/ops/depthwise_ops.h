@@ -29,10 +29,11 @@ std::string depthwise_kernel_unmet(const ConvProblem& p);
 // harness for the float16 wgrad). The forward: with an epilogue to fuse (bias, residual or ReLU), which saves eager's
 // passes over y; without one in bfloat16 and float16 where the channels fill 16-byte vectors (our walk, plain, took
 // 0.70-0.90x of cuDNN's plain forward on each layer in bfloat16; with bias and ReLU 0.72-0.93x of it in float16;
-// float32 not measured: cuDNN's stays). dgrad: ours at stride 2; at stride 1 in bfloat16 the walk over grad_z with the
-// filter turned 180 degrees where the channels fill its vectors (0.37-0.52x of cuDNN's bfloat16 dgrad), else
-// PyTorch's (cuDNN's) forward so turned; in float16 and float32 cuDNN's dgrad (in float16 the turned walk was 3%
-// slower than it on v2's 576-channel 14x14 layer). wgrad in our walk where the channels fill 16-byte vectors: in
+// float32 not measured: cuDNN's stays). dgrad: ours at stride 2; at stride 1 in half precision the walk over grad_z
+// with the filter turned 180 degrees where the channels fill its vectors (0.37-0.52x of cuDNN's bfloat16 dgrad; in
+// float16 0.56-0.99x of cuDNN's, a harness with and without cudnn.benchmark, 2026-11-26), else in bfloat16 PyTorch's
+// (cuDNN's) forward so turned and in float16 cuDNN's dgrad; in float32 cuDNN's dgrad. wgrad in our walk where the
+// channels fill 16-byte vectors: in
 // bfloat16 0.52-0.76x of cuDNN's time on each layer; in float16 at stride 1 only, 0.69-0.93x of cuDNN's with
 // torch.backends.cudnn.benchmark on (at stride 2 0.82-1.04x: v1's 64-channel 112x112 layer was 4% slower); float32
 // not measured. The rest runs PyTorch's kernels.
