@@ -34,15 +34,16 @@ CASES = {
     "3x3-s1-relu6": (48, 3, 1, 1, 11, 12, True, False, "relu6"),  # inputs scaled by 4: some outputs clip at 6
     "3x3-s2-relu6-odd-channels": (21, 3, 2, 1, 9, 9, True, True, "relu6"),
     # the stride-1 walk (depthwise_conv_forward_walk): strips of 4 columns, the last partial (37 = 9 * 4 + 1), with a
-    # residual; many strips; padding 2; bands of at most 32 rows splitting 70 rows as 24, 24, 22, with ReLU6
+    # residual; many strips; padding 2; bands of at most 16 rows splitting 67 rows as 14, 14, 14, 14, 11, with ReLU6
     "3x3-s1-wide-tiles": (64, 3, 1, 1, 13, 37, True, True, True),
     "3x3-s1-ring-tiles": (64, 3, 1, 1, 11, 130, True, True, True),
     "3x3-s1-ring-padding-2": (128, 3, 1, 2, 6, 5, True, False, True),
     "3x3-s1-rows-tiles": (40, 3, 1, 1, 13, 37, True, True, True),
-    "3x3-s1-bands": (16, 3, 1, 1, 70, 6, True, True, "relu6"),
+    "3x3-s1-bands": (16, 3, 1, 1, 67, 6, True, True, "relu6"),
     # the stride-2 dgrad walk (depthwise_conv_dgrad_walk): strips of 4 dx columns from b = 0 (b = iw + padding), 35
-    # columns + 1 of padding in 9 strips; bands of at most 8 dy rows splitting 10 and 34 rows as 5 + 5 and
-    # 7 + 7 + 7 + 7 + 6
+    # columns + 1 of padding in 9 strips; bands of at most 8 dy rows splitting 10 rows as 5 + 5, and of at most 5
+    # (28 rows or more) splitting 34 as six of 5 and one of 4; there the stride-2 forward's bands of at most 4 split
+    # its 34 output rows as eight of 4 and one of 2
     "3x3-s2-wide-dgrad-tiles": (24, 3, 2, 1, 19, 35, True, False, True),
     "3x3-s2-dgrad-bands": (32, 3, 2, 1, 67, 9, True, False, True),
     # stride 1 with padding 0 and 2: in half precision dgrad runs as the walk with the filter turned, padded 2 and 0
