@@ -242,6 +242,18 @@ __global__ void __launch_bounds__(nhwc::kThreads) depthwise_conv_forward(
 // against 0.0635 ms: 1.3 waves of blocks), and bands of 16 rows 0.664. At stride 2 (the eight stride-2 layers of v1
 // and v2, 2026-11-26): 0.588 ms for the plain forwards, 1.06-1.58x their bytes' time, against 0.743 for the tiled
 // kernel it replaced (the same bits) and 0.786 for cuDNN's; bands of 8 rows 0.583, of 32 0.600.
+// On the small layers the walk is bound by instructions, not bytes (Nsight Compute, 2026-11-26, v1's 1024-channel
+// 7 x 7 layer): 0.69 instructions issued a cycle of each scheduler's 1, 3.5 warps resident (registers), 25% of DRAM's
+// bandwidth; about 400 instructions a step, of which 144 are the taps' FMAs. Since then a row's copies step one
+// pointer and test one predicate a column (copy_row_async; the address select went), a bfloat16 pair unpacks in two
+// instructions, not three, the residual is tested once a row, padding rows are neither copied nor read (a padding
+// row's output starts from zeros), and the bands are chosen per shape (forward_walk_band): the same values, and on the
+// 18 layers of bench_depthwise (bf16, results *_2026-11-26i and -k) 1.02-1.68x the bytes' time for the forward with
+// bias and ReLU, against 1.09-2.17x before (14 x 14 and 7 x 7: 1.33-1.68x against 1.42-2.17x). A tile of a whole
+// image (or band of rows) per block, copied at once and then walked from shared memory (a scratch harness, the ten
+// layers up to 28 x 28 output), was slower on every one: 1.96-3.14x the bytes' time at its best split, against
+// 1.15-2.12x for the walk then. A barrier stands between its copies and its compute, and a thread's filter loads and
+// start spread over fewer rows.
 constexpr int kWalkVector = 4;    // channels a thread: 8 bytes in 16-bit types, 16 in float
 constexpr int kWalkColumns = 4;   // output columns a thread
 constexpr int kWalkSlots = 4;     // input rows a thread holds in shared memory: the one in use and up to 2 in flight
