@@ -962,10 +962,12 @@ cudaError_t allow_shared_bytes(Kernel kernel, int bytes, std::atomic<uint64_t>& 
 // Stride 1: 16. Stride 2: 4 where out_h >= 28, else 16. A scratch harness (H200, bf16, batch 256, the 18 layers of
 // bench_depthwise, 2026-11-26, the plain forward as a multiple of its bytes' time; limits 32, 16, 14, 10, 8, 7, 5, 4,
 // 3; every limit gave the same bits): at stride 1, 16 against 32 took 1.18 against 1.24 on v1's 32-channel 112 x 112
-// layer, 1.32 against 1.42 on v2's 192-channel 28 x 28 one and never more (limits of 7 and below: up to 1.3x slower
-// at 14 x 14 and 7 x 7, where a thread's two extra rows weigh most). At stride 2, bands of 4 took 1.02-1.07 against
-// 1.09-1.15 for 16 on the four layers with out_h >= 28, and 1.23-1.42 against 1.21-1.33 on the 14 x 14 and 28 x 28
-// inputs: more, shorter threads fill the machine better where each one's extra row costs little.
+// layer, 1.17 against 1.21 on its 128-channel 56 x 56 one, 1.32 against 1.42 on v2's 192-channel 28 x 28 one and the
+// same on the others (with out_h <= 16 the two limits launch the same bands; limits of 7 and below were up to 1.3x
+// slower at 14 x 14 and 7 x 7, where a thread's two extra rows weigh most). At stride 2, bands of 4 took 1.02-1.11
+// against 1.08-1.15 for 16 on the four layers with out_h >= 28, and 1.23-1.45 against 1.22-1.46 on the 14 x 14 and
+// 28 x 28 inputs (slower on three of the four): more, shorter threads fill the machine better where each one's extra
+// row costs little.
 int forward_walk_band(int stride, int64_t out_h) { return stride == 2 && out_h >= 28 ? 4 : 16; }
 
 // The walk's launch: bands of at most forward_walk_band rows splitting out_h evenly; false where the grid cannot hold
@@ -1040,8 +1042,8 @@ cudaError_t forward_typed(const DepthwiseShape& s, const void* x, const void* w,
 
 // dy rows a stride-2 dgrad walk's thread writes from at most: 5 where 28 or more dy rows reach dx, else 8. The same
 // harness as forward_walk_band's (limits 32 ... 3, the same bits for each): bands of 5 took 1.08-1.18x the bytes'
-// time against 1.12-1.18x for 8 on the four layers with 56 x 56 or 112 x 112 inputs; 8 stays best or within 0.01
-// below them.
+// time against 1.12-1.18x for 8 on the four layers with 56 x 56 or 112 x 112 inputs; on the others 8 was the best
+// limit or within 0.01 of it.
 int dgrad_walk_band(int64_t rows) { return rows >= 28 ? 5 : kDgradWalkBand; }
 
 // The stride-2 dgrad walk's launch: bands of at most dgrad_walk_band dy rows splitting the rows evenly; false where
