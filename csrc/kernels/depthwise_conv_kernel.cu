@@ -283,6 +283,28 @@ __device__ inline void copy_row_async(P* slot, const T* src, int C, bool row_ins
   }
 }
 
+// Closes the thread's commit group: the copies issued since the last one.
+__device__ inline void commit_copies() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+// Waits until the thread's copies have landed but for the newest Pending commit groups.
+template <int Pending>
+__device__ inline void wait_copies() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
+#endif
+}
+
+// The N columns of a thread's slot (column j at slot[j * kWalkThreads]) as float.
+template <int N, typename P, int V>
+__device__ inline void unpack_slot(const P* slot, float (&out)[N][V]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j) unpack(slot[j * kWalkThreads], out[j]);
+}
+
 // The activation as one NaN-propagating max (and min): NaN passes as through F.relu, and -0 becomes +0 as there.
 template <int Activation>
 __device__ inline float activate_fast(float v) {
@@ -358,9 +380,7 @@ __global__ void __launch_bounds__(kWalkThreads, 4) depthwise_conv_forward_walk(
     }
     src += in_row;
     ++issued;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
+    commit_copies();
   };
 #pragma unroll
   for (int e = 0; e < kWalkAhead; ++e) issue();
@@ -375,12 +395,8 @@ __global__ void __launch_bounds__(kWalkThreads, 4) depthwise_conv_forward_walk(
   auto row = [&](int e, float (&xv)[COLS][V]) -> bool {
     issue();
     if (e < e_lo || e >= e_hi) return false;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kWalkAhead) : "memory");  // row e has landed
-#endif
-    const P* slot = mine + (e & (SLOTS - 1)) * COLS * kWalkThreads;
-#pragma unroll
-    for (int j = 0; j < COLS; ++j) unpack<T, V>(slot[j * kWalkThreads], xv[j]);
+    wait_copies<kWalkAhead>();  // row e has landed
+    unpack_slot(mine + (e & (SLOTS - 1)) * COLS * kWalkThreads, xv);
     return true;
   };
   auto store = [&](const float (&acc)[CW][V]) {  // the next output row: act(acc + bias + residual)
@@ -517,9 +533,7 @@ __global__ void __launch_bounds__(kWalkThreads, 4) depthwise_conv_dgrad_walk(
       ++oh;
       ++issued;
     }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
+    commit_copies();
   };
 #pragma unroll
   for (int e = 0; e < kDgradWalkAhead; ++e) issue();
@@ -549,12 +563,8 @@ __global__ void __launch_bounds__(kWalkThreads, 4) depthwise_conv_dgrad_walk(
   // step e: dy row o0 - 1 + e into `current`; from the second step on, dx rows 2 oh and 2 oh + 1
   auto step = [&](int e, const float (&previous)[DC][V], float (&current)[DC][V]) {
     issue();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kDgradWalkAhead) : "memory");  // row e has landed
-#endif
-    const P* slot = mine + (e & (SLOTS - 1)) * DC * kWalkThreads;
-#pragma unroll
-    for (int j = 0; j < DC; ++j) unpack<T, V>(slot[j * kWalkThreads], current[j]);
+    wait_copies<kDgradWalkAhead>();  // row e has landed
+    unpack_slot(mine + (e & (SLOTS - 1)) * DC * kWalkThreads, current);
     if (e == 0) return;
     float even[CX][V], odd[CX][V];
 #pragma unroll
@@ -804,9 +814,7 @@ __global__ void __launch_bounds__(kWalkThreads, Blocks) depthwise_conv_wgrad_wal
       }
     }
     issue_slot = issue_slot + 1 == Slots ? 0 : issue_slot + 1;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
+    commit_copies();
   };
 #pragma unroll
   for (int e = 0; e < Ahead; ++e) issue();
@@ -816,24 +824,18 @@ __global__ void __launch_bounds__(kWalkThreads, Blocks) depthwise_conv_wgrad_wal
   float d0[CW][V], d1[CW][V], d2[CW][V];
   int slot = 0;
   auto input_row = [&](int i, float (&xv)[COLS][V]) {  // the step's input row i as float
-    const P* xk = x_slots + (slot * S + i) * COLS * kWalkThreads;
-#pragma unroll
-    for (int j = 0; j < COLS; ++j) unpack<T, V>(xk[j * kWalkThreads], xv[j]);
+    unpack_slot(x_slots + (slot * S + i) * COLS * kWalkThreads, xv);
   };
   auto dy_row = [&](int e, int rows, float (&d)[CW][V]) {  // the step's dy row as float, zeros past the band's last
     if (e < rows) {
-      const P* dk = dy_slots + slot * CW * kWalkThreads;
-#pragma unroll
-      for (int j = 0; j < CW; ++j) unpack<T, V>(dk[j * kWalkThreads], d[j]);
+      unpack_slot(dy_slots + slot * CW * kWalkThreads, d);
     } else {
       zero(d);
     }
   };
   auto wait = [&]() {
     issue();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(Ahead) : "memory");  // this step's rows have landed
-#endif
+    wait_copies<Ahead>();  // this step's rows have landed
   };
   auto next_slot = [&]() { slot = slot + 1 == Slots ? 0 : slot + 1; };
   for (int64_t p = first; p < positions; p += stride) {
@@ -883,9 +885,7 @@ __global__ void __launch_bounds__(kWalkThreads, Blocks) depthwise_conv_wgrad_wal
 
   // the block's sum per tap and channel: its rows of threads' sums in order, in the slots' memory once every copy is
   // done
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-#endif
+  wait_copies<0>();
   __syncthreads();
   float* sums = reinterpret_cast<float*>(shared);  // [9][blockDim.y][width]
   const int rows_of_threads = blockDim.y;
