@@ -691,9 +691,9 @@ __global__ void __launch_bounds__(32 * kWgradSumGroups) depthwise_conv_wgrad_sum
   dw[c * 9 + tap] = from_float<O>(total);
 }
 
-// wgrad as a walk (3x3, stride S = 1 or 2): a thread takes kWalkVector channels of kWalkColumns output columns and
+// wgrad as a walk (3x3, stride S = 1 or 2): a thread takes kWalkVector channels of CW output columns and
 // walks a band of output rows of one image, then the next band its block gives it (position p, p + gridDim.x *
-// blockDim.y, ...), without a break between bands. Each step converts S input rows (S * kWalkColumns + 3 - S vectors
+// blockDim.y, ...), without a break between bands. Each step converts S input rows (S * CW + 3 - S vectors
 // each) and one dy row to float once and adds their products to the taps:
 // - stride 1, step e of a band: input row e meets dy rows e (kh = 0), e - 1 (kh = 1) and e - 2 (kh = 2), the last
 //   three dy rows held in registers that rotate as the forward walk's accumulators do (rows + 2 steps);
@@ -712,25 +712,42 @@ __global__ void __launch_bounds__(32 * kWgradSumGroups) depthwise_conv_wgrad_sum
 // registers before it 1.079, and PyTorch's (cuDNN's) wgrad 1.474. Stride 2, the eight stride-2 layers: 4 slots,
 // 2 ahead and 2 blocks (88 KB each) 0.606 ms (1.03-1.82x the bytes' time); 6 slots, 4 ahead, 1 block 0.659; 5 slots,
 // 3 ahead, 2 blocks and 3 slots, 1 ahead, 3 blocks 0.747; the tiled kernel before it 1.006, PyTorch's 1.031.
-// By stride (1, 2): slots, steps ahead, and blocks a multiprocessor (shared memory: 80 and 88 KB a block in 16-bit
-// types).
+// Since then (the same harness, H100, 2026-11-26, all 18 layers, each twice): in 16-bit types a thread takes 7
+// columns, not 4, and a multiprocessor holds 1 block, not 2 (128 and 148 KB of shared memory, 202 and 198 registers).
+// Stride 1 went from 1.07-1.82x the bytes' time to 1.05-1.69x, faster on each of the ten layers (v1 1024@7 1.70 ->
+// 1.58, v2 960@7 1.82 -> 1.68, v2 384@14 1.43 -> 1.35); stride 2 from 1.05-1.53x to 1.03-1.41x, faster on each of the
+// eight (v2 576@14 1.52 -> 1.41). 7 columns at 2 blocks (4, 5 or 6 slots) were slower than 4 on v2's 56 x 56 and
+// 14 x 14 layers, 6 and 8 columns slower than 7, and 3 slots 1 ahead slower at stride 2 (up to 1.8x). Fewer
+// threads, each with more columns, issue fewer instructions an output (a row's copies, its slot reads, the loop),
+// where the small layers were bound by instructions (see the forward walk).
+// By stride (1, 2): slots and steps ahead.
 constexpr int kWgradWalkSlots[3] = {0, 8, 4};
 constexpr int kWgradWalkAhead[3] = {0, 5, 2};
-constexpr int kWgradWalkBlocks = 2;
+
+// Blocks a multiprocessor and output columns a thread: 1 and 7 in 16-bit types, 2 and kWalkColumns in float (whose
+// 16-byte vectors would take 256 and 296 KB of shared memory a block with 7 columns).
+template <typename T>
+constexpr int wgrad_walk_blocks() {
+  return sizeof(T) == 2 ? 1 : 2;
+}
+template <typename T>
+constexpr int wgrad_walk_thread_columns() {
+  return sizeof(T) == 2 ? 7 : kWalkColumns;
+}
 
 struct WgradWalkShape {
   int band, bands, strips;  // output rows a band (the last may have fewer), bands across out_h, strips across out_w
   int64_t positions;        // n * bands * strips
 };
 
-template <int S>
+template <int S, int CW>
 __host__ __device__ constexpr int wgrad_walk_columns() {  // input columns a step reads
-  return S * kWalkColumns + 3 - S;
+  return S * CW + 3 - S;
 }
 
-template <typename T, int S, int Slots>
+template <typename T, int S, int Slots, int CW>
 constexpr int wgrad_walk_shared_bytes() {
-  return Slots * (S * wgrad_walk_columns<S>() + kWalkColumns) * kWalkThreads *
+  return Slots * (S * wgrad_walk_columns<S, CW>() + CW) * kWalkThreads *
          static_cast<int>(sizeof(Pack<T, kWalkVector>));
 }
 
@@ -745,12 +762,12 @@ __device__ inline void add_wgrad_row(const float (&xv)[COLS][V], const float (&d
       for (int v = 0; v < V; ++v) acc[kh * 3 + kw][v] = fmaf(xv[j * stride + kw][v], d[j][v], acc[kh * 3 + kw][v]);
 }
 
-template <typename T, int S, int Slots, int Ahead, int Blocks>
+template <typename T, int S, int Slots, int Ahead, int Blocks, int CW>
 __global__ void __launch_bounds__(kWalkThreads, Blocks) depthwise_conv_wgrad_walk(const T* __restrict__ x,
                                                                                   const T* __restrict__ dy,
                                                                                   float* __restrict__ partial,
                                                                                   DepthwiseShape s, WgradWalkShape r) {
-  constexpr int V = kWalkVector, CW = kWalkColumns, COLS = wgrad_walk_columns<S>();
+  constexpr int V = kWalkVector, COLS = wgrad_walk_columns<S, CW>();
   static_assert(Ahead + 2 <= Slots, "a slot is refilled no sooner than two steps after it was read");
   using P = Pack<T, V>;
   extern __shared__ __align__(16) unsigned char shared[];
@@ -1098,7 +1115,8 @@ cudaError_t dgrad_typed(const DepthwiseShape& s, const void* dy, const void* w, 
 constexpr int kWgradWalkMaxBand = 32;  // output rows a wgrad walk's band has at most
 
 // How a wgrad walk splits the outputs: bands of at most kWgradWalkMaxBand rows (out_h split evenly), strips of
-// kWalkColumns, blocks of up to 32 vectors of channels (split evenly), and the blocks per channel group (parts): no
+// wgrad_walk_thread_columns, blocks of up to 32 vectors of channels (split evenly), and the blocks per channel group
+// (parts): no
 // more than every multiprocessor holds at once, each thread walking the same number of positions but in the last part.
 struct WgradWalkPlan {
   WgradWalkShape shape;
@@ -1107,20 +1125,20 @@ struct WgradWalkPlan {
 };
 
 // The kernel, allowed its shared memory on the current device.
-template <typename T, int S, int Slots, int Ahead, int Blocks>
+template <typename T, int S, int Slots, int Ahead, int Blocks, int CW>
 cudaError_t wgrad_walk_allowed() {
   static std::atomic<uint64_t> devices{0};
-  return allow_shared_bytes(depthwise_conv_wgrad_walk<T, S, Slots, Ahead, Blocks>,
-                            wgrad_walk_shared_bytes<T, S, Slots>(), devices);
+  return allow_shared_bytes(depthwise_conv_wgrad_walk<T, S, Slots, Ahead, Blocks, CW>,
+                            wgrad_walk_shared_bytes<T, S, Slots, CW>(), devices);
 }
 
-template <typename T, int S, int Slots, int Ahead, int Blocks>
+template <typename T, int S, int Slots, int Ahead, int Blocks, int CW>
 int wgrad_walk_blocks_per_multiprocessor() {
   static const int blocks = [] {
     int n = 0;
-    if (wgrad_walk_allowed<T, S, Slots, Ahead, Blocks>() != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, depthwise_conv_wgrad_walk<T, S, Slots, Ahead, Blocks>,
-                                                      kWalkThreads, wgrad_walk_shared_bytes<T, S, Slots>()) !=
+    if (wgrad_walk_allowed<T, S, Slots, Ahead, Blocks, CW>() != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, depthwise_conv_wgrad_walk<T, S, Slots, Ahead, Blocks, CW>,
+                                                      kWalkThreads, wgrad_walk_shared_bytes<T, S, Slots, CW>()) !=
             cudaSuccess) {
       cudaGetLastError();
       n = 0;  // cannot launch: the caller runs PyTorch's kernel
@@ -1131,14 +1149,14 @@ int wgrad_walk_blocks_per_multiprocessor() {
 }
 
 template <typename T, int S, int Slots = kWgradWalkSlots[S], int Ahead = kWgradWalkAhead[S],
-          int Blocks = kWgradWalkBlocks>
+          int Blocks = wgrad_walk_blocks<T>(), int CW = wgrad_walk_thread_columns<T>()>
 WgradWalkPlan wgrad_walk_plan(const DepthwiseShape& s, int multiprocessors) {
   WgradWalkPlan plan;
   WgradWalkShape& r = plan.shape;
   const int64_t bands = (s.out_h + kWgradWalkMaxBand - 1) / kWgradWalkMaxBand;
   r.band = static_cast<int>((s.out_h + bands - 1) / bands);
   r.bands = static_cast<int>((s.out_h + r.band - 1) / r.band);
-  r.strips = static_cast<int>((s.out_w + kWalkColumns - 1) / kWalkColumns);
+  r.strips = static_cast<int>((s.out_w + CW - 1) / CW);
   r.positions = s.n * r.bands * r.strips;
   const int64_t vectors = s.channels / kWalkVector;
   plan.channel_groups = (vectors + 31) / 32;
@@ -1146,7 +1164,7 @@ WgradWalkPlan wgrad_walk_plan(const DepthwiseShape& s, int multiprocessors) {
   plan.block = dim3(bx, kWalkThreads / bx);
   const int64_t blocks = (r.positions + plan.block.y - 1) / plan.block.y;
   const int64_t resident =
-      static_cast<int64_t>(multiprocessors) * wgrad_walk_blocks_per_multiprocessor<T, S, Slots, Ahead, Blocks>();
+      static_cast<int64_t>(multiprocessors) * wgrad_walk_blocks_per_multiprocessor<T, S, Slots, Ahead, Blocks, CW>();
   const int64_t parts = std::max<int64_t>(1, std::min(blocks, resident / plan.channel_groups));
   const int64_t rounds = (blocks + parts - 1) / parts;
   plan.parts = resident == 0 ? 0 : (blocks + rounds - 1) / rounds;
@@ -1154,16 +1172,14 @@ WgradWalkPlan wgrad_walk_plan(const DepthwiseShape& s, int multiprocessors) {
 }
 
 template <typename T, int S, int Slots = kWgradWalkSlots[S], int Ahead = kWgradWalkAhead[S],
-          int Blocks = kWgradWalkBlocks>
+          int Blocks = wgrad_walk_blocks<T>(), int CW = wgrad_walk_thread_columns<T>()>
 void wgrad_walk(const DepthwiseShape& s, const WgradWalkPlan& plan, const void* x, const void* dy, float* partial,
                 cudaStream_t stream) {
-  if (wgrad_walk_allowed<T, S, Slots, Ahead, Blocks>() != cudaSuccess) return;  // the launch error is kept
-  depthwise_conv_wgrad_walk<T, S, Slots, Ahead, Blocks><<<dim3(static_cast<unsigned>(plan.parts),
-                                                               static_cast<unsigned>(plan.channel_groups)),
-                                                          plan.block, wgrad_walk_shared_bytes<T, S, Slots>(),
-                                                          stream>>>(static_cast<const T*>(x),
-                                                                    static_cast<const T*>(dy), partial, s,
-                                                                    plan.shape);
+  if (wgrad_walk_allowed<T, S, Slots, Ahead, Blocks, CW>() != cudaSuccess) return;  // the launch error is kept
+  depthwise_conv_wgrad_walk<T, S, Slots, Ahead, Blocks, CW>
+      <<<dim3(static_cast<unsigned>(plan.parts), static_cast<unsigned>(plan.channel_groups)), plan.block,
+         wgrad_walk_shared_bytes<T, S, Slots, CW>(), stream>>>(static_cast<const T*>(x), static_cast<const T*>(dy),
+                                                               partial, s, plan.shape);
 }
 
 // The walk's plan at the shape's stride, or none (parts 0) where an image's sizes are not 32-bit or the grid cannot
