@@ -298,6 +298,21 @@ __device__ inline void wait_copies() {
 #endif
 }
 
+// Programmatic dependent launch (compute capability 9.0 and above; no-ops below, and where the next kernel was not
+// launched as a dependent): a grid lets its dependent start launching (its blocks may then be scheduled while this
+// grid finishes), and the dependent waits until the grid before it has completed, its writes visible, before it reads
+// them.
+__device__ inline void let_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ inline void wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // The N columns of a thread's slot (column j at slot[j * kWalkThreads]) as float.
 template <int N, typename P, int V>
 __device__ inline void unpack_slot(const P* slot, float (&out)[N][V]) {
@@ -675,6 +690,7 @@ __global__ void __launch_bounds__(32 * kWgradSumGroups) depthwise_conv_wgrad_sum
                                                                                 int64_t parts, O* __restrict__ dw,
                                                                                 int64_t channels) {
   __shared__ float sums[kWgradSumGroups][33];
+  wait_for_previous_grid();  // launched as the wgrad walk's dependent: its partial sums written
   const int lane = threadIdx.x % 32;
   const int group = threadIdx.x / 32;
   const int tap = blockIdx.y;
@@ -719,10 +735,12 @@ __global__ void __launch_bounds__(32 * kWgradSumGroups) depthwise_conv_wgrad_sum
 // eight (v2 576@14 1.52 -> 1.41). 7 columns at 2 blocks (4, 5 or 6 slots) were slower than 4 on v2's 56 x 56 and
 // 14 x 14 layers, 6 and 8 columns slower than 7, and 3 slots 1 ahead slower at stride 2 (up to 1.8x). Fewer
 // threads, each with more columns, issue fewer instructions an output (a row's copies, its slot reads, the loop),
-// where the small layers were bound by instructions (see the forward walk).
+// where the small layers were bound by instructions (see the forward walk). Then at stride 1, 4 steps ahead rather
+// than 5 (three runs): up to 0.04 less on the 7 x 7 and 14 x 14 layers (v1 1024@7 1.58-1.61 -> 1.55-1.59), the
+// others within 0.01; 6 ahead, 10 or 12 slots (7 or 8 ahead), and 5 or 8 columns were slower on the small layers.
 // By stride (1, 2): slots and steps ahead.
 constexpr int kWgradWalkSlots[3] = {0, 8, 4};
-constexpr int kWgradWalkAhead[3] = {0, 5, 2};
+constexpr int kWgradWalkAhead[3] = {0, 4, 2};
 
 // Blocks a multiprocessor and output columns a thread: 1 and 7 in 16-bit types, 2 and kWalkColumns in float (whose
 // 16-byte vectors would take 256 and 296 KB of shared memory a block with 7 columns).
@@ -903,6 +921,7 @@ __global__ void __launch_bounds__(kWalkThreads, Blocks) depthwise_conv_wgrad_wal
   // the block's sum per tap and channel: its rows of threads' sums in order, in the slots' memory once every copy is
   // done
   wait_copies<0>();
+  let_dependent_launch();  // depthwise_conv_wgrad_sum, which waits for this grid to complete before it reads
   __syncthreads();
   float* sums = reinterpret_cast<float*>(shared);  // [9][blockDim.y][width]
   const int rows_of_threads = blockDim.y;
@@ -1203,6 +1222,36 @@ int64_t wgrad_parts_typed(const DepthwiseShape& s, int multiprocessors) {
   return wgrad_walk_plan_for<T>(s, multiprocessors).parts;
 }
 
+// Whether the current device runs programmatic dependent launches (compute capability 9.0 and above).
+bool dependent_launches() {
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return major >= 9;
+}
+
+// depthwise_conv_wgrad_sum after the wgrad walk on `stream`, launched as its programmatic dependent where the device
+// runs them: its launch overlaps the walk's last blocks (a scratch harness, H100, bf16, batch 256, 2026-11-26, three
+// runs: the walk and sum together 1.56 -> 1.51x the bytes' time on v1's 1024-channel 7 x 7 layer, 1.67 -> 1.62 on
+// v2's 960-channel one, 0.01-0.04 less on the 14 x 14 layers and no layer slower).
+template <typename O>
+cudaError_t wgrad_sum(const float* partial, int64_t parts, O* dw, int64_t channels, cudaStream_t stream) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>((channels + 31) / 32), 9);
+  config.blockDim = dim3(32 * kWgradSumGroups);
+  config.stream = stream;
+  cudaLaunchAttribute dependent[1];
+  dependent[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  dependent[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = dependent;
+  config.numAttrs = dependent_launches() ? 1 : 0;
+  const cudaError_t status = cudaLaunchKernelEx(&config, depthwise_conv_wgrad_sum<O>, partial, parts, dw, channels);
+  return status != cudaSuccess ? status : cudaGetLastError();
+}
+
 template <typename T>
 cudaError_t wgrad_typed(const DepthwiseShape& s, const void* x, const void* dy, void* dw, bool dw_float,
                         float* partial, int64_t parts, int multiprocessors, cudaStream_t stream) {
@@ -1215,15 +1264,8 @@ cudaError_t wgrad_typed(const DepthwiseShape& s, const void* x, const void* dy, 
   }
   cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess) return status;
-  const dim3 grid(static_cast<unsigned>((s.channels + 31) / 32), 9);
-  if (dw_float) {
-    depthwise_conv_wgrad_sum<float><<<grid, 32 * kWgradSumGroups, 0, stream>>>(partial, parts, static_cast<float*>(dw),
-                                                                               s.channels);
-  } else {
-    depthwise_conv_wgrad_sum<T><<<grid, 32 * kWgradSumGroups, 0, stream>>>(partial, parts, static_cast<T*>(dw),
-                                                                           s.channels);
-  }
-  return cudaGetLastError();
+  if (dw_float) return wgrad_sum(partial, parts, static_cast<float*>(dw), s.channels, stream);
+  return wgrad_sum(partial, parts, static_cast<T*>(dw), s.channels, stream);
 }
 
 // Fn<T>::run(args...) for the element type (ElementType has no other values).
