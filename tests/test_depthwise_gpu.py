@@ -149,12 +149,14 @@ def test_the_depthwise_backward_rule(extension, stride, padding, dtype, channels
                                                                                              "pytorch"), grouped
 
 
-def test_the_stride1_dgrad_off_a_vector_boundary_runs_the_turned_forward(extension):
-    """cudnn_fusion::conv_dgrad at stride 1 in bfloat16: the walk with the filter turned where grad_z is on a 16-byte
-    boundary; one element off it (channels that fill the vectors, so the rule picked our kernel), cuDNN's forward with
-    the filter turned instead; both as accurate as PyTorch's dgrad against float64."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_stride1_dgrad_off_a_vector_boundary_runs_what_the_rule_runs_without_vectors(extension, dtype):
+    """cudnn_fusion::conv_dgrad at stride 1: the walk with the filter turned where grad_z is on a 16-byte boundary; one
+    element off it (channels that fill the vectors, so the rule picked our kernel), what the rule picks where the
+    channels do not fill them (depthwise_dgrad_without_vectors): in bfloat16 cuDNN's forward with the filter turned,
+    in float16 PyTorch's own dgrad, no forward kernel; each as accurate as PyTorch's dgrad against float64."""
     torch.manual_seed(0)
-    dtype, channels = torch.bfloat16, 64
+    channels = 64
     dz = _leaf(2, channels, 9, 11, dtype=dtype)
     dz_off = torch.empty(dz.numel() + 1, device="cuda", dtype=dtype)[1:].as_strided(dz.shape, dz.stride())
     dz_off.copy_(dz)
@@ -165,10 +167,13 @@ def test_the_stride1_dgrad_off_a_vector_boundary_runs_the_turned_forward(extensi
                                                     [1, 1], False, [0, 0], channels, [True, False, False])[0]
     eager = torch.ops.aten.convolution_backward(dz, dz, weight, None, [1, 1], [1, 1], [1, 1], False, [0, 0],
                                                 channels, [True, False, False])[0]
+    turned_forward = dtype == torch.bfloat16
     for grad, walk in ((dz, True), (dz_off, False)):
         ran = _profile_kernels(lambda: torch.ops.cudnn_fusion.conv_dgrad(grad, weight, *args))
         assert any("depthwise_conv_forward_walk<" in n and ", true>" in n for n in ran) == walk, ran
-        assert any("conv2d_c1_k1" in n for n in ran) == (not walk), ran
+        assert any("conv2d_c1_k1" in n for n in ran) == (not walk and turned_forward), ran
+        if not walk and not turned_forward:
+            assert not any("depthwise_conv" in n for n in ran) and ran, ran
         dx = torch.ops.cudnn_fusion.conv_dgrad(grad, weight, *args)
         assert_as_accurate_as_eager("dx", dx, eager, reference, dtype)
 

@@ -166,13 +166,14 @@ at::Tensor conv_gradient(GraphKind kind, const at::Tensor& grad_z, const at::Ten
     return dw.defined() ? dw : aten();
   }
   auto depthwise_dgrad = depthwise ? depthwise_kernel_steps(p, false).dgrad : DepthwiseDgrad::kPyTorch;
-  if (depthwise_dgrad == DepthwiseDgrad::kTurnedForward) return depthwise_dgrad_as_forward(dz, operand_dense, p);
-  if (depthwise && depthwise_dgrad != DepthwiseDgrad::kOurKernel) return aten();
-  auto out = at::empty(out_size, options);
-  if (depthwise) {
-    depthwise_conv_dgrad(dz, operand_dense, p, out);
-    return out;
+  if (depthwise && depthwise_dgrad == DepthwiseDgrad::kOurKernel) {
+    auto dx = at::empty(out_size, options);
+    if (depthwise_conv_dgrad(dz, operand_dense, p, dx)) return dx;
+    depthwise_dgrad = depthwise_dgrad_without_vectors(p.dtype);  // an operand off a 16-byte boundary
   }
+  if (depthwise_dgrad == DepthwiseDgrad::kTurnedForward) return depthwise_dgrad_as_forward(dz, operand_dense, p);
+  if (depthwise) return aten();
+  auto out = at::empty(out_size, options);
   std::unordered_map<int64_t, void*> pointers{{kUidDz, dz.data_ptr()},
                                               {dgrad ? kUidW : kUidX, operand_dense.data_ptr()},
                                               {dgrad ? kUidDx : kUidDw, out.data_ptr()}};

@@ -92,15 +92,15 @@ DepthwiseSteps depthwise_kernel_steps(const ConvProblem& p, bool has_epilogue) {
     steps.dgrad = DepthwiseDgrad::kOurKernel;
   } else if (p.stride[0] == 1 && half_precision && p.pad_pre == p.pad_post && p.pad_pre[0] < p.w_size[2] &&
              p.pad_pre[1] < p.w_size[3]) {
-    // without the vectors: in bfloat16 cuDNN's forward turned (its bfloat16 dgrad is slow), in float16 its dgrad
-    if (vectors_fit) {
-      steps.dgrad = DepthwiseDgrad::kOurKernel;
-    } else if (p.dtype == at::kBFloat16) {
-      steps.dgrad = DepthwiseDgrad::kTurnedForward;
-    }
+    steps.dgrad = vectors_fit ? DepthwiseDgrad::kOurKernel : depthwise_dgrad_without_vectors(p.dtype);
   }
   steps.wgrad = bf16_vectors || (p.dtype == at::kHalf && vectors_fit && p.stride[0] == 1);
   return steps;
+}
+
+// In bfloat16 cuDNN's forward turned (its bfloat16 dgrad is slow), in float16 its dgrad.
+DepthwiseDgrad depthwise_dgrad_without_vectors(at::ScalarType dtype) {
+  return dtype == at::kBFloat16 ? DepthwiseDgrad::kTurnedForward : DepthwiseDgrad::kPyTorch;
 }
 
 std::string describe_depthwise_steps(const DepthwiseSteps& steps) {
@@ -138,20 +138,18 @@ void depthwise_conv_forward(const at::Tensor& x, const at::Tensor& weight, const
                "forward");
 }
 
-void depthwise_conv_dgrad(const at::Tensor& dz, const at::Tensor& weight, const ConvShape& shape,
+bool depthwise_conv_dgrad(const at::Tensor& dz, const at::Tensor& weight, const ConvShape& shape,
                           const at::Tensor& dx) {
-  if (dx.numel() == 0) return;
+  if (dx.numel() == 0) return true;
+  const bool vectored = vectors(shape.x_size[1], {&dz, &dx});
+  if (shape.stride[0] == 1 && !vectored) return false;  // our stride-1 dgrad takes vectors only
   c10::DeviceGuard guard(dz.device());
   auto w = weight.contiguous();
-  const bool vectored = vectors(shape.x_size[1], {&dz, &dx});
-  if (shape.stride[0] == 1 && !vectored) {  // our stride-1 dgrad takes vectors only: the turned forward instead
-    dx.copy_(depthwise_dgrad_as_forward(dz, w, shape));
-    return;
-  }
   poison_output(dx);
   check_launch(launch_depthwise_conv_dgrad(element_type(dz.scalar_type()), shape_of(shape), dz.data_ptr(),
                                            w.data_ptr(), dx.data_ptr(), vectored, current_stream()),
                "dgrad");
+  return true;
 }
 
 at::Tensor depthwise_conv_wgrad(const at::Tensor& dz, const at::Tensor& x, const ConvShape& shape,

@@ -48,6 +48,9 @@ struct DepthwiseSteps {
 };
 // For a convolution our kernels take (depthwise_kernel_takes); p's stride, padding and dtype decide.
 DepthwiseSteps depthwise_kernel_steps(const ConvProblem& p, bool has_epilogue);
+// The stride-1 dgrad in bfloat16 or float16 where our kernel cannot take the operands (channels that do not fill
+// 16-byte vectors, or an operand off a 16-byte boundary): kTurnedForward in bfloat16, kPyTorch in float16.
+DepthwiseDgrad depthwise_dgrad_without_vectors(at::ScalarType dtype);
 // The same in words, for the layer's status.
 std::string describe_depthwise_steps(const DepthwiseSteps& steps);
 
@@ -56,7 +59,9 @@ std::string describe_depthwise_steps(const DepthwiseSteps& steps);
 // the caller's output (y, dx: dense channels_last, of the shape's output and input sizes).
 void depthwise_conv_forward(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                             const at::Tensor& residual, const ConvShape& shape, int activation, const at::Tensor& y);
-void depthwise_conv_dgrad(const at::Tensor& dz, const at::Tensor& weight, const ConvShape& shape,
+// The dgrad returns false, dx unwritten, where the stride-1 operands are off a 16-byte boundary (the caller runs
+// depthwise_dgrad_without_vectors's pick then).
+bool depthwise_conv_dgrad(const at::Tensor& dz, const at::Tensor& weight, const ConvShape& shape,
                           const at::Tensor& dx);
 // The weight gradient [channels, 1, 3, 3] in dw_dtype, dz's or float32 (dz, x: dense channels_last), summed in float in
 // a fixed order and rounded once; undefined where the tensors are not on 16-byte boundaries (the caller runs PyTorch's
