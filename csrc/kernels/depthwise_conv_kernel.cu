@@ -511,7 +511,7 @@ __global__ void __launch_bounds__(kWalkThreads, 4) depthwise_conv_forward_walk(
 // order).
 constexpr int kDgradWalkColumns = 4;  // dx columns a thread, even
 constexpr int kDgradWalkBand = 8;     // dy rows a thread writes from at most (two dx rows each): see dgrad_walk_band
-constexpr int kDgradWalkSlots = 8;    // dy rows a thread holds in shared memory (4 slots 2 ahead: 0.714 against 0.706 ms)
+constexpr int kDgradWalkSlots = 8;    // dy rows a thread holds in shared memory (4, 2 ahead: 0.714 against 0.706 ms)
 constexpr int kDgradWalkAhead = 6;
 
 template <typename T, int CX>
@@ -736,7 +736,7 @@ __global__ void __launch_bounds__(32 * kWgradSumGroups) depthwise_conv_wgrad_sum
 // Stride 1 went from 1.07-1.82x the bytes' time to 1.05-1.69x, faster on each of the ten layers (v1 1024@7 1.70 ->
 // 1.58, v2 960@7 1.82 -> 1.68, v2 384@14 1.43 -> 1.35); stride 2 from 1.05-1.53x to 1.03-1.41x, faster on each of the
 // eight (v2 576@14 1.52 -> 1.41). 7 columns at 2 blocks (4, 5 or 6 slots) were slower than 4 on v2's 56 x 56 and
-// 14 x 14 layers, 6 and 8 columns slower than 7, and 3 slots 1 ahead slower at stride 2 (up to 1.8x). Fewer
+// 14 x 14 layers, 6 and 8 columns slower than 7, and 3 slots 1 ahead slower at stride 2 (up to 1.9x). Fewer
 // threads, each with more columns, issue fewer instructions an output (a row's copies, its slot reads, the loop),
 // where the small layers were bound by instructions (see the forward walk). Then at stride 1, 4 steps ahead rather
 // than 5 (three runs): up to 0.04 less on the 7 x 7 and 14 x 14 layers (v1 1024@7 1.58-1.61 -> 1.55-1.59), the
@@ -1138,8 +1138,8 @@ constexpr int kWgradWalkMaxBand = 32;  // output rows a wgrad walk's band has at
 
 // How a wgrad walk splits the outputs: bands of at most kWgradWalkMaxBand rows (out_h split evenly), strips of
 // wgrad_walk_thread_columns, blocks of up to 32 vectors of channels (split evenly), and the blocks per channel group
-// (parts): no
-// more than every multiprocessor holds at once, each thread walking the same number of positions but in the last part.
+// (parts): no more than every multiprocessor holds at once, each thread walking the same number of positions but in
+// the last part.
 struct WgradWalkPlan {
   WgradWalkShape shape;
   dim3 block;
@@ -1238,8 +1238,8 @@ bool dependent_launches() {
 
 // depthwise_conv_wgrad_sum after the wgrad walk on `stream`, launched as its programmatic dependent where the device
 // runs them: its launch overlaps the walk's last blocks (a scratch harness, H100, bf16, batch 256, 2026-11-26, three
-// runs: the walk and sum together 1.56 -> 1.51x the bytes' time on v1's 1024-channel 7 x 7 layer, 1.67 -> 1.62 on
-// v2's 960-channel one, 0.01-0.04 less on the 14 x 14 layers and no layer slower).
+// runs: the walk and sum together 1.55-1.59 -> 1.51-1.54x the bytes' time on v1's 1024-channel 7 x 7 layer,
+// 1.67-1.69 -> 1.62-1.63 on v2's 960-channel one, 0.02-0.05 less on the 14 x 14 layers and no layer slower).
 template <typename O>
 cudaError_t wgrad_sum(const float* partial, int64_t parts, O* dw, int64_t channels, cudaStream_t stream) {
   cudaLaunchConfig_t config = {};
