@@ -349,10 +349,10 @@ __device__ inline void add_walk_row(const float (&xv)[COLS][V], const float (&wr
         acc[j][v] = fmaf(xv[j * S + kw][v], wr[kh * 3 + kw][v], first && kw == 0 ? 0.f : acc[j][v]);
 }
 
-// Input columns a walk step reads for kWalkColumns outputs at stride S.
-template <int S>
+// Input columns a walk step reads for CW outputs at stride S (the forward's and the wgrad's walks).
+template <int S, int CW = kWalkColumns>
 __host__ __device__ constexpr int walk_columns() {
-  return S * kWalkColumns + 3 - S;
+  return S * CW + 3 - S;
 }
 
 template <typename T, int S, int Activation, bool Bias, bool Turned>
@@ -761,14 +761,9 @@ struct WgradWalkShape {
   int64_t positions;        // n * bands * strips
 };
 
-template <int S, int CW>
-__host__ __device__ constexpr int wgrad_walk_columns() {  // input columns a step reads
-  return S * CW + 3 - S;
-}
-
 template <typename T, int S, int Slots, int CW>
 constexpr int wgrad_walk_shared_bytes() {
-  return Slots * (S * wgrad_walk_columns<S, CW>() + CW) * kWalkThreads *
+  return Slots * (S * walk_columns<S, CW>() + CW) * kWalkThreads *
          static_cast<int>(sizeof(Pack<T, kWalkVector>));
 }
 
@@ -788,7 +783,7 @@ __global__ void __launch_bounds__(kWalkThreads, Blocks) depthwise_conv_wgrad_wal
                                                                                   const T* __restrict__ dy,
                                                                                   float* __restrict__ partial,
                                                                                   DepthwiseShape s, WgradWalkShape r) {
-  constexpr int V = kWalkVector, COLS = wgrad_walk_columns<S, CW>();
+  constexpr int V = kWalkVector, COLS = walk_columns<S, CW>();
   static_assert(Ahead + 2 <= Slots, "a slot is refilled no sooner than two steps after it was read");
   using P = Pack<T, V>;
   extern __shared__ __align__(16) unsigned char shared[];
