@@ -1220,39 +1220,30 @@ int64_t wgrad_parts_typed(const DepthwiseShape& s, int multiprocessors) {
   return wgrad_walk_plan_for<T>(s, multiprocessors).parts;
 }
 
-// Whether the current device runs programmatic dependent launches (compute capability 9.0 and above).
-bool dependent_launches() {
-  int device = 0, major = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return major >= 9;
-}
-
-// depthwise_conv_wgrad_sum after the wgrad walk on `stream`, launched as its programmatic dependent where the device
-// runs them: its launch overlaps the walk's last blocks (a scratch harness, H100, bf16, batch 256, 2026-11-26, three
+// depthwise_conv_wgrad_sum after the wgrad walk on `stream`, launched as its programmatic dependent where `dependent`
+// (the device runs them): its launch overlaps the walk's last blocks (a scratch harness, H100, bf16, batch 256, 2026-11-26, three
 // runs: the walk and sum together 1.55-1.59 -> 1.51-1.54x the bytes' time on v1's 1024-channel 7 x 7 layer,
 // 1.67-1.69 -> 1.62-1.63 on v2's 960-channel one, 0.02-0.05 less on the 14 x 14 layers and no layer slower).
 template <typename O>
-cudaError_t wgrad_sum(const float* partial, int64_t parts, O* dw, int64_t channels, cudaStream_t stream) {
+cudaError_t wgrad_sum(const float* partial, int64_t parts, O* dw, int64_t channels, bool dependent,
+                      cudaStream_t stream) {
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>((channels + 31) / 32), 9);
   config.blockDim = dim3(32 * kWgradSumGroups);
   config.stream = stream;
-  cudaLaunchAttribute dependent[1];
-  dependent[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  dependent[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = dependent;
-  config.numAttrs = dependent_launches() ? 1 : 0;
+  cudaLaunchAttribute serialization[1];
+  serialization[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  serialization[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = serialization;
+  config.numAttrs = dependent ? 1 : 0;
   const cudaError_t status = cudaLaunchKernelEx(&config, depthwise_conv_wgrad_sum<O>, partial, parts, dw, channels);
   return status != cudaSuccess ? status : cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t wgrad_typed(const DepthwiseShape& s, const void* x, const void* dy, void* dw, bool dw_float,
-                        float* partial, int64_t parts, int multiprocessors, cudaStream_t stream) {
+                        float* partial, int64_t parts, int multiprocessors, bool dependent_sum,
+                        cudaStream_t stream) {
   const WgradWalkPlan plan = wgrad_walk_plan_for<T>(s, multiprocessors);
   if (plan.parts != parts || parts <= 0) return cudaErrorInvalidValue;
   if (s.stride == 1) {
@@ -1262,8 +1253,8 @@ cudaError_t wgrad_typed(const DepthwiseShape& s, const void* x, const void* dy, 
   }
   cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess) return status;
-  if (dw_float) return wgrad_sum(partial, parts, static_cast<float*>(dw), s.channels, stream);
-  return wgrad_sum(partial, parts, static_cast<T*>(dw), s.channels, stream);
+  if (dw_float) return wgrad_sum(partial, parts, static_cast<float*>(dw), s.channels, dependent_sum, stream);
+  return wgrad_sum(partial, parts, static_cast<T*>(dw), s.channels, dependent_sum, stream);
 }
 
 // Fn<T>::run(args...) for the element type (ElementType has no other values).
@@ -1325,9 +1316,9 @@ int64_t depthwise_wgrad_parts(ElementType type, const DepthwiseShape& shape, int
 
 cudaError_t launch_depthwise_conv_wgrad(ElementType type, const DepthwiseShape& shape, const void* x, const void* dy,
                                         void* dw, bool dw_float, float* partial, int64_t parts, int multiprocessors,
-                                        cudaStream_t stream) {
+                                        bool dependent_sum, cudaStream_t stream) {
   if (!wgrad_takes(shape) || parts <= 0) return cudaErrorInvalidValue;
-  return by_type<Wgrad>(type, shape, x, dy, dw, dw_float, partial, parts, multiprocessors, stream);
+  return by_type<Wgrad>(type, shape, x, dy, dw, dw_float, partial, parts, multiprocessors, dependent_sum, stream);
 }
 
 }  // namespace tcf

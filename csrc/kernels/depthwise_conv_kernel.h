@@ -45,9 +45,10 @@ cudaError_t launch_depthwise_conv_dgrad(ElementType type, const DepthwiseShape& 
 // channels float partial sums into `partial` (the caller's scratch), the second adds them up.
 // depthwise_wgrad_parts: the parts a launch on `multiprocessors` multiprocessors writes (0: the kernels do not take
 // the shape, or the grid cannot hold its channel groups).
+// dependent_sum: launch the second as the first's programmatic dependent (compute capability 9.0 and above).
 int64_t depthwise_wgrad_parts(ElementType type, const DepthwiseShape& shape, int multiprocessors);
 cudaError_t launch_depthwise_conv_wgrad(ElementType type, const DepthwiseShape& shape, const void* x, const void* dy,
                                         void* dw, bool dw_float, float* partial, int64_t parts, int multiprocessors,
-                                        cudaStream_t stream);
+                                        bool dependent_sum, cudaStream_t stream);
 
 }  // namespace tcf

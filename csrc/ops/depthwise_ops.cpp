@@ -161,6 +161,7 @@ at::Tensor depthwise_conv_wgrad(const at::Tensor& dz, const at::Tensor& x, const
   const auto type = element_type(dz.scalar_type());
   const auto s = shape_of(shape);
   const int multiprocessors = multiprocessor_count(dz.get_device());
+  const bool dependent_sum = compute_capability(dz.get_device()).major >= 9;
   const int64_t parts = depthwise_wgrad_parts(type, s, multiprocessors);
   if (parts <= 0) return at::Tensor();
   auto partial = at::empty({parts, 9, shape.x_size[1]}, dz.options().dtype(at::kFloat));
@@ -169,7 +170,7 @@ at::Tensor depthwise_conv_wgrad(const at::Tensor& dz, const at::Tensor& x, const
   poison_output(dw);
   check_launch(launch_depthwise_conv_wgrad(type, s, x.data_ptr(), dz.data_ptr(), dw.data_ptr(),
                                            dw_dtype != dz.scalar_type(), partial.data_ptr<float>(), parts,
-                                           multiprocessors, current_stream()),
+                                           multiprocessors, dependent_sum, current_stream()),
                "wgrad");
   return dw;
 }
