@@ -178,6 +178,40 @@ def test_the_stride1_dgrad_off_a_vector_boundary_runs_what_the_rule_runs_without
         assert_as_accurate_as_eager("dx", dx, eager, reference, dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_weight_off_a_vector_boundary_keeps_the_forward_walk_out_and_matches_float64(extension, no_tf32, dtype):
+    """The forward walk (also the stride-1 dgrad) reads the filters as vectors. With the weight one element past a
+    16-byte boundary the forward runs the strip kernel, and the stride-1 dgrad what the rule runs without vectors
+    (depthwise_dgrad_without_vectors); on the boundary both run the walk. Each as accurate as eager's against
+    float64."""
+    torch.manual_seed(0)
+    channels = 64
+    x = _leaf(2, channels, 9, 11, dtype=dtype)
+    weight = torch.randn(channels, 1, 3, 3, device="cuda").to(dtype)
+    weight_off = torch.empty(weight.numel() + 1, device="cuda", dtype=dtype)[1:].view_as(weight)
+    weight_off.copy_(weight)
+    assert weight_off.is_contiguous() and weight_off.data_ptr() % 16 != 0
+    bias = torch.randn(channels, device="cuda").to(dtype)
+    eager = F.relu(F.conv2d(x, weight, bias, 1, 1, 1, channels))
+    reference = F.relu(F.conv2d(x.double(), weight.double(), bias.double(), 1, 1, 1, channels))
+    args = (list(x.shape), [1, 1], [1, 1], [1, 1], [1, 1], channels)
+    eager_dx = torch.ops.aten.convolution_backward(x, x, weight, None, [1, 1], [1, 1], [1, 1], False, [0, 0],
+                                                   channels, [True, False, False])[0]
+    reference_dx = torch.ops.aten.convolution_backward(x.double(), x.double(), weight.double(), None, [1, 1], [1, 1],
+                                                       [1, 1], False, [0, 0], channels, [True, False, False])[0]
+    for w, walk in ((weight, True), (weight_off, False)):
+        def forward():
+            return tcf.conv2d_bias_act(x, w, bias, None, 1, 1, 1, channels, "relu", strict=True)
+        ran = _profile_kernels(forward)
+        assert any("depthwise_conv_forward_walk<" in n for n in ran) == walk, ran
+        assert any("depthwise_conv_forward<" in n for n in ran) == (not walk), ran
+        assert_as_accurate_as_eager("y", forward(), eager, reference, dtype)
+        ran = _profile_kernels(lambda: torch.ops.cudnn_fusion.conv_dgrad(x, w, *args))
+        assert any("depthwise_conv_forward_walk<" in n and ", true>" in n for n in ran) == walk, ran
+        dx = torch.ops.cudnn_fusion.conv_dgrad(x, w, *args)
+        assert_as_accurate_as_eager("dx", dx, eager_dx, reference_dx, dtype)
+
+
 @pytest.mark.parametrize("batch, channels, height, width", [
     (16, 96, 30, 30),  # 24 vectors of 4 channels: blocks of 5 positions; out 15 x 15 in one band, 3 strips of 7
                        # columns (16-bit types), the last of 1

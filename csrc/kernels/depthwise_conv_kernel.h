@@ -25,8 +25,9 @@ struct DepthwiseShape {
   int kernel, stride, pad_h, pad_w;
 };
 
-// `vectors`: channels are a multiple of 16 / element_bytes and every NHWC tensor pointer is 16-byte aligned (16-byte
-// accesses); else one element at a time. The weight and bias are read one element at a time.
+// `vectors`: channels are a multiple of 16 / element_bytes and every NHWC tensor pointer and the weight are 16-byte
+// aligned (16-byte accesses; the forward walk reads the weight as vectors); else one element at a time. The bias is
+// read one element at a time.
 bool depthwise_vectors_fit(int64_t channels, int element_bytes);
 
 // y = activation(conv(x, weight) + bias + residual); bias and residual may be null. Asynchronous on `stream`.

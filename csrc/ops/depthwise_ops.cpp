@@ -20,7 +20,8 @@ DepthwiseShape shape_of(const ConvShape& p) {
           static_cast<int>(p.stride[0]), static_cast<int>(p.pad_pre[0]), static_cast<int>(p.pad_pre[1])};
 }
 
-// 16-byte accesses: the channels fill them and every NHWC operand (undefined ones aside) starts on 16 bytes.
+// 16-byte accesses: the channels fill them and every NHWC operand and the weight (undefined ones aside) start on 16
+// bytes.
 bool vectors(int64_t channels, std::initializer_list<const at::Tensor*> operands) {
   const int element_bytes = static_cast<int>(operands.begin()[0]->element_size());
   if (!depthwise_vectors_fit(channels, element_bytes)) return false;
@@ -133,7 +134,7 @@ void depthwise_conv_forward(const at::Tensor& x, const at::Tensor& weight, const
   check_launch(launch_depthwise_conv_forward(element_type(x.scalar_type()), shape_of(shape), x.data_ptr(),
                                              w.data_ptr(), b.defined() ? b.data_ptr() : nullptr,
                                              residual.defined() ? residual.data_ptr() : nullptr, y.data_ptr(),
-                                             activation, vectors(shape.x_size[1], {&x, &y, &residual}),
+                                             activation, vectors(shape.x_size[1], {&x, &y, &residual, &w}),
                                              current_stream()),
                "forward");
 }
@@ -141,10 +142,10 @@ void depthwise_conv_forward(const at::Tensor& x, const at::Tensor& weight, const
 bool depthwise_conv_dgrad(const at::Tensor& dz, const at::Tensor& weight, const ConvShape& shape,
                           const at::Tensor& dx) {
   if (dx.numel() == 0) return true;
-  const bool vectored = vectors(shape.x_size[1], {&dz, &dx});
+  auto w = weight.contiguous();
+  const bool vectored = vectors(shape.x_size[1], {&dz, &dx, &w});
   if (shape.stride[0] == 1 && !vectored) return false;  // our stride-1 dgrad takes vectors only
   c10::DeviceGuard guard(dz.device());
-  auto w = weight.contiguous();
   poison_output(dx);
   check_launch(launch_depthwise_conv_dgrad(element_type(dz.scalar_type()), shape_of(shape), dz.data_ptr(),
                                            w.data_ptr(), dx.data_ptr(), vectored, current_stream()),
