@@ -180,9 +180,9 @@ def test_the_stride1_dgrad_off_a_vector_boundary_runs_what_the_rule_runs_without
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_a_weight_off_a_vector_boundary_keeps_the_forward_walk_out_and_matches_float64(extension, no_tf32, dtype):
-    """The forward walk (also the stride-1 dgrad) reads the filters as vectors. With the weight one element past a
-    16-byte boundary the forward runs the strip kernel, and the stride-1 dgrad what the rule runs without vectors
-    (depthwise_dgrad_without_vectors); on the boundary both run the walk. Each as accurate as eager's against
+    """The walks read the filters as vectors. With the weight one element past a 16-byte boundary the forward and the
+    stride-2 dgrad run their strip kernels, and the stride-1 dgrad what the rule runs without vectors
+    (depthwise_dgrad_without_vectors); on the boundary the three run the walks. Each as accurate as eager's against
     float64."""
     torch.manual_seed(0)
     channels = 64
@@ -199,6 +199,13 @@ def test_a_weight_off_a_vector_boundary_keeps_the_forward_walk_out_and_matches_f
                                                    channels, [True, False, False])[0]
     reference_dx = torch.ops.aten.convolution_backward(x.double(), x.double(), weight.double(), None, [1, 1], [1, 1],
                                                        [1, 1], False, [0, 0], channels, [True, False, False])[0]
+    dz2 = _leaf(2, channels, 5, 6, dtype=dtype)  # stride 2 of x
+    args2 = (list(x.shape), [2, 2], [1, 1], [1, 1], [1, 1], channels)
+    eager_dx2 = torch.ops.aten.convolution_backward(dz2, x, weight, None, [2, 2], [1, 1], [1, 1], False, [0, 0],
+                                                    channels, [True, False, False])[0]
+    reference_dx2 = torch.ops.aten.convolution_backward(dz2.double(), x.double(), weight.double(), None, [2, 2],
+                                                        [1, 1], [1, 1], False, [0, 0], channels,
+                                                        [True, False, False])[0]
     for w, walk in ((weight, True), (weight_off, False)):
         def forward():
             return tcf.conv2d_bias_act(x, w, bias, None, 1, 1, 1, channels, "relu", strict=True)
@@ -210,6 +217,11 @@ def test_a_weight_off_a_vector_boundary_keeps_the_forward_walk_out_and_matches_f
         assert any("depthwise_conv_forward_walk<" in n and ", true>" in n for n in ran) == walk, ran
         dx = torch.ops.cudnn_fusion.conv_dgrad(x, w, *args)
         assert_as_accurate_as_eager("dx", dx, eager_dx, reference_dx, dtype)
+        ran = _profile_kernels(lambda: torch.ops.cudnn_fusion.conv_dgrad(dz2, w, *args2))
+        assert any("depthwise_conv_dgrad_walk<" in n for n in ran) == walk, ran
+        assert any("depthwise_conv_dgrad<" in n for n in ran) == (not walk), ran
+        dx2 = torch.ops.cudnn_fusion.conv_dgrad(dz2, w, *args2)
+        assert_as_accurate_as_eager("dx at stride 2", dx2, eager_dx2, reference_dx2, dtype)
 
 
 @pytest.mark.parametrize("batch, channels, height, width", [

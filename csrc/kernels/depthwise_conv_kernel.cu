@@ -349,6 +349,31 @@ __device__ inline void add_walk_row(const float (&xv)[COLS][V], const float (&wr
         acc[j][v] = fmaf(xv[j * S + kw][v], wr[kh * 3 + kw][v], first && kw == 0 ? 0.f : acc[j][v]);
 }
 
+// The V filters of channels c ... c + V - 1 (9 * V consecutive elements from w + c * 9) as float, tap k of the filter
+// at wr[Turned ? 8 - k : k]: read as 9 vectors of V (c * 9 elements is a multiple of a vector's bytes, and the caller
+// checks that w starts on 16 bytes), each element converted on its own.
+// 9 vector loads rather than 36 element loads (a scratch harness, H100, bf16, batch 256, 2026-11-26; x the bytes'
+// time): the forward with bias and ReLU 1.30-1.31 -> 1.20-1.23 on v1's 1024-channel 7 x 7 layer, 1.36-1.38 ->
+// 1.26-1.27 on v2's 960-channel one and 1.35 -> 1.30 on v2's 384-channel 14 x 14 one (five runs each); the
+// stride-1 dgrads 0.02-0.08 less on those three and the others within 0.01 (one run of the 18 layers), but v2's
+// 576-channel 14 x 14 layer, 0.01 slower. Each element converted on its own: unpacked as pairs (unpack), the walk
+// took 128 registers, not 122, and on that 576-channel layer issued 22.1 rather than 21.2 million instructions and
+// ran 1.35 against 1.30x. The stride-2 dgrad walk the same way (three runs, bf16 twice and fp16): 1.29 -> 1.22-1.23
+// on v2's 576-channel 14 x 14 layer, 1.24-1.26 -> 1.20 on v1's 512-channel one, 1.22-1.24 -> 1.19-1.20 on v2's
+// 192-channel 28 x 28 one, the others within 0.02.
+template <bool Turned, typename T, int V>
+__device__ inline void load_filters(const T* __restrict__ w, int c, float (&wr)[9][V]) {
+#pragma unroll
+  for (int m = 0; m < 9; ++m) {
+    const Pack<T, V> filters = reinterpret_cast<const Pack<T, V>*>(w + c * 9)[m];
+#pragma unroll
+    for (int q = 0; q < V; ++q) {
+      const int k = m * V + q;
+      wr[Turned ? 8 - k % 9 : k % 9][k / 9] = to_float(filters.v[q]);
+    }
+  }
+}
+
 // Input columns a walk step reads for CW outputs at stride S (the forward's and the wgrad's walks).
 template <int S, int CW = kWalkColumns>
 __host__ __device__ constexpr int walk_columns() {
@@ -402,25 +427,9 @@ __global__ void __launch_bounds__(kWalkThreads, 4) depthwise_conv_forward_walk(
   };
 #pragma unroll
   for (int e = 0; e < kWalkAhead; ++e) issue();
-  // the V filters: 9 * V consecutive elements from w + c * 9, read as 9 vectors of V (c * 9 elements is a multiple of
-  // a vector's bytes, and the caller checks that w starts on 16 bytes); turned: tap k of the filter is tap 8 - k here.
-  // 9 vector loads rather than 36 element loads (a scratch harness, H100, bf16, batch 256, 2026-11-26; x the bytes'
-  // time): the forward with bias and ReLU 1.30-1.31 -> 1.20-1.23 on v1's 1024-channel 7 x 7 layer, 1.36-1.38 ->
-  // 1.26-1.27 on v2's 960-channel one and 1.35 -> 1.30 on v2's 384-channel 14 x 14 one (five runs each); the
-  // stride-1 dgrads 0.02-0.08 less on those three and the others within 0.01 (one run of the 18 layers), but v2's
-  // 576-channel 14 x 14 layer, 0.01 slower. Each element converted on its own: unpacked as pairs (unpack), the walk
-  // took 128 registers, not 122, and on that 576-channel layer issued 22.1 rather than 21.2 million instructions and
-  // ran 1.35 against 1.30x.
+  // the V filters; turned: tap k of the filter is tap 8 - k here
   float wr[9][V], b[V];
-#pragma unroll
-  for (int m = 0; m < 9; ++m) {
-    const P filters = reinterpret_cast<const P*>(w + c * 9)[m];
-#pragma unroll
-    for (int q = 0; q < V; ++q) {
-      const int k = m * V + q;
-      wr[Turned ? 8 - k % 9 : k % 9][k / 9] = to_float(filters.v[q]);
-    }
-  }
+  load_filters<Turned>(w, c, wr);
 #pragma unroll
   for (int v = 0; v < V; ++v) b[v] = Bias ? to_float(bias[c + v]) : 0.f;
 
@@ -571,8 +580,7 @@ __global__ void __launch_bounds__(kWalkThreads, 4) depthwise_conv_dgrad_walk(
 #pragma unroll
   for (int e = 0; e < kDgradWalkAhead; ++e) issue();
   float wr[9][V];
-#pragma unroll
-  for (int k = 0; k < 9 * V; ++k) wr[k % 9][k / 9] = to_float(w[c * 9 + k]);
+  load_filters<false>(w, c, wr);
   // dx columns: b0 + jj - pad_w, written where inside the image
   const int iw0 = b0 - s.pad_w;
   bool store_column[CX];

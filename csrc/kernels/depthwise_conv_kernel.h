@@ -26,7 +26,7 @@ struct DepthwiseShape {
 };
 
 // `vectors`: channels are a multiple of 16 / element_bytes and every NHWC tensor pointer and the weight are 16-byte
-// aligned (16-byte accesses; the forward walk reads the weight as vectors); else one element at a time. The bias is
+// aligned (16-byte accesses; the walks read the weight as vectors); else one element at a time. The bias is
 // read one element at a time.
 bool depthwise_vectors_fit(int64_t channels, int element_bytes);
 
