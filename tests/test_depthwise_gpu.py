@@ -34,7 +34,8 @@ CASES = {
     "3x3-s1-relu6": (48, 3, 1, 1, 11, 12, True, False, "relu6"),  # inputs scaled by 4: some outputs clip at 6
     "3x3-s2-relu6-odd-channels": (21, 3, 2, 1, 9, 9, True, True, "relu6"),
     # the stride-1 walk (depthwise_conv_forward_walk): strips of 4 columns, the last partial (37 = 9 * 4 + 1), with a
-    # residual; many strips; padding 2; bands of at most 16 rows splitting 67 rows as 14, 14, 14, 14, 11, with ReLU6
+    # residual; many strips; padding 2; bands of at most 7 rows splitting 13 rows as 7 + 6 and 67 as nine of 7 and one
+    # of 4, with ReLU6
     "3x3-s1-wide-tiles": (64, 3, 1, 1, 13, 37, True, True, True),
     "3x3-s1-ring-tiles": (64, 3, 1, 1, 11, 130, True, True, True),
     "3x3-s1-ring-padding-2": (128, 3, 1, 2, 6, 5, True, False, True),

@@ -1016,16 +1016,21 @@ cudaError_t allow_shared_bytes(Kernel kernel, int bytes, std::atomic<uint64_t>& 
 }
 
 // Output rows a forward walk's thread walks at most (the band; out_h is split evenly into bands of at most this many).
-// Stride 1: 16. Stride 2: 4 where out_h >= 28, else 16. A scratch harness (H200, bf16, batch 256, the 18 layers of
-// bench_depthwise, 2026-11-26, the plain forward as a multiple of its bytes' time; limits 32, 16, 14, 10, 8, 7, 5, 4,
-// 3; every limit gave the same bits): at stride 1, 16 against 32 took 1.18 against 1.24 on v1's 32-channel 112 x 112
-// layer, 1.17 against 1.21 on its 128-channel 56 x 56 one, 1.32 against 1.42 on v2's 192-channel 28 x 28 one and the
-// same on the others (with out_h <= 16 the two limits launch the same bands; limits of 7 and below were up to 1.3x
-// slower at 14 x 14 and 7 x 7, where a thread's two extra rows weigh most). At stride 2, bands of 4 took 1.02-1.11
-// against 1.08-1.15 for 16 on the four layers with out_h >= 28, and 1.23-1.45 against 1.22-1.46 on the 14 x 14 and
-// 28 x 28 inputs (slower on three of the four): more, shorter threads fill the machine better where each one's extra
-// row costs little.
-int forward_walk_band(int stride, int64_t out_h) { return stride == 2 && out_h >= 28 ? 4 : 16; }
+// Stride 1: 7. Stride 2: 4 where out_h >= 28, else 16.
+// Stride 1 (a scratch harness, H100, bf16, batch 256, the ten stride-1 layers of bench_depthwise, 2026-11-26, two
+// runs, x the bytes' time, the forward, plain forward and stride-1 dgrad together; every limit gave the same bits):
+// bands of 7 against 16 took 1.21-1.24 against 1.30-1.33 on v2's 576-channel 14 x 14 layer, 1.22-1.26 against
+// 1.29-1.32 on its 384-channel one, 1.10-1.17 against 1.15-1.25 on the 28 x 28 layers, 1.05-1.11 against 1.11-1.16 on
+// the 56 x 56 ones and 1.07-1.08 against 1.13-1.14 on v1's 32-channel 112 x 112 one; the 7 x 7 layers launch the same
+// band. The plain forwards' sum: 1.533-1.546 against 1.573-1.577 ms. Bands of 8 were 0.01-0.02 slower on the 56 x 56
+// layers; 6, 5 and 4 up to 1.25x slower at 7 x 7, where the 7 rows make 2 bands. Before the filters were read as
+// vectors (load_filters), bands of 7 and below were up to 1.3x slower than 16 at 14 x 14 and 7 x 7 (H200): each
+// band's thread paid 36 filter loads.
+// Stride 2 (the same harness, H200, the eight stride-2 layers, limits 32 ... 3): bands of 4 took 1.02-1.11 against
+// 1.08-1.15 for 16 on the four layers with out_h >= 28, and 1.23-1.45 against 1.22-1.46 on the 14 x 14 and 28 x 28
+// inputs (slower on three of the four): more, shorter threads fill the machine better where each one's extra row costs
+// little.
+int forward_walk_band(int stride, int64_t out_h) { return stride == 1 ? 7 : out_h >= 28 ? 4 : 16; }
 
 // The walk's launch: bands of at most forward_walk_band rows splitting out_h evenly; false where the grid cannot hold
 // the threads or an image's sizes are not 32-bit (the caller runs the strip kernel then).
