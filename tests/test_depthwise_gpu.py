@@ -180,7 +180,7 @@ def test_the_stride1_dgrad_off_a_vector_boundary_runs_what_the_rule_runs_without
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_a_weight_off_a_vector_boundary_keeps_the_forward_walk_out_and_matches_float64(extension, no_tf32, dtype):
+def test_a_weight_off_a_vector_boundary_keeps_the_walks_out_and_matches_float64(extension, no_tf32, dtype):
     """The walks read the filters as vectors. With the weight one element past a 16-byte boundary the forward and the
     stride-2 dgrad run their strip kernels, and the stride-1 dgrad what the rule runs without vectors
     (depthwise_dgrad_without_vectors); on the boundary the three run the walks. Each as accurate as eager's against

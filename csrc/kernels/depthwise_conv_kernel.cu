@@ -1249,9 +1249,9 @@ int64_t wgrad_parts_typed(const DepthwiseShape& s, int multiprocessors) {
 }
 
 // depthwise_conv_wgrad_sum after the wgrad walk on `stream`, launched as its programmatic dependent where `dependent`
-// (the device runs them): its launch overlaps the walk's last blocks (a scratch harness, H100, bf16, batch 256, 2026-11-26, three
-// runs: the walk and sum together 1.55-1.59 -> 1.51-1.54x the bytes' time on v1's 1024-channel 7 x 7 layer,
-// 1.67-1.69 -> 1.62-1.63 on v2's 960-channel one, 0.02-0.05 less on the 14 x 14 layers and no layer slower).
+// (the device runs them): its launch overlaps the walk's last blocks (a scratch harness, H100, bf16, batch 256,
+// 2026-11-26, three runs: the walk and sum together 1.55-1.59 -> 1.51-1.54x the bytes' time on v1's 1024-channel 7 x 7
+// layer, 1.67-1.69 -> 1.62-1.63 on v2's 960-channel one, 0.02-0.05 less on the 14 x 14 layers and no layer slower).
 template <typename O>
 cudaError_t wgrad_sum(const float* partial, int64_t parts, O* dw, int64_t channels, bool dependent,
                       cudaStream_t stream) {
