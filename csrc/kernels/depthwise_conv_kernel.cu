@@ -764,6 +764,15 @@ __global__ void __launch_bounds__(32 * kWgradSumGroups) depthwise_conv_wgrad_sum
 // where the small layers were bound by instructions (see the forward walk). Then at stride 1, 4 steps ahead rather
 // than 5 (three runs): up to 0.04 less on the 7 x 7 and 14 x 14 layers (v1 1024@7 1.58-1.61 -> 1.55-1.59), the
 // others within 0.01; 6 ahead, 10 or 12 slots (7 or 8 ahead), and 5 or 8 columns were slower on the small layers.
+// What holds the 7 x 7 layers above 1.3x (the same harness, H100, bf16, 2026-11-26q; walk and sum, x the bytes'
+// time): v1 1024@7 took 1.50, without its sum 1.39, with no FMAs (the copies, slot reads and conversions kept) 1.41
+// and with no copies 1.10; v2 960@7 1.60, 1.49, 1.49 and 1.16: without a single FMA they stay above 1.3x, and the
+// FMAs alone take nearly the bytes' time. Not kept, all slower or unchanged: skipping the products of padding rows and
+// of dy rows past the band (fewer instructions; 219 registers, up to 0.31 slower at stride 1); a pair of threads
+// copying 16 bytes each for both (up to 0.7 slower); the blocks of a channel group as one cluster of 2, 4 or 8
+// adding their sums in distributed shared memory with no sum kernel (fewer blocks fit: up to 3.2x slower); the sum's
+// launch let at the walk's start; blocks of up to 64 or 128 channel vectors (up to 0.6 slower, but v2 144@56 1.20
+// -> 1.11); 6 slots at 2 blocks a multiprocessor (up to 0.21 slower).
 // By stride (1, 2): slots and steps ahead.
 constexpr int kWgradWalkSlots[3] = {0, 8, 4};
 constexpr int kWgradWalkAhead[3] = {0, 4, 2};
