@@ -230,6 +230,7 @@ def test_a_weight_off_a_vector_boundary_keeps_the_walks_out_and_matches_float64(
                        # columns (16-bit types), the last of 1
     (48, 128, 130, 66),  # out 65 x 33: three bands (22, 22, 21), 5 strips (the last of 5 columns); 720 positions,
                          # 180 blocks: on 132 multiprocessors (a block each) each thread walks two of them in turn
+    (16, 192, 14, 14),  # 48 vectors: channel groups of 32 and 16 (a warp a position), out 7 x 7
 ])
 def test_the_depthwise_wgrad_kernel_is_deterministic_and_matches_float64(extension, batch, channels, height, width):
     """Our stride-2 bfloat16 wgrad (cudnn_fusion::conv_wgrad: depthwise_conv_wgrad_walk at stride 2) on batches large
@@ -269,10 +270,10 @@ def test_the_depthwise_wgrad_kernel_is_deterministic_and_matches_float64(extensi
 @pytest.mark.parametrize("batch, channels, height, width, padding", [
     (24, 32, 40, 37, 1),  # 8 vectors of 4 channels: blocks of 16 positions; out_h 40 in two bands of 20; 37 columns
                           # in 6 strips of 7 (16-bit types), the last of 2 columns
-    (24, 200, 17, 9, 0),  # 50 vectors: two channel groups of 25; no padding (out 15 x 7)
-    (24, 576, 14, 14, 1),  # 144 vectors: five channel groups, the last part-filled
-    (24, 1032, 7, 7, 2),  # 258 vectors: nine groups, the last part-filled; padding 2 (out 9 x 9, the second strip of
-                          # 2 columns)
+    (24, 200, 17, 9, 0),  # 50 vectors: channel groups of 32 and 18 (a warp a position); no padding (out 15 x 7)
+    (24, 576, 14, 14, 1),  # 144 vectors: four channel groups of 32 and one of 16
+    (24, 1032, 7, 7, 2),  # 258 vectors: nine groups of 29 (a last group of 2 would not be half full), the last of 26;
+                          # padding 2 (out 9 x 9, the second strip of 2 columns)
     (50, 128, 54, 47, 1),  # 700 positions (two bands of 27 rows, 7 strips, the last of 5 columns), 175 blocks: on 132
                            # multiprocessors (one block each) each thread walks two of them back to back, the last
                            # part one
