@@ -41,6 +41,9 @@ CASES = {
     "3x3-s1-ring-padding-2": (128, 3, 1, 2, 6, 5, True, False, True),
     "3x3-s1-rows-tiles": (40, 3, 1, 1, 13, 37, True, True, True),
     "3x3-s1-bands": (16, 3, 1, 1, 67, 6, True, True, "relu6"),
+    # the stride-2 walk's bands: out_h 29 (float: bands of 2, the last of 1; 16-bit types: 4) and 14 (float: two of 7)
+    "3x3-s2-tall": (16, 3, 2, 1, 57, 9, True, False, True),
+    "3x3-s2-two-bands": (32, 3, 2, 1, 28, 10, True, True, False),
     # the stride-2 dgrad walk (depthwise_conv_dgrad_walk): strips of 4 dx columns from b = 0 (b = iw + padding), 35
     # columns + 1 of padding in 9 strips; bands of at most 8 dy rows splitting 10 rows as 5 + 5, and of at most 5
     # (28 rows or more) splitting 34 as six of 5 and one of 4; there the stride-2 forward's bands of at most 4 split

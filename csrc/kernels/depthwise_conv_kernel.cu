@@ -1025,7 +1025,8 @@ cudaError_t allow_shared_bytes(Kernel kernel, int bytes, std::atomic<uint64_t>& 
 }
 
 // Output rows a forward walk's thread walks at most (the band; out_h is split evenly into bands of at most this many).
-// Stride 1: 7. Stride 2: 4 where out_h >= 28, else 16.
+// Stride 1: 7. Stride 2 in 16-bit types: 4 where out_h >= 28, else 16; in float: 2 where out_h >= 28, 8 where
+// out_h >= 14, else 4.
 // Stride 1 (a scratch harness, H100, bf16, batch 256, the ten stride-1 layers of bench_depthwise, 2026-11-26, two
 // runs, x the bytes' time, the forward, plain forward and stride-1 dgrad together; every limit gave the same bits):
 // bands of 7 against 16 took 1.21-1.24 against 1.30-1.33 on v2's 576-channel 14 x 14 layer, 1.22-1.26 against
@@ -1038,15 +1039,24 @@ cudaError_t allow_shared_bytes(Kernel kernel, int bytes, std::atomic<uint64_t>& 
 // Stride 2 (the same harness, H200, the eight stride-2 layers, limits 32 ... 3): bands of 4 took 1.02-1.11 against
 // 1.08-1.15 for 16 on the four layers with out_h >= 28, and 1.23-1.45 against 1.22-1.46 on the 14 x 14 and 28 x 28
 // inputs (slower on three of the four): more, shorter threads fill the machine better where each one's extra row costs
-// little.
-int forward_walk_band(int stride, int64_t out_h) { return stride == 1 ? 7 : out_h >= 28 ? 4 : 16; }
+// little. Stride 2 in float (H100, the eight stride-2 layers with bias and ReLU, limits 2, 4, 8, 16 and 32, three
+// repetitions, 2026-11-26; a float walk's block takes twice the shared memory, 3 blocks a multiprocessor, not 4):
+// against the 16-bit types' limits, 2 took v1 64@112 1.16 -> 1.11, v1 128@56 1.18 -> 1.14, v2 96@112 1.20 -> 1.14
+// and v2 144@56 1.30 -> 1.24; 8 (two bands of 7) v1 256@28 1.32 -> 1.21 (v2 192@28 1.20 either way; 2: 1.25); 4
+// (bands of 4 and 3) v1 512@14 1.38 -> 1.33 and v2 576@14 1.33 -> 1.29. In bf16 the same limits were no better
+// but 4 at v2 576@14 (1.29 -> 1.23), which took v1 512@14 from 1.19 to 1.22.
+int forward_walk_band(int stride, int64_t out_h, int element_bytes) {
+  if (stride == 1) return 7;
+  if (element_bytes == 4) return out_h >= 28 ? 2 : out_h >= 14 ? 8 : 4;
+  return out_h >= 28 ? 4 : 16;
+}
 
 // The walk's launch: bands of at most forward_walk_band rows splitting out_h evenly; false where the grid cannot hold
 // the threads or an image's sizes are not 32-bit (the caller runs the strip kernel then).
 template <typename T, int S, bool Turned>
 bool forward_walk(const DepthwiseShape& s, const void* x, const void* w, const void* bias, const void* residual,
                   void* y, int activation, cudaStream_t stream) {
-  const int max_band = forward_walk_band(S, s.out_h);
+  const int max_band = forward_walk_band(S, s.out_h, static_cast<int>(sizeof(T)));
   const int64_t bands = (s.out_h + max_band - 1) / max_band;
   const int band = static_cast<int>((s.out_h + bands - 1) / bands);
   const int64_t threads = s.n * bands * ((s.out_w + kWalkColumns - 1) / kWalkColumns) * (s.channels / kWalkVector);
