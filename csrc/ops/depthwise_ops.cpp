@@ -86,7 +86,6 @@ DepthwiseSteps depthwise_kernel_steps(const ConvProblem& p, bool has_epilogue) {
   DepthwiseSteps steps;
   const int element_bytes = static_cast<int>(c10::elementSize(p.dtype));
   const bool vectors_fit = depthwise_vectors_fit(p.w_size[0], element_bytes);
-  const bool bf16_vectors = p.dtype == at::kBFloat16 && vectors_fit;
   const bool half_precision = p.dtype == at::kBFloat16 || p.dtype == at::kHalf;
   steps.forward = has_epilogue || (half_precision && vectors_fit);
   if (p.stride[0] == 2) {
@@ -95,7 +94,7 @@ DepthwiseSteps depthwise_kernel_steps(const ConvProblem& p, bool has_epilogue) {
              p.pad_pre[1] < p.w_size[3]) {
     steps.dgrad = vectors_fit ? DepthwiseDgrad::kOurKernel : depthwise_dgrad_without_vectors(p.dtype);
   }
-  steps.wgrad = bf16_vectors || (p.dtype == at::kHalf && vectors_fit && p.stride[0] == 1);
+  steps.wgrad = half_precision && vectors_fit;
   return steps;
 }
 

@@ -33,9 +33,11 @@ std::string depthwise_kernel_unmet(const ConvProblem& p);
 // with the filter turned 180 degrees where the channels fill its vectors (0.37-0.52x of cuDNN's bfloat16 dgrad; in
 // float16 0.56-0.99x of cuDNN's, a harness with and without cudnn.benchmark, 2026-11-26), else in bfloat16 PyTorch's
 // (cuDNN's) forward so turned and in float16 cuDNN's dgrad; in float32 cuDNN's dgrad. wgrad in our walk where the
-// channels fill 16-byte vectors: in bfloat16 0.52-0.76x of cuDNN's time on each layer; in float16 at stride 1 only,
-// 0.69-0.93x of cuDNN's with torch.backends.cudnn.benchmark on (at stride 2 0.82-1.04x: v1's 64-channel 112x112 layer
-// was 4% slower); float32 not measured. The rest runs PyTorch's kernels.
+// channels fill 16-byte vectors, in bfloat16 and float16: in bfloat16 0.52-0.76x of cuDNN's time on each layer; in
+// float16 0.69-0.93x of cuDNN's with torch.backends.cudnn.benchmark on at stride 1, and at stride 2 (cuDNN's until the
+// walk's changes of 2026-11-26, when its float16 wgrad was 4% faster on v1's 64-channel 112x112 layer) the walk took
+// 1.05-1.40x its bytes' time where cuDNN's took 1.07-2.51x (benchmarks/results/depthwise_float16_h100_2026-11-26q and
+// a harness, H100); float32 not measured. The rest runs PyTorch's kernels.
 enum class DepthwiseDgrad {
   kPyTorch,        // PyTorch's (cuDNN's) dgrad
   kOurKernel,      // our dgrad kernel (at stride 1 the walk forward with the filter turned)
