@@ -275,6 +275,7 @@ def test_the_depthwise_wgrad_kernel_is_deterministic_and_matches_float64(extensi
                           # in 6 strips of 7 (16-bit types), the last of 2 columns
     (24, 200, 17, 9, 0),  # 50 vectors: channel groups of 32 and 18 (a warp a position); no padding (out 15 x 7)
     (24, 576, 14, 14, 1),  # 144 vectors: four channel groups of 32 and one of 16
+    (16, 144, 14, 14, 1),  # 36 vectors: one group of 36 (18 + 18 would share a 32-byte sector), 3 positions a block
     (24, 1032, 7, 7, 2),  # 258 vectors: nine groups of 29 (a last group of 2 would not be half full), the last of 26;
                           # padding 2 (out 9 x 9, the second strip of 2 columns)
     (50, 128, 54, 47, 1),  # 700 positions (two bands of 27 rows, 7 strips, the last of 5 columns), 175 blocks: on 132

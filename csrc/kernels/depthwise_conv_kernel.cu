@@ -1179,16 +1179,19 @@ cudaError_t dgrad_typed(const DepthwiseShape& s, const void* dy, const void* w, 
 constexpr int kWgradWalkMaxBand = 32;  // output rows a wgrad walk's band has at most
 
 // How a wgrad walk splits the outputs: bands of at most kWgradWalkMaxBand rows (out_h split evenly), strips of
-// wgrad_walk_thread_columns, blocks of up to 32 vectors of channels, and the blocks per channel group (parts): no
-// more than every multiprocessor holds at once, each thread walking the same number of positions but in the last
-// part. A block takes 32 vectors, a warp a position, where the last channel group is then at least half full (else
-// the vectors split evenly): 144 vectors as 32, 32, 32, 32 and 16, not 5 x 29 (a warp reading one stretch of a
+// wgrad_walk_thread_columns, blocks of up to 32 vectors of channels (42 below), and the blocks per channel group
+// (parts): no more than every multiprocessor holds at once, each thread walking the same number of positions but in
+// the last part. A block takes 32 vectors, a warp a position, where the last channel group is then at least half full
+// (else the vectors split evenly): 144 vectors as 32, 32, 32, 32 and 16, not 5 x 29 (a warp reading one stretch of a
 // position's channels, not parts of two). A scratch harness (H100, batch 256, 2026-11-26, one run of four repetitions
 // in bf16 and two in fp16, x the bytes' time): v2 576@14 1.30-1.31 -> 1.28-1.29 in bf16 and fp16, 576@14/2
 // 1.38-1.42 -> 1.36-1.38, 192@28 (24 + 24 before) 1.26-1.31 -> 1.24-1.27, 192@28/2 1.30-1.31 -> 1.27-1.29, 960@7
 // 1.61-1.64 -> 1.60-1.63, the others within 0.01 (but one repetition). Blocks of a multiple of 4 vectors without the
 // half-full test (20 + 16 for v2's 36) took 144@56/2 from 1.14 to 1.16-1.19; blocks of 24 (6 x 24 for 144 vectors,
-// 10 x 24 for 240) were not faster.
+// 10 x 24 for 240) were not faster. Up to 42 vectors (3 positions a block) whose even split would leave two blocks
+// sharing a 32-byte sector of each position (36 as 18 + 18) run as one group: v2's 144 channels in bf16 (the harness,
+// two repetitions) 1.20 -> 1.11x at stride 1 and 1.14 -> 1.10 at stride 2, where cuDNN's float16 wgrad took 1.11 and
+// ours 1.15 (depthwise_float16_h100_2026-11-26s).
 struct WgradWalkPlan {
   WgradWalkShape shape;
   dim3 block;
@@ -1231,8 +1234,13 @@ WgradWalkPlan wgrad_walk_plan(const DepthwiseShape& s, int multiprocessors) {
   r.positions = s.n * r.bands * r.strips;
   const int64_t vectors = s.channels / kWalkVector;
   plan.channel_groups = (vectors + 31) / 32;
-  const bool warp_a_position = vectors >= 32 && (vectors % 32 == 0 || vectors % 32 >= 16);
-  const int bx = warp_a_position ? 32 : static_cast<int>((vectors + plan.channel_groups - 1) / plan.channel_groups);
+  int bx = static_cast<int>((vectors + plan.channel_groups - 1) / plan.channel_groups);
+  if (vectors >= 32 && (vectors % 32 == 0 || vectors % 32 >= 16)) {
+    bx = 32;  // a warp a position
+  } else if (vectors * 3 <= kWalkThreads && bx * sizeof(Pack<T, kWalkVector>) % 32 != 0) {
+    bx = static_cast<int>(vectors);  // one group: two would share a 32-byte sector of each position
+  }
+  plan.channel_groups = (vectors + bx - 1) / bx;
   plan.block = dim3(bx, kWalkThreads / bx);
   const int64_t blocks = (r.positions + plan.block.y - 1) / plan.block.y;
   const int64_t resident =
