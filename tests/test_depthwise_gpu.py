@@ -108,12 +108,11 @@ def test_depthwise_conv_matches_float64(extension, no_tf32, dtype, case):
     assert any("depthwise_conv_dgrad" in n for n in ran) == (stride == 2), ran
     vectors = channels * dtype.itemsize % 16 == 0  # the walks take channels that fill 16-byte vectors
     assert any("depthwise_conv_dgrad_walk<" in n for n in ran) == (stride == 2 and vectors), ran
-    # at stride 1 in half precision the dgrad is the walk with the filter turned, where the channels fill 16-byte
-    # vectors
-    turned_walk = stride == 1 and dtype != torch.float32 and vectors and padding < kernel
+    # at stride 1 the dgrad is the walk with the filter turned, where the channels fill 16-byte vectors
+    turned_walk = stride == 1 and vectors and padding < kernel
     assert any("depthwise_conv_forward_walk<" in n and ", true>" in n for n in ran) == turned_walk, ran
-    # wgrad in our kernel where the channels fill its 16-byte vectors, in bfloat16 and float16
-    ours_wgrad = vectors and dtype != torch.float32
+    # wgrad in our kernel where the channels fill its 16-byte vectors, in bfloat16 and float16, in float32 at stride 2
+    ours_wgrad = vectors and (dtype != torch.float32 or stride == 2)
     assert any("depthwise_conv_wgrad" in n for n in ran) == ours_wgrad, ran
     if stride == 1 and dtype == torch.bfloat16 and padding < kernel:  # no cuDNN dgrad: the walk or cuDNN's forward
         assert not any("dgrad" in n and "depthwise_conv_dgrad" not in n for n in ran), ran
@@ -124,13 +123,13 @@ def test_depthwise_conv_matches_float64(extension, no_tf32, dtype, case):
     (1, 2, "bfloat16", 64, True, "ours", "ours"),
     (1, 3, "bfloat16", 64, True, "pytorch", "ours"),  # padding past the filter: no forward computes that dgrad
     (1, 1, "bfloat16", 60, False, "turned_forward", "pytorch"),  # channels that do not fill 16-byte vectors
-    # float16: the walks at stride 1, but cuDNN's own dgrad where the channels do not fill the vectors; float32 not
-    # measured
+    # float16: the walks at stride 1, but cuDNN's own dgrad where the channels do not fill the vectors; float32: the
+    # turned walk at stride 1 where they fill the vectors (62 channels of 4 bytes do not), PyTorch's plain forward
     (1, 1, "float16", 64, True, "ours", "ours"), (1, 1, "float16", 60, False, "pytorch", "pytorch"),
-    (1, 1, "float32", 64, False, "pytorch", "pytorch"),
+    (1, 1, "float32", 64, False, "ours", "pytorch"), (1, 1, "float32", 62, False, "pytorch", "pytorch"),
     (2, 1, "bfloat16", 64, True, "ours", "ours"),  # the stride-2 walk, also without an epilogue
     (2, 1, "float16", 64, True, "ours", "ours"),
-    (2, 1, "float32", 64, False, "ours", "pytorch"),  # our wgrad was not measured in float32
+    (2, 1, "float32", 64, False, "ours", "ours"),  # float32: our wgrad at stride 2 only
     (2, 1, "bfloat16", 60, False, "ours", "pytorch"),  # channels that do not fill the wgrad kernel's 16-byte vectors
 ])
 def test_the_depthwise_backward_rule(extension, stride, padding, dtype, channels, forward, dgrad, wgrad):
@@ -374,7 +373,7 @@ def test_depthwise_layers_say_they_run_our_kernel(extension):
     status = layer.fusion_status
     assert status.fused and status.implementation == "depthwise_kernel", status
     assert dict(status.backward) == {"relu_bias_backward": "", "dgrad": "", "wgrad": ""}, status
-    assert status.reason == ("depthwise: forward in our kernel, dgrad in PyTorch's kernel, wgrad in "
+    assert status.reason == ("depthwise: forward in our kernel, dgrad in our kernel, wgrad in "
                              "PyTorch's kernel"), status  # stride 1, float32
     assert str(status).startswith("fused (depthwise kernels)"), str(status)
     with torch.no_grad():

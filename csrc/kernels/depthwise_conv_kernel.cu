@@ -1191,7 +1191,8 @@ constexpr int kWgradWalkMaxBand = 32;  // output rows a wgrad walk's band has at
 // 10 x 24 for 240) were not faster. Up to 42 vectors (3 positions a block) whose even split would leave two blocks
 // sharing a 32-byte sector of each position (36 as 18 + 18) run as one group: v2's 144 channels in bf16 (the harness,
 // two repetitions) 1.20 -> 1.11x at stride 1 and 1.14 -> 1.10 at stride 2, where cuDNN's float16 wgrad took 1.11 and
-// ours 1.15 (depthwise_float16_h100_2026-11-26s).
+// ours 1.15 (depthwise_float16_h100_2026-11-26s); on the committed tree 1.11 and 1.13 in float16, 1.10 and 1.10 in
+// bfloat16 (-26t).
 struct WgradWalkPlan {
   WgradWalkShape shape;
   dim3 block;

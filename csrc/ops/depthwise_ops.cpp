@@ -90,11 +90,11 @@ DepthwiseSteps depthwise_kernel_steps(const ConvProblem& p, bool has_epilogue) {
   steps.forward = has_epilogue || (half_precision && vectors_fit);
   if (p.stride[0] == 2) {
     steps.dgrad = DepthwiseDgrad::kOurKernel;
-  } else if (p.stride[0] == 1 && half_precision && p.pad_pre == p.pad_post && p.pad_pre[0] < p.w_size[2] &&
-             p.pad_pre[1] < p.w_size[3]) {
+  } else if (p.stride[0] == 1 && (half_precision || vectors_fit) && p.pad_pre == p.pad_post &&
+             p.pad_pre[0] < p.w_size[2] && p.pad_pre[1] < p.w_size[3]) {
     steps.dgrad = vectors_fit ? DepthwiseDgrad::kOurKernel : depthwise_dgrad_without_vectors(p.dtype);
   }
-  steps.wgrad = half_precision && vectors_fit;
+  steps.wgrad = vectors_fit && (half_precision || p.stride[0] == 2);
   return steps;
 }
 

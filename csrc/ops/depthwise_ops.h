@@ -28,16 +28,19 @@ std::string depthwise_kernel_unmet(const ConvProblem& p);
 // benchmarks/bench_depthwise.py, benchmarks/results/depthwise_{bfloat16,float16}_h200_2026-11-26h, and a development
 // harness for the float16 wgrad). The forward: with an epilogue to fuse (bias, residual or ReLU), which saves eager's
 // passes over y; without one in bfloat16 and float16 where the channels fill 16-byte vectors (our walk, plain, took
-// 0.70-0.90x of cuDNN's plain forward on each layer in bfloat16; with bias and ReLU 0.72-0.93x of it in float16;
-// float32 not measured: cuDNN's stays). dgrad: ours at stride 2; at stride 1 in half precision the walk over grad_z
-// with the filter turned 180 degrees where the channels fill its vectors (0.37-0.52x of cuDNN's bfloat16 dgrad; in
-// float16 0.56-0.99x of cuDNN's, a harness with and without cudnn.benchmark, 2026-11-26), else in bfloat16 PyTorch's
-// (cuDNN's) forward so turned and in float16 cuDNN's dgrad; in float32 cuDNN's dgrad. wgrad in our walk where the
-// channels fill 16-byte vectors, in bfloat16 and float16: in bfloat16 0.52-0.76x of cuDNN's time on each layer; in
-// float16 0.69-0.93x of cuDNN's with torch.backends.cudnn.benchmark on at stride 1, and at stride 2 (cuDNN's until the
-// walk's changes of 2026-11-26, when its float16 wgrad was 4% faster on v1's 64-channel 112x112 layer) the walk took
-// 1.05-1.40x its bytes' time where cuDNN's took 1.07-2.51x (benchmarks/results/depthwise_float16_h100_2026-11-26q and
-// a harness, H100); float32 not measured. The rest runs PyTorch's kernels.
+// 0.70-0.90x of cuDNN's plain forward on each layer in bfloat16; with bias and ReLU 0.72-0.93x of it in float16); in
+// float32 cuDNN's (at stride 2 0.97-1.05x its bytes' time, our walk 1.06-1.25x: a harness, H100, 2026-11-26). dgrad:
+// ours at stride 2; at stride 1 the walk over grad_z with the filter turned 180 degrees where the channels fill its
+// vectors (0.37-0.52x of cuDNN's bfloat16 dgrad; in float16 0.56-0.99x of cuDNN's, a harness with and without
+// cudnn.benchmark; in float32 0.74-0.99x of cuDNN's on the ten stride-1 layers, the H100 harness), else in bfloat16
+// PyTorch's (cuDNN's) forward so turned and in float16 and float32 cuDNN's dgrad. wgrad in our walk where the channels
+// fill 16-byte vectors, in bfloat16 and float16, and in float32 at stride 2: in bfloat16 0.52-0.76x of cuDNN's time on
+// each layer; in float16 0.69-0.93x of cuDNN's with torch.backends.cudnn.benchmark on at stride 1, and at stride 2
+// (cuDNN's until the walk's changes of 2026-11-26, when its float16 wgrad was 4% faster on v1's 64-channel 112x112
+// layer) 0.55-1.01x of cuDNN's on the eight layers, 1.03-1.37x their bytes' time against 1.07-2.50x
+// (benchmarks/results/depthwise_float16_h100_2026-11-26t, H100); in float32 at stride 2 0.44-0.98x of cuDNN's (the H100
+// harness), at stride 1 cuDNN's (ours 5% slower on v2's 144-channel 56x56 layer, equal on two more). The rest runs
+// PyTorch's kernels.
 enum class DepthwiseDgrad {
   kPyTorch,        // PyTorch's (cuDNN's) dgrad
   kOurKernel,      // our dgrad kernel (at stride 1 the walk forward with the filter turned)

@@ -3,8 +3,8 @@
 Training (batch statistics): conv and BatchNorm (+ add + activation) run as one op with two autograd nodes from the
 first call on (ops.batch_norm.conv2d_batch_norm_act): inside it the conv is PyTorch's own cuDNN call, or for a
 depthwise 3x3 layer our NHWC kernels where they are faster (the forward in bfloat16 and float16; dgrad at stride 2,
-and at stride 1 in bfloat16 and float16 as the forward kernel with the filter turned 180 degrees; wgrad in bfloat16
-and float16) — BatchNorm needs the whole conv output for its statistics before it can normalize any of it — and
+and at stride 1 as the forward kernel with the filter turned 180 degrees; wgrad in bfloat16 and float16, and in
+float32 at stride 2) — BatchNorm needs the whole conv output for its statistics before it can normalize any of it — and
 BatchNorm + add + activation run fused (the cuDNN graph, or the legacy cuDNN BatchNorm API where the graph is
 refused).
 Eval (running statistics): BatchNorm folds into the conv's weight and bias and the layer runs as one fused
