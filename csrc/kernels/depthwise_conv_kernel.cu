@@ -20,7 +20,8 @@
 // and 1.11-1.51x for the walks on the same layers).
 // wgrad (depthwise_conv_wgrad_walk) walks as the forward does, with a dy row beside each step's input rows, and
 // keeps each channel's 9 taps' sums in registers across a thread's bands; they are added in a fixed order across
-// threads, blocks and parts: deterministic. Before it, a stride-2 kernel with tiles of dy and x staged in shared
+// threads, blocks and parts: deterministic. On small images (the 14 x 14 layers) depthwise_conv_wgrad_tile runs
+// instead: tensor copies of whole bands into shared memory by one thread, read by warps of output rows. Before it, a stride-2 kernel with tiles of dy and x staged in shared
 // memory (1.56-2.37x its bytes' time), a stride-1 kernel with the three input rows in registers (255 of them, no
 // prefetch: 1.55-2.69x) and two that read global memory directly (per-thread sums of a strip's taps; a thread per
 // channel vector walking an output row with the 3x3 window in registers, 2026-11-23 and -24, 1.2-26x slower than
@@ -30,6 +31,9 @@
 #include <atomic>
 #include <cstdint>
 #include <type_traits>
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
 
 #include "kernels/nhwc_rows.cuh"
 
@@ -970,6 +974,181 @@ __global__ void __launch_bounds__(kWalkThreads, Blocks) depthwise_conv_wgrad_wal
   }
 }
 
+// wgrad of small images as tiles (3x3, stride S = 1 or 2, compute capability 9.0): a block takes a group of
+// tile_channels channels (256 bytes a pixel) and walks bands of output rows, one image's band a stage. One thread of
+// the last warp (the producer) copies each stage's dy rows and the input rows they read into shared memory, two
+// tensor copies ([rows][columns][channels] boxes of the NHWC tensors, zeros outside them: the padding rows and
+// channels past the last) completing on the stage's barrier (full); the other warps (one per output row and column
+// chunk of kTileColumns of the band) wait for it, add their row's products to the 9 taps' sums in registers, and
+// release the stage (empty) for the producer to refill. The copies take no instruction of the warps that compute,
+// and a multiprocessor holds several warps a scheduler. At the end the block adds the warps' sums in order and writes
+// one partial sum per tap and channel, for depthwise_conv_wgrad_sum, as the walk does: the same inputs give the same
+// bits. It runs where the input is at least kTileMinWidth and the output at most kTileMaxOutW columns wide (the 14 x 14
+// layers, at both strides); the walk the rest.
+// Why (a scratch harness, H100, batch 256, 2026-11-26v, with the sum, x the bytes' time, the walk -> the tile; bf16
+// two repetitions, fp16 and fp32 one): v1 512@14 1.23 -> 1.21 in bf16 (fp16 1.24 -> 1.21, fp32 1.08 -> 1.06), v2
+// 384@14 1.32 -> 1.30 (1.34 -> 1.29, 1.13 -> 1.10), 576@14 1.27 -> 1.21 (1.29 -> 1.20, 1.10 -> 1.06), 576@14/2 1.36 ->
+// 1.31 (1.37 -> 1.31, 1.15 -> 1.11), 512@14/2 1.34 both (1.35 -> 1.34, 1.15 -> 1.11). On the 7 x 7 layers (v1 1024@7,
+// v2 960@7) the tile was no faster than the walk: 1.50-1.59 against 1.48-1.51 on v1 1024@7 in bf16 with 2, 3 or 4
+// stages (Nsight Compute, 4 stages: 40% of issue slots used, 2 warps a scheduler; each input element is converted from
+// bfloat16 three times, once per output row that reads it), and a variant whose consumers walk the band's rows from
+// the stage as the walk does (groups of warps taking turns at the items) took 1.56 at best. Not kept either: 3 or 4
+// stages (v1 512@14 1.26 and 1.25 against 1.21 with 2); a bulk copy a pixel rather than a tensor copy a box (2.7-4.2x:
+// the copy engine's rate of small copies); checks of the padding columns in the consumers rather than zeros copied
+// into the tile (v1 512@14 1.28, v2 576@14/2 1.44).
+constexpr int kTileColumns = 7;       // output columns a consumer warp takes of a row
+constexpr int kTileMaxWarps = 16;     // consumers and the producer
+constexpr int kTileHeader = 128;      // the stages' barriers (at most 8 stages), before the tiles
+constexpr int kTileLanes = 32;
+
+template <typename T>
+__host__ __device__ constexpr int tile_lane_channels() {
+  return 8 / static_cast<int>(sizeof(T));  // 8 bytes a lane: a warp's 256 bytes read without bank conflicts
+}
+template <typename T>
+__host__ __device__ constexpr int tile_channels() {
+  return kTileLanes * tile_lane_channels<T>();
+}
+
+struct WgradTileShape {
+  int band, bands, chunks;  // output rows a band (the last may have fewer), bands across out_h, column chunks
+  int x_rows, x_pitch;      // input rows and columns a stage: (band - 1) * S + 3, padding included
+  int dy_pitch;             // dy columns a stage: chunks * kTileColumns
+  int stages;
+  int64_t items;  // n * bands
+};
+
+__device__ inline unsigned shared_address(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+__device__ inline void barrier_wait(uint64_t* barrier, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n .reg .pred done;\n"
+      "wait_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n @!done bra wait_%=;\n}\n" ::"r"(
+          shared_address(barrier)),
+      "r"(parity)
+      : "memory");
+#endif
+}
+
+// The box of `map` at (channel, column, row, image) into shared memory at dst, completing on `barrier`.
+__device__ inline void copy_box(void* dst, const CUtensorMap& map, int channel, int column, int row, int image,
+                                uint64_t* barrier) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];" ::"r"(shared_address(dst)),
+      "l"(reinterpret_cast<uint64_t>(&map)), "r"(channel), "r"(column), "r"(row), "r"(image),
+      "r"(shared_address(barrier))
+      : "memory");
+#endif
+}
+
+template <typename T, int S>
+__global__ void __launch_bounds__(kTileMaxWarps * 32)
+    depthwise_conv_wgrad_tile(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap dy_map,
+                              float* __restrict__ partial, DepthwiseShape s, WgradTileShape r) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int L = tile_lane_channels<T>(), CG = tile_channels<T>(), CW = kTileColumns, COLS = S * CW + 3 - S;
+  using P = Pack<T, L>;
+  extern __shared__ __align__(16) unsigned char shared[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(shared);
+  uint64_t* empty = full + r.stages;
+  T* tiles = reinterpret_cast<T*>(shared + kTileHeader);
+  const int x_tile = r.x_rows * r.x_pitch * CG, stage = x_tile + r.band * r.dy_pitch * CG;  // elements
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int units = blockDim.x / 32 - 1;  // consumer warps; the last warp produces
+  const int c0 = blockIdx.y * CG;
+  if (threadIdx.x == 0) {
+    for (int k = 0; k < r.stages; ++k) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(full + k)) : "memory");
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(empty + k)), "r"(units)
+                   : "memory");
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  float acc[9][L];
+  zero(acc);
+  if (warp == units) {
+    // the producer: the block's items (image n, band b) t = 0, 1, ... into slot t % stages
+    if (lane == 0) {
+      const unsigned bytes = static_cast<unsigned>(stage * sizeof(T));
+      int t = 0;
+      for (int64_t item = blockIdx.x; item < r.items; item += gridDim.x, ++t) {
+        const int k = t % r.stages;
+        if (t >= r.stages) barrier_wait(empty + k, (t / r.stages - 1) & 1);
+        const int n = static_cast<int>(item / r.bands), oh0 = static_cast<int>(item % r.bands) * r.band;
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(full + k)),
+                     "r"(bytes)
+                     : "memory");
+        T* dst = tiles + static_cast<int64_t>(k) * stage;
+        copy_box(dst, x_map, c0, -s.pad_w, oh0 * S - s.pad_h, n, full + k);
+        copy_box(dst + x_tile, dy_map, c0, 0, oh0, n, full + k);
+      }
+    }
+  } else {
+    // a consumer: output row `row` of each band, columns chunk * CW ... chunk * CW + CW - 1
+    const int row = warp / r.chunks, chunk = warp % r.chunks;
+    const int H = static_cast<int>(s.h), out_h = static_cast<int>(s.out_h);
+    int t = 0;
+    for (int64_t item = blockIdx.x; item < r.items; item += gridDim.x, ++t) {
+      const int k = t % r.stages;
+      barrier_wait(full + k, (t / r.stages) & 1);
+      const int oh = static_cast<int>(item % r.bands) * r.band + row;
+      if (row < r.band && oh < out_h) {
+        const T* tile = tiles + static_cast<int64_t>(k) * stage + lane * L;
+        float d[CW][L];
+        const T* dy_row = tile + x_tile + (row * r.dy_pitch + chunk * CW) * CG;
+#pragma unroll
+        for (int j = 0; j < CW; ++j) unpack(*reinterpret_cast<const P*>(dy_row + j * CG), d[j]);
+#pragma unroll
+        for (int kh = 0; kh < 3; ++kh) {
+          const int ih = oh * S - s.pad_h + kh;
+          if (ih < 0 || ih >= H) continue;
+          const T* x_row = tile + ((row * S + kh) * r.x_pitch + chunk * CW * S) * CG;
+#pragma unroll
+          for (int jx = 0; jx < COLS; ++jx) {
+            float xv[L];
+            unpack(*reinterpret_cast<const P*>(x_row + jx * CG), xv);
+#pragma unroll
+            for (int kw = 0; kw < 3; ++kw) {
+              if (jx < kw || (jx - kw) % S != 0 || (jx - kw) / S >= CW) continue;
+#pragma unroll
+              for (int v = 0; v < L; ++v) acc[kh * 3 + kw][v] = fmaf(xv[v], d[(jx - kw) / S][v], acc[kh * 3 + kw][v]);
+            }
+          }
+        }
+      }
+      __syncwarp();
+      if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_address(empty + k)) : "memory");
+    }
+  }
+
+  // the block's sum per tap and channel: the consumers' sums in order, in the tiles' memory once every copy has landed
+  __syncthreads();
+  let_dependent_launch();  // depthwise_conv_wgrad_sum, which waits for this grid to complete before it reads
+  float* sums = reinterpret_cast<float*>(shared + kTileHeader);  // [9][units][CG]
+  if (warp < units) {
+#pragma unroll
+    for (int tap = 0; tap < 9; ++tap)
+#pragma unroll
+      for (int v = 0; v < L; ++v) sums[(tap * units + warp) * CG + lane * L + v] = acc[tap][v];
+  }
+  __syncthreads();
+  const int C = static_cast<int>(s.channels), width = min(CG, C - c0);
+  for (int i = threadIdx.x; i < 9 * width; i += blockDim.x) {
+    const int tap = i / width, channel = i % width;
+    float total = 0.f;
+    for (int u = 0; u < units; ++u) total += sums[(tap * units + u) * CG + channel];
+    partial[(static_cast<int64_t>(blockIdx.x) * 9 + tap) * C + c0 + channel] = total;
+  }
+#endif
+}
+
 // Block (bx, by): threadIdx.x walks groups of V channels, threadIdx.y the strips of a tile of band(by) rows. The
 // groups are split evenly over the fewest blocks of at most 64 (72 groups: two blocks of 36, not 64 and 8, whose
 // second block left most of its threads idle: 576 channels in bf16 ran 16% slower than PyTorch's, H100). The
@@ -1197,6 +1376,9 @@ struct WgradWalkPlan {
   WgradWalkShape shape;
   dim3 block;
   int64_t channel_groups, parts;
+  bool tiled = false;  // the tile kernel runs, in `threads` threads a block with `shared_bytes`, shaped by `tile`
+  WgradTileShape tile;
+  int threads, shared_bytes;
 };
 
 // The kernel, allowed its shared memory on the current device.
@@ -1263,13 +1445,144 @@ void wgrad_walk(const DepthwiseShape& s, const WgradWalkPlan& plan, const void* 
                                                                partial, s, plan.shape);
 }
 
+// The tile wgrad (depthwise_conv_wgrad_tile) for inputs at least kTileMinWidth and outputs at most kTileMaxOutW
+// columns wide: bands of at most (kTileMaxWarps - 1) / chunks rows (out_h split evenly), fewer where kTileStages
+// stages would not fit a block's shared memory, blocks of a group of tile_channels channels, and parts as the walk's.
+constexpr int kTileMaxOutW = 14;
+constexpr int kTileMinWidth = 8;
+constexpr int kTileStages = 2;
+constexpr int kTileMaxSharedBytes = 227 * 1024;
+
+// cuTensorMapEncodeTiled from the driver (through the runtime: no link to libcuda), or null.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* function = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+#if CUDART_VERSION >= 12050
+    const cudaError_t status =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000, cudaEnableDefault, &found);
+#else
+    const cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &function, cudaEnableDefault, &found);
+#endif
+    if (status != cudaSuccess || found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      function = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(function);
+  }();
+  return encode;
+}
+
+// Whether the tile kernel's code for the current device is built for compute capability 9.0 or above (below, its body
+// is empty) and the driver encodes tensor maps, once per device.
+template <typename T, int S>
+bool wgrad_tile_built() {
+  static std::atomic<int8_t> known[64];  // 0: not asked yet, 1: built, 2: not
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device >= 64) return false;
+  int8_t state = known[device].load(std::memory_order_relaxed);
+  if (state == 0) {
+    cudaFuncAttributes attributes{};
+    const bool built = tensor_map_encoder() != nullptr &&
+                       cudaFuncGetAttributes(&attributes, depthwise_conv_wgrad_tile<T, S>) == cudaSuccess &&
+                       attributes.binaryVersion >= 90 &&
+                       cudaFuncSetAttribute(depthwise_conv_wgrad_tile<T, S>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            kTileMaxSharedBytes) == cudaSuccess;
+    if (!built) cudaGetLastError();
+    state = built ? 1 : 2;
+    known[device].store(state, std::memory_order_relaxed);
+  }
+  return state == 1;
+}
+
+template <typename T, int S>
+bool wgrad_tile_plan(const DepthwiseShape& s, int multiprocessors, WgradWalkPlan& plan) {
+  constexpr int CW = kTileColumns, CG = tile_channels<T>();
+  if (s.out_w > kTileMaxOutW || s.w < kTileMinWidth || !wgrad_tile_built<T, S>()) return false;
+  WgradTileShape& r = plan.tile;
+  r.chunks = static_cast<int>((s.out_w + CW - 1) / CW);
+  r.x_pitch = r.chunks * CW * S + 3 - S;
+  r.dy_pitch = r.chunks * CW;
+  r.stages = kTileStages;
+  const int64_t room = kTileMaxSharedBytes - kTileHeader;
+  int64_t stage_bytes = 0;
+  for (int64_t most = std::min<int64_t>((kTileMaxWarps - 1) / r.chunks, (256 - 3) / S + 1);; --most) {
+    if (most < 1) return false;
+    const int64_t bands = (s.out_h + most - 1) / most;
+    r.band = static_cast<int>((s.out_h + bands - 1) / bands);
+    r.bands = static_cast<int>((s.out_h + r.band - 1) / r.band);
+    r.x_rows = (r.band - 1) * S + 3;
+    stage_bytes = (r.x_rows * r.x_pitch + r.band * r.dy_pitch) * CG * static_cast<int64_t>(sizeof(T));
+    if (r.stages * stage_bytes <= room) break;  // else fewer rows a band
+  }
+  r.items = s.n * r.bands;
+  const int units = r.band * r.chunks;
+  const int64_t sums_bytes = static_cast<int64_t>(9) * units * CG * sizeof(float);
+  if (sums_bytes > room) return false;
+  plan.threads = (units + 1) * 32;
+  plan.shared_bytes = static_cast<int>(kTileHeader + std::max(r.stages * stage_bytes, sums_bytes));
+  int per_multiprocessor = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_multiprocessor, depthwise_conv_wgrad_tile<T, S>,
+                                                    plan.threads, plan.shared_bytes) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  plan.channel_groups = (s.channels + CG - 1) / CG;
+  const int64_t resident = static_cast<int64_t>(multiprocessors) * per_multiprocessor;
+  const int64_t parts = std::max<int64_t>(1, std::min(r.items, resident / plan.channel_groups));
+  const int64_t rounds = (r.items + parts - 1) / parts;
+  plan.parts = resident == 0 ? 0 : (r.items + rounds - 1) / rounds;
+  plan.tiled = plan.parts > 0;
+  return plan.tiled;
+}
+
+// A 4-dimensional map of an NHWC tensor (channels fastest) with boxes of tile_channels channels x `columns` x `rows`
+// x 1 image.
+template <typename T>
+bool encode_tile_map(CUtensorMap& map, const void* data, int64_t n, int64_t h, int64_t w, int64_t channels,
+                     int columns, int rows) {
+  constexpr CUtensorMapDataType type = sizeof(T) == 4                           ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                       : std::is_same<T, __nv_bfloat16>::value ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                                               : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(channels), static_cast<cuuint64_t>(w),
+                              static_cast<cuuint64_t>(h), static_cast<cuuint64_t>(n)};
+  const cuuint64_t bytes = sizeof(T);
+  const cuuint64_t strides[3] = {channels * bytes, w * channels * bytes, h * w * channels * bytes};
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(tile_channels<T>()), static_cast<cuuint32_t>(columns),
+                             static_cast<cuuint32_t>(rows), 1};
+  const cuuint32_t steps[4] = {1, 1, 1, 1};
+  return tensor_map_encoder()(&map, type, 4, const_cast<void*>(data), dims, strides, box, steps,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <typename T, int S>
+cudaError_t wgrad_tile(const DepthwiseShape& s, const WgradWalkPlan& plan, const void* x, const void* dy,
+                       float* partial, cudaStream_t stream) {
+  CUtensorMap x_map, dy_map;
+  const WgradTileShape& r = plan.tile;
+  if (!encode_tile_map<T>(x_map, x, s.n, s.h, s.w, s.channels, r.x_pitch, r.x_rows) ||
+      !encode_tile_map<T>(dy_map, dy, s.n, s.out_h, s.out_w, s.channels, r.dy_pitch, r.band)) {
+    return cudaErrorInvalidValue;
+  }
+  const dim3 grid(static_cast<unsigned>(plan.parts), static_cast<unsigned>(plan.channel_groups));
+  depthwise_conv_wgrad_tile<T, S><<<grid, plan.threads, plan.shared_bytes, stream>>>(x_map, dy_map, partial, s,
+                                                                                   plan.tile);
+  return cudaGetLastError();
+}
+
 // The walk's plan at the shape's stride, or none (parts 0) where an image's sizes are not 32-bit or the grid cannot
 // hold the channel groups (PyTorch's kernel runs then).
 template <typename T>
 WgradWalkPlan wgrad_walk_plan_for(const DepthwiseShape& s, int multiprocessors) {
   WgradWalkPlan plan{};
   if (s.h * s.w * s.channels > 0x7fffffff || s.out_h * s.out_w * s.channels > 0x7fffffff) return plan;
-  plan = s.stride == 1 ? wgrad_walk_plan<T, 1>(s, multiprocessors) : wgrad_walk_plan<T, 2>(s, multiprocessors);
+  const bool tiled =
+      s.stride == 1 ? wgrad_tile_plan<T, 1>(s, multiprocessors, plan) : wgrad_tile_plan<T, 2>(s, multiprocessors, plan);
+  if (!tiled) {
+    plan = s.stride == 1 ? wgrad_walk_plan<T, 1>(s, multiprocessors) : wgrad_walk_plan<T, 2>(s, multiprocessors);
+  }
   if (plan.channel_groups > 65535) plan.parts = 0;
   return plan;
 }
@@ -1310,7 +1623,11 @@ cudaError_t wgrad_typed(const DepthwiseShape& s, const void* x, const void* dy, 
                         cudaStream_t stream) {
   const WgradWalkPlan plan = wgrad_walk_plan_for<T>(s, multiprocessors);
   if (plan.parts != parts || parts <= 0) return cudaErrorInvalidValue;
-  if (s.stride == 1) {
+  if (plan.tiled) {
+    const cudaError_t status = s.stride == 1 ? wgrad_tile<T, 1>(s, plan, x, dy, partial, stream)
+                                             : wgrad_tile<T, 2>(s, plan, x, dy, partial, stream);
+    if (status != cudaSuccess) return status;
+  } else if (s.stride == 1) {
     wgrad_walk<T, 1>(s, plan, x, dy, partial, stream);
   } else {
     wgrad_walk<T, 2>(s, plan, x, dy, partial, stream);
