@@ -152,12 +152,13 @@ def test_the_depthwise_backward_rule(extension, stride, padding, dtype, channels
                                                                                              "pytorch"), grouped
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_the_stride1_dgrad_off_a_vector_boundary_runs_what_the_rule_runs_without_vectors(extension, dtype):
     """cudnn_fusion::conv_dgrad at stride 1: the walk with the filter turned where grad_z is on a 16-byte boundary; one
     element off it (channels that fill the vectors, so the rule picked our kernel), what the rule picks where the
     channels do not fill them (depthwise_dgrad_without_vectors): in bfloat16 cuDNN's forward with the filter turned,
-    in float16 PyTorch's own dgrad, no forward kernel; each as accurate as PyTorch's dgrad against float64."""
+    in float16 and float32 PyTorch's own dgrad, no forward kernel; each as accurate as PyTorch's dgrad against
+    float64."""
     torch.manual_seed(0)
     channels = 64
     dz = _leaf(2, channels, 9, 11, dtype=dtype)
@@ -227,17 +228,25 @@ def test_a_weight_off_a_vector_boundary_keeps_the_walks_out_and_matches_float64(
         assert_as_accurate_as_eager("dx at stride 2", dx2, eager_dx2, reference_dx2, dtype)
 
 
-@pytest.mark.parametrize("batch, channels, height, width", [
-    (16, 96, 30, 30),  # 24 vectors of 4 channels: blocks of 5 positions; out 15 x 15 in one band, 3 strips of 7
-                       # columns (16-bit types), the last of 1
-    (48, 128, 130, 66),  # out 65 x 33: three bands (22, 22, 21), 5 strips (the last of 5 columns); 720 positions,
-                         # 180 blocks: on 132 multiprocessors (a block each) each thread walks two of them in turn
-    (16, 192, 14, 14),  # 48 vectors: channel groups of 32 and 16 (a warp a position), out 7 x 7
+@pytest.mark.parametrize("batch, channels, height, width, kernel", [
+    (16, 96, 30, 30, "walk"),  # 24 vectors of 4 channels: blocks of 5 positions; out 15 x 15 in one band, 3 strips
+                               # of 7 columns (16-bit types), the last of 1
+    (48, 128, 130, 66, "walk"),  # out 65 x 33: three bands (22, 22, 21), 5 strips (the last of 5 columns); 720
+                                 # positions, 180 blocks: on 132 multiprocessors (a block each) each thread walks two
+                                 # of them in turn
+    (16, 192, 7, 7, "walk"),  # 48 vectors: channel groups of 32 and 16 (a warp a position), out 4 x 4
+    # the tile kernel (inputs at least 8 columns wide, out_w up to 14): channel groups of 128 and 72 (200 channels),
+    # out 7 x 7; out 14 x 11 in two bands of 7 rows, two column chunks, the second of 4 columns
+    (20, 200, 13, 13, "tile"),
+    (9, 64, 27, 21, "tile"),  # bands of 4 rows (4, 4, 4, 2): two stages of 7 rows would not fit shared memory
+    (16, 192, 14, 14, "tile"),
 ])
-def test_the_depthwise_wgrad_kernel_is_deterministic_and_matches_float64(extension, batch, channels, height, width):
-    """Our stride-2 bfloat16 wgrad (cudnn_fusion::conv_wgrad: depthwise_conv_wgrad_walk at stride 2) on batches large
-    enough for many blocks' partial sums: the same bits on every call (fixed-order sums, no atomics), as accurate as
-    PyTorch's against float64, and PyTorch's where the input is off a 16-byte boundary."""
+def test_the_depthwise_wgrad_kernel_is_deterministic_and_matches_float64(extension, batch, channels, height, width,
+                                                                         kernel):
+    """Our stride-2 bfloat16 wgrad (cudnn_fusion::conv_wgrad: depthwise_conv_wgrad_walk, or depthwise_conv_wgrad_tile
+    on small images, at stride 2) on batches large enough for many blocks' partial sums: the same bits on every call
+    (fixed-order sums, no atomics), as accurate as PyTorch's against float64, and PyTorch's where the input is off a
+    16-byte boundary."""
     torch.manual_seed(0)
     dtype = torch.bfloat16
     x = torch.randn(batch, channels, height, width, device="cuda").to(dtype).contiguous(memory_format=CL)
@@ -246,7 +255,7 @@ def test_the_depthwise_wgrad_kernel_is_deterministic_and_matches_float64(extensi
     w_size = (channels, 1, 3, 3)
     args = (list(w_size), [2, 2], [1, 1], [1, 1], [1, 1], channels)
     ran = _profile_kernels(lambda: torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args))
-    assert any("depthwise_conv_wgrad_walk<" in n for n in ran), ran
+    assert any(f"depthwise_conv_wgrad_{kernel}<" in n for n in ran), ran
     first = torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args)
     for _ in range(3):
         assert torch.equal(torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args), first)
@@ -269,23 +278,34 @@ def test_the_depthwise_wgrad_kernel_is_deterministic_and_matches_float64(extensi
                        misaligned.float())
 
 
-@pytest.mark.parametrize("batch, channels, height, width, padding", [
-    (24, 32, 40, 37, 1),  # 8 vectors of 4 channels: blocks of 16 positions; out_h 40 in two bands of 20; 37 columns
-                          # in 6 strips of 7 (16-bit types), the last of 2 columns
-    (24, 200, 17, 9, 0),  # 50 vectors: channel groups of 32 and 18 (a warp a position); no padding (out 15 x 7)
-    (24, 576, 14, 14, 1),  # 144 vectors: four channel groups of 32 and one of 16
-    (16, 144, 14, 14, 1),  # 36 vectors: one group of 36 (18 + 18 would share a 32-byte sector), 3 positions a block
-    (24, 1032, 7, 7, 2),  # 258 vectors: nine groups of 29 (a last group of 2 would not be half full), the last of 26;
-                          # padding 2 (out 9 x 9, the second strip of 2 columns)
-    (50, 128, 54, 47, 1),  # 700 positions (two bands of 27 rows, 7 strips, the last of 5 columns), 175 blocks: on 132
-                           # multiprocessors (one block each) each thread walks two of them back to back, the last
-                           # part one
+@pytest.mark.parametrize("batch, channels, height, width, padding, kernel", [
+    (24, 32, 40, 37, 1, "walk"),  # 8 vectors of 4 channels: blocks of 16 positions; out_h 40 in two bands of 20; 37
+                                  # columns in 6 strips of 7 (16-bit types), the last of 2 columns
+    (24, 200, 17, 7, 0, "walk"),  # 50 vectors: channel groups of 32 and 18 (a warp a position); no padding (out
+                                  # 15 x 5)
+    (24, 576, 7, 7, 1, "walk"),  # 144 vectors: four channel groups of 32 and one of 16
+    (16, 144, 7, 7, 1, "walk"),  # 36 vectors: one group of 36 (18 + 18 would share a 32-byte sector), 3 positions a
+                                 # block
+    (24, 1032, 7, 7, 2, "walk"),  # 258 vectors: nine groups of 29 (a last group of 2 would not be half full), the
+                                  # last of 26; padding 2 (out 9 x 9, the second strip of 2 columns)
+    (50, 128, 54, 47, 1, "walk"),  # 700 positions (two bands of 27 rows, 7 strips, the last of 5 columns), 175
+                                   # blocks: on 132 multiprocessors (one block each) each thread walks two of them
+                                   # back to back, the last part one
+    # the tile kernel: channel groups of 128 (the last of 64: 576 channels, of 16: 144); a band of 15 rows, one
+    # column chunk, no padding, groups of 128 and 72 (out 15 x 7); bands of 7 and 6 rows, two chunks (the second of
+    # 4 columns); padding 2 (tiles from input row and column -2)
+    (24, 576, 14, 14, 1, "tile"),
+    (16, 144, 14, 14, 1, "tile"),
+    (24, 200, 17, 9, 0, "tile"),
+    (10, 200, 13, 11, 1, "tile"),
+    (12, 64, 9, 8, 2, "tile"),
 ])
 def test_the_stride1_depthwise_wgrad_kernel_is_deterministic_and_matches_float64(extension, batch, channels, height,
-                                                                                  width, padding):
-    """Our stride-1 bfloat16 wgrad (depthwise_conv_wgrad_walk, then the fixed-order sum of its blocks' partial sums):
-    poisoned output fully written, the same bits on every call, as accurate as PyTorch's against float64, on shapes
-    whose strips, bands and channel groups do not divide evenly, and where threads walk several positions."""
+                                                                                  width, padding, kernel):
+    """Our stride-1 bfloat16 wgrad (depthwise_conv_wgrad_walk, or depthwise_conv_wgrad_tile on small images, then the
+    fixed-order sum of its blocks' partial sums): poisoned output fully written, the same bits on every call, as
+    accurate as PyTorch's against float64, on shapes whose strips, bands and channel groups do not divide evenly, and
+    where threads walk several positions."""
     torch.manual_seed(0)
     dtype = torch.bfloat16
     out_h, out_w = height + 2 * padding - 2, width + 2 * padding - 2
@@ -293,7 +313,7 @@ def test_the_stride1_depthwise_wgrad_kernel_is_deterministic_and_matches_float64
     dz = torch.randn(batch, channels, out_h, out_w, device="cuda").to(dtype).contiguous(memory_format=CL)
     args = ([channels, 1, 3, 3], [1, 1], [padding] * 2, [padding] * 2, [1, 1], channels)
     ran = _profile_kernels(lambda: torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args))
-    assert any("depthwise_conv_wgrad_walk" in n for n in ran), ran
+    assert any(f"depthwise_conv_wgrad_{kernel}<" in n for n in ran), ran
     first = torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args)
     assert first.shape == (channels, 1, 3, 3) and first.dtype == dtype and not first.isnan().any()
     for _ in range(3):
@@ -528,8 +548,9 @@ def test_depthwise_layers_under_torch_compile_fullgraph(extension):
     # dgrad (stride 1, bf16: the walk with the filter turned)
     assert sum("depthwise_conv_forward" in n for n in ran) == 4, ran
     assert sum("depthwise_conv_dgrad" in n for n in ran) == 2, ran  # the first layer's and the conv + BN's
-    assert sum("depthwise_conv_wgrad_walk<" in n for n in ran) == 3, ran  # the three layers'
-    assert sum("depthwise_conv_wgrad_walk<__nv_bfloat16, 2," in n for n in ran) == 2, ran  # at stride 2
+    # the three layers' wgrads: their inputs (20, 10 and 10 columns) as tiles
+    assert sum("depthwise_conv_wgrad_tile<" in n for n in ran) == 3, ran
+    assert sum("depthwise_conv_wgrad_tile<__nv_bfloat16, 2>" in n for n in ran) == 2, ran  # at stride 2
     for got, want in zip(step(compiled), eager):
         torch.testing.assert_close(got, want)
 
