@@ -18,14 +18,14 @@
 // a vector boundary and images too large for 32-bit sizes. Before the walks, the stride-2 forward and dgrad staged a
 // tile of their input in shared memory per block (1.13-1.81x and 2.10-2.83x their bytes' time, against 1.06-1.58x
 // and 1.11-1.51x for the walks on the same layers).
-// wgrad (depthwise_conv_wgrad_walk) walks as the forward does, with a dy row beside each step's input rows, and
-// keeps each channel's 9 taps' sums in registers across a thread's bands; they are added in a fixed order across
-// threads, blocks and parts: deterministic. On small images (the 14 x 14 layers) depthwise_conv_wgrad_tile runs
-// instead: tensor copies of whole bands into shared memory by one thread, read by warps of output rows. Before it, a stride-2 kernel with tiles of dy and x staged in shared
-// memory (1.56-2.37x its bytes' time), a stride-1 kernel with the three input rows in registers (255 of them, no
-// prefetch: 1.55-2.69x) and two that read global memory directly (per-thread sums of a strip's taps; a thread per
-// channel vector walking an output row with the 3x3 window in registers, 2026-11-23 and -24, 1.2-26x slower than
-// PyTorch's) were not kept.
+// wgrad (depthwise_conv_wgrad_walk) walks as the forward does, with a dy row beside each step's input rows, and keeps
+// each channel's 9 taps' sums in registers across a thread's bands; they are added in a fixed order across threads,
+// blocks and parts: deterministic. On small images (the 14 x 14 layers) depthwise_conv_wgrad_tile runs instead: tensor
+// copies of whole bands into shared memory by one thread, read by warps of output rows. Before it, a stride-2 kernel
+// with tiles of dy and x staged in shared memory (1.56-2.37x its bytes' time), a stride-1 kernel with the three input
+// rows in registers (255 of them, no prefetch: 1.55-2.69x) and two that read global memory directly (per-thread sums of
+// a strip's taps; a thread per channel vector walking an output row with the 3x3 window in registers, 2026-11-23 and
+// -24, 1.2-26x slower than PyTorch's) were not kept.
 #include "kernels/depthwise_conv_kernel.h"
 
 #include <atomic>
@@ -997,6 +997,11 @@ __global__ void __launch_bounds__(kWalkThreads, Blocks) depthwise_conv_wgrad_wal
 // the copy engine's rate of small copies); checks of the padding columns in the consumers rather than zeros copied
 // into the tile (v1 512@14 1.28, v2 576@14/2 1.44).
 constexpr int kTileColumns = 7;       // output columns a consumer warp takes of a row
+// Output rows a consumer warp takes of a band: 1. With 2 or 3 each input row is converted from bfloat16 once for
+// more of them (2 rows: 4 or 5 input rows for 2 outputs rather than 6), but fewer warps share a stage and the
+// registers run out: v1 512@14 1.25 and 1.58 against 1.20, v2 576@14/2 1.33 and 1.51 against 1.30 (the scratch
+// harness, H100, bf16, 2026-11-26v, three repetitions).
+constexpr int kTileRows = 1;
 constexpr int kTileMaxWarps = 16;     // consumers and the producer
 constexpr int kTileHeader = 128;      // the stages' barriers (at most 8 stages), before the tiles
 constexpr int kTileLanes = 32;
@@ -1046,7 +1051,7 @@ __device__ inline void copy_box(void* dst, const CUtensorMap& map, int channel, 
 #endif
 }
 
-template <typename T, int S>
+template <typename T, int S, int R = kTileRows>
 __global__ void __launch_bounds__(kTileMaxWarps * 32)
     depthwise_conv_wgrad_tile(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap dy_map,
                               float* __restrict__ partial, DepthwiseShape s, WgradTileShape r) {
@@ -1091,40 +1096,58 @@ __global__ void __launch_bounds__(kTileMaxWarps * 32)
       }
     }
   } else {
-    // a consumer: output row `row` of each band, columns chunk * CW ... chunk * CW + CW - 1
-    const int row = warp / r.chunks, chunk = warp % r.chunks;
-    const int H = static_cast<int>(s.h), out_h = static_cast<int>(s.out_h);
+    // a consumer: output rows row0 ... row0 + R - 1 of each band, columns chunk * CW ... chunk * CW + CW - 1; each
+    // input row they read (tile rows row0 * S ... (row0 + R - 1) * S + 2) converted once and added to every one of
+    // them that reads it
+    constexpr int NI = (R - 1) * S + 3;
+    const int row0 = warp / r.chunks * R, chunk = warp % r.chunks;
+    const int H = static_cast<int>(s.h);
     int t = 0;
     for (int64_t item = blockIdx.x; item < r.items; item += gridDim.x, ++t) {
       const int k = t % r.stages;
       barrier_wait(full + k, (t / r.stages) & 1);
-      const int oh = static_cast<int>(item % r.bands) * r.band + row;
-      if (row < r.band && oh < out_h) {
-        const T* tile = tiles + static_cast<int64_t>(k) * stage + lane * L;
-        float d[CW][L];
-        const T* dy_row = tile + x_tile + (row * r.dy_pitch + chunk * CW) * CG;
+      const int ih0 = static_cast<int>(item % r.bands) * r.band * S + row0 * S - s.pad_h;  // tile row row0 * S
+      const T* tile = tiles + static_cast<int64_t>(k) * stage + lane * L;
+      float d[R][CW][L];  // dy rows row0 ...: zeros past the band (and past out_h: the copy's zeros)
 #pragma unroll
-        for (int j = 0; j < CW; ++j) unpack(*reinterpret_cast<const P*>(dy_row + j * CG), d[j]);
+      for (int q = 0; q < R; ++q) {
+        const T* dy_row = tile + x_tile + ((row0 + q) * r.dy_pitch + chunk * CW) * CG;
 #pragma unroll
-        for (int kh = 0; kh < 3; ++kh) {
-          const int ih = oh * S - s.pad_h + kh;
-          if (ih < 0 || ih >= H) continue;
-          const T* x_row = tile + ((row * S + kh) * r.x_pitch + chunk * CW * S) * CG;
+        for (int j = 0; j < CW; ++j) {
+          if (row0 + q < r.band) {
+            unpack(*reinterpret_cast<const P*>(dy_row + j * CG), d[q][j]);
+          } else {
 #pragma unroll
-          for (int jx = 0; jx < COLS; ++jx) {
-            float xv[L];
-            unpack(*reinterpret_cast<const P*>(x_row + jx * CG), xv);
+            for (int v = 0; v < L; ++v) d[q][j][v] = 0.f;
+          }
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < NI; ++i) {
+        if (ih0 + i < 0 || ih0 + i >= H || row0 * S + i >= r.x_rows) continue;
+        const T* x_row = tile + ((row0 * S + i) * r.x_pitch + chunk * CW * S) * CG;
+#pragma unroll
+        for (int jx = 0; jx < COLS; ++jx) {
+          float xv[L];
+          unpack(*reinterpret_cast<const P*>(x_row + jx * CG), xv);
+#pragma unroll
+          for (int q = 0; q < R; ++q) {
+            const int kh = i - q * S;
+            if (kh < 0 || kh > 2) continue;
 #pragma unroll
             for (int kw = 0; kw < 3; ++kw) {
               if (jx < kw || (jx - kw) % S != 0 || (jx - kw) / S >= CW) continue;
 #pragma unroll
-              for (int v = 0; v < L; ++v) acc[kh * 3 + kw][v] = fmaf(xv[v], d[(jx - kw) / S][v], acc[kh * 3 + kw][v]);
+              for (int v = 0; v < L; ++v)
+                acc[kh * 3 + kw][v] = fmaf(xv[v], d[q][(jx - kw) / S][v], acc[kh * 3 + kw][v]);
             }
           }
         }
       }
       __syncwarp();
-      if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_address(empty + k)) : "memory");
+      if (lane == 0) {
+        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_address(empty + k)) : "memory");
+      }
     }
   }
 
@@ -1507,7 +1530,8 @@ bool wgrad_tile_plan(const DepthwiseShape& s, int multiprocessors, WgradWalkPlan
   r.stages = kTileStages;
   const int64_t room = kTileMaxSharedBytes - kTileHeader;
   int64_t stage_bytes = 0;
-  for (int64_t most = std::min<int64_t>((kTileMaxWarps - 1) / r.chunks, (256 - 3) / S + 1);; --most) {
+  const int64_t rows_most = (kTileMaxWarps - 1) / r.chunks * kTileRows;  // a warp per kTileRows rows and chunk
+  for (int64_t most = std::min<int64_t>(rows_most, (256 - 3) / S + 1);; --most) {
     if (most < 1) return false;
     const int64_t bands = (s.out_h + most - 1) / most;
     r.band = static_cast<int>((s.out_h + bands - 1) / bands);
@@ -1517,7 +1541,7 @@ bool wgrad_tile_plan(const DepthwiseShape& s, int multiprocessors, WgradWalkPlan
     if (r.stages * stage_bytes <= room) break;  // else fewer rows a band
   }
   r.items = s.n * r.bands;
-  const int units = r.band * r.chunks;
+  const int units = (r.band + kTileRows - 1) / kTileRows * r.chunks;
   const int64_t sums_bytes = static_cast<int64_t>(9) * units * CG * sizeof(float);
   if (sums_bytes > room) return false;
   plan.threads = (units + 1) * 32;
