@@ -20,12 +20,12 @@
 // and 1.11-1.51x for the walks on the same layers).
 // wgrad (depthwise_conv_wgrad_walk) walks as the forward does, with a dy row beside each step's input rows, and keeps
 // each channel's 9 taps' sums in registers across a thread's bands; they are added in a fixed order across threads,
-// blocks and parts: deterministic. On small images (the 14 x 14 layers) depthwise_conv_wgrad_tile runs instead: tensor
-// copies of whole bands into shared memory by one thread, read by warps of output rows. Before it, a stride-2 kernel
-// with tiles of dy and x staged in shared memory (1.56-2.37x its bytes' time), a stride-1 kernel with the three input
-// rows in registers (255 of them, no prefetch: 1.55-2.69x) and two that read global memory directly (per-thread sums of
-// a strip's taps; a thread per channel vector walking an output row with the 3x3 window in registers, 2026-11-23 and
-// -24, 1.2-26x slower than PyTorch's) were not kept.
+// blocks and parts: deterministic. On small images (the 14 x 14 layers, and the 28 x 28 ones at stride 2)
+// depthwise_conv_wgrad_tile runs instead: tensor copies of whole bands into shared memory by one thread, read by warps
+// of output rows. Before it, a stride-2 kernel with tiles of dy and x staged in shared memory (1.56-2.37x its bytes'
+// time), a stride-1 kernel with the three input rows in registers (255 of them, no prefetch: 1.55-2.69x) and two that
+// read global memory directly (per-thread sums of a strip's taps; a thread per channel vector walking an output row
+// with the 3x3 window in registers, 2026-11-23 and -24, 1.2-26x slower than PyTorch's) were not kept.
 #include "kernels/depthwise_conv_kernel.h"
 
 #include <atomic>
@@ -984,7 +984,7 @@ __global__ void __launch_bounds__(kWalkThreads, Blocks) depthwise_conv_wgrad_wal
 // and a multiprocessor holds several warps a scheduler. At the end the block adds the warps' sums in order and writes
 // one partial sum per tap and channel, for depthwise_conv_wgrad_sum, as the walk does: the same inputs give the same
 // bits. It runs where the input is at least kTileMinWidth and the output at most kTileMaxOutW columns wide (the 14 x 14
-// layers, at both strides); the walk the rest.
+// layers at both strides, the 28 x 28 ones at stride 2); the walk the rest.
 // Why (a scratch harness, H100, batch 256, 2026-11-26v, with the sum, x the bytes' time, the walk -> the tile; bf16
 // two repetitions, fp16 and fp32 one): v1 512@14 1.23 -> 1.21 in bf16 (fp16 1.24 -> 1.21, fp32 1.08 -> 1.06), v2
 // 384@14 1.32 -> 1.30 (1.34 -> 1.29, 1.13 -> 1.10), 576@14 1.27 -> 1.21 (1.29 -> 1.20, 1.10 -> 1.06), 576@14/2 1.36 ->
@@ -995,7 +995,8 @@ __global__ void __launch_bounds__(kWalkThreads, Blocks) depthwise_conv_wgrad_wal
 // the stage as the walk does (groups of warps taking turns at the items) took 1.56 at best. Not kept either: 3 or 4
 // stages (v1 512@14 1.26 and 1.25 against 1.21 with 2); a bulk copy a pixel rather than a tensor copy a box (2.7-4.2x:
 // the copy engine's rate of small copies); checks of the padding columns in the consumers rather than zeros copied
-// into the tile (v1 512@14 1.28, v2 576@14/2 1.44).
+// into the tile (v1 512@14 1.28, v2 576@14/2 1.44); stride-2 bands of at most 3, 4 or 5 rows rather than 7 (v1
+// 512@14/2 1.36-1.41 against 1.32, v2 192@28/2 1.20-1.23 against 1.23, three repetitions).
 constexpr int kTileColumns = 7;       // output columns a consumer warp takes of a row
 // Output rows a consumer warp takes of a band: 1. With 2 or 3 each input row is converted from bfloat16 once for
 // more of them (2 rows: 4 or 5 input rows for 2 outputs rather than 6), but fewer warps share a stage and the

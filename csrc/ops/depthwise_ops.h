@@ -34,13 +34,14 @@ std::string depthwise_kernel_unmet(const ConvProblem& p);
 // vectors (0.37-0.52x of cuDNN's bfloat16 dgrad; in float16 0.56-0.99x of cuDNN's, a harness with and without
 // cudnn.benchmark; in float32 0.74-0.99x of cuDNN's on the ten stride-1 layers, the H100 harness), else in bfloat16
 // PyTorch's (cuDNN's) forward so turned and in float16 and float32 cuDNN's dgrad. wgrad in our kernels (the walk; on
-// the 14 x 14 layers the tile kernel, depthwise_conv_kernel.cu) where the channels fill 16-byte vectors, in bfloat16
-// and float16, and in float32 at stride 2: in bfloat16 0.52-0.76x of cuDNN's time on each layer; in float16 0.69-0.93x
-// of cuDNN's with torch.backends.cudnn.benchmark on at stride 1, and at stride 2 (cuDNN's until the walk's changes of
-// 2026-11-26, when its float16 wgrad was 4% faster on v1's 64-channel 112x112 layer) 0.55-1.01x of cuDNN's on the eight
-// layers, 1.03-1.37x their bytes' time against 1.07-2.50x (benchmarks/results/depthwise_float16_h100_2026-11-26t,
-// H100); in float32 at stride 2 0.44-0.98x of cuDNN's (the H100 harness), at stride 1 cuDNN's (ours 5% slower on v2's
-// 144-channel 56x56 layer, equal on two more). The rest runs PyTorch's kernels.
+// the 14 x 14 layers and the 28 x 28 ones at stride 2 the tile kernel, depthwise_conv_kernel.cu) where the channels
+// fill 16-byte vectors, in bfloat16 and float16, and in float32 at stride 2: in bfloat16 0.52-0.76x of cuDNN's time on
+// each layer; in float16 0.69-0.93x of cuDNN's with torch.backends.cudnn.benchmark on at stride 1, and at stride 2
+// (cuDNN's until the walk's changes of 2026-11-26, when its float16 wgrad was 4% faster on v1's 64-channel 112x112
+// layer) 0.55-1.01x of cuDNN's on the eight layers, 1.03-1.37x their bytes' time against 1.07-2.50x
+// (benchmarks/results/depthwise_float16_h100_2026-11-26t, H100); in float32 at stride 2 0.44-0.98x of cuDNN's (the
+// H100 harness), at stride 1 cuDNN's (ours 5% slower on v2's 144-channel 56x56 layer, equal on two more). The rest
+// runs PyTorch's kernels.
 enum class DepthwiseDgrad {
   kPyTorch,        // PyTorch's (cuDNN's) dgrad
   kOurKernel,      // our dgrad kernel (at stride 1 the walk forward with the filter turned)
