@@ -1429,6 +1429,16 @@ int wgrad_walk_blocks_per_multiprocessor() {
   return blocks;
 }
 
+// The parts (blocks a channel group) of a wgrad launch whose channel groups each have `work` blocks' (the walk) or
+// items' (the tile) worth, `resident` blocks fitting the device at once: no more than fit beside the other groups,
+// each part the same number of rounds but the last; 0 where no block fits.
+int64_t balanced_parts(int64_t work, int64_t resident, int64_t channel_groups) {
+  if (resident == 0) return 0;
+  const int64_t parts = std::max<int64_t>(1, std::min(work, resident / channel_groups));
+  const int64_t rounds = (work + parts - 1) / parts;
+  return (work + rounds - 1) / rounds;
+}
+
 template <typename T, int S, int Slots = kWgradWalkSlots[S], int Ahead = kWgradWalkAhead[S],
           int Blocks = wgrad_walk_blocks<T>(), int CW = wgrad_walk_thread_columns<T>()>
 WgradWalkPlan wgrad_walk_plan(const DepthwiseShape& s, int multiprocessors) {
@@ -1452,9 +1462,7 @@ WgradWalkPlan wgrad_walk_plan(const DepthwiseShape& s, int multiprocessors) {
   const int64_t blocks = (r.positions + plan.block.y - 1) / plan.block.y;
   const int64_t resident =
       static_cast<int64_t>(multiprocessors) * wgrad_walk_blocks_per_multiprocessor<T, S, Slots, Ahead, Blocks, CW>();
-  const int64_t parts = std::max<int64_t>(1, std::min(blocks, resident / plan.channel_groups));
-  const int64_t rounds = (blocks + parts - 1) / parts;
-  plan.parts = resident == 0 ? 0 : (blocks + rounds - 1) / rounds;
+  plan.parts = balanced_parts(blocks, resident, plan.channel_groups);
   return plan;
 }
 
@@ -1506,13 +1514,13 @@ bool wgrad_tile_built() {
   if (cudaGetDevice(&device) != cudaSuccess || device >= 64) return false;
   int8_t state = known[device].load(std::memory_order_relaxed);
   if (state == 0) {
+    static std::atomic<uint64_t> shared_devices{0};
     cudaFuncAttributes attributes{};
     const bool built = tensor_map_encoder() != nullptr &&
                        cudaFuncGetAttributes(&attributes, depthwise_conv_wgrad_tile<T, S>) == cudaSuccess &&
                        attributes.binaryVersion >= 90 &&
-                       cudaFuncSetAttribute(depthwise_conv_wgrad_tile<T, S>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            kTileMaxSharedBytes) == cudaSuccess;
+                       allow_shared_bytes(depthwise_conv_wgrad_tile<T, S>, kTileMaxSharedBytes, shared_devices) ==
+                           cudaSuccess;
     if (!built) cudaGetLastError();
     state = built ? 1 : 2;
     known[device].store(state, std::memory_order_relaxed);
@@ -1554,10 +1562,7 @@ bool wgrad_tile_plan(const DepthwiseShape& s, int multiprocessors, WgradWalkPlan
     return false;
   }
   plan.channel_groups = (s.channels + CG - 1) / CG;
-  const int64_t resident = static_cast<int64_t>(multiprocessors) * per_multiprocessor;
-  const int64_t parts = std::max<int64_t>(1, std::min(r.items, resident / plan.channel_groups));
-  const int64_t rounds = (r.items + parts - 1) / parts;
-  plan.parts = resident == 0 ? 0 : (r.items + rounds - 1) / rounds;
+  plan.parts = balanced_parts(r.items, static_cast<int64_t>(multiprocessors) * per_multiprocessor, plan.channel_groups);
   plan.tiled = plan.parts > 0;
   return plan.tiled;
 }
