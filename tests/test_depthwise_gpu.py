@@ -112,42 +112,51 @@ def test_depthwise_conv_matches_float64(extension, no_tf32, dtype, case):
     turned_walk = stride == 1 and vectors and padding < kernel
     assert any("depthwise_conv_forward_walk<" in n and ", true>" in n for n in ran) == turned_walk, ran
     # wgrad in our kernel where the channels fill its 16-byte vectors, in bfloat16 and float16, in float32 at stride 2
-    ours_wgrad = vectors and (dtype != torch.float32 or stride == 2)
+    # and on outputs of at most 14 x 14
+    ours_wgrad = vectors and (dtype != torch.float32 or stride == 2 or max(out_size) <= 14)
     assert any("depthwise_conv_wgrad" in n for n in ran) == ours_wgrad, ran
     if stride == 1 and dtype == torch.bfloat16 and padding < kernel:  # no cuDNN dgrad: the walk or cuDNN's forward
         assert not any("dgrad" in n and "depthwise_conv_dgrad" not in n for n in ran), ran
 
 
-@pytest.mark.parametrize("stride, padding, dtype, channels, forward, dgrad, wgrad", [
-    (1, 1, "bfloat16", 64, True, "ours", "ours"), (1, 0, "bfloat16", 64, True, "ours", "ours"),
-    (1, 2, "bfloat16", 64, True, "ours", "ours"),
-    (1, 3, "bfloat16", 64, True, "pytorch", "ours"),  # padding past the filter: no forward computes that dgrad
-    (1, 1, "bfloat16", 60, False, "turned_forward", "pytorch"),  # channels that do not fill 16-byte vectors
+@pytest.mark.parametrize("stride, padding, dtype, channels, out_size, forward, dgrad, wgrad", [
+    (1, 1, "bfloat16", 64, (56, 56), True, "ours", "ours"), (1, 0, "bfloat16", 64, (7, 7), True, "ours", "ours"),
+    (1, 2, "bfloat16", 64, (-1, -1), True, "ours", "ours"),  # a traced size: ours at every size
+    # padding past the filter: no forward computes that dgrad
+    (1, 3, "bfloat16", 64, (56, 56), True, "pytorch", "ours"),
+    (1, 1, "bfloat16", 60, (56, 56), False, "turned_forward", "pytorch"),  # channels that do not fill 16-byte vectors
     # float16: the walks at stride 1, but cuDNN's own dgrad where the channels do not fill the vectors; float32: the
     # turned walk at stride 1 where they fill the vectors (62 channels of 4 bytes do not), PyTorch's plain forward
-    (1, 1, "float16", 64, True, "ours", "ours"), (1, 1, "float16", 60, False, "pytorch", "pytorch"),
-    (1, 1, "float32", 64, False, "ours", "pytorch"), (1, 1, "float32", 62, False, "pytorch", "pytorch"),
-    (2, 1, "bfloat16", 64, True, "ours", "ours"),  # the stride-2 walk, also without an epilogue
-    (2, 1, "float16", 64, True, "ours", "ours"),
-    (2, 1, "float32", 64, False, "ours", "ours"),  # float32: our wgrad at stride 2 only
-    (2, 1, "bfloat16", 60, False, "ours", "pytorch"),  # channels that do not fill the wgrad kernel's 16-byte vectors
+    (1, 1, "float16", 64, (56, 56), True, "ours", "ours"), (1, 1, "float16", 60, (7, 7), False, "pytorch", "pytorch"),
+    # float32's stride-1 wgrad: ours on outputs of at most 14 x 14, PyTorch's beyond; a traced size names both
+    (1, 1, "float32", 64, (56, 56), False, "ours", "pytorch"),
+    (1, 1, "float32", 64, (14, 15), False, "ours", "pytorch"),
+    (1, 1, "float32", 64, (15, 14), False, "ours", "pytorch"), (1, 1, "float32", 64, (14, 14), False, "ours", "ours"),
+    (1, 1, "float32", 64, (7, 7), False, "ours", "ours"), (1, 1, "float32", 64, (-1, -1), False, "ours", "ours_small"),
+    (1, 1, "float32", 62, (7, 7), False, "pytorch", "pytorch"),
+    (2, 1, "bfloat16", 64, (28, 28), True, "ours", "ours"),  # the stride-2 walk, also without an epilogue
+    (2, 1, "float16", 64, (28, 28), True, "ours", "ours"),
+    (2, 1, "float32", 64, (28, 28), False, "ours", "ours"),  # float32: our wgrad at stride 2 at every size
+    (2, 1, "bfloat16", 60, (7, 7), False, "ours", "pytorch"),  # channels that do not fill the wgrad's 16-byte vectors
 ])
-def test_the_depthwise_backward_rule(extension, stride, padding, dtype, channels, forward, dgrad, wgrad):
+def test_the_depthwise_backward_rule(extension, stride, padding, dtype, channels, out_size, forward, dgrad, wgrad):
     """What runs a depthwise 3x3 layer's forward, dgrad and wgrad (csrc/ops/depthwise_ops.cpp,
-    depthwise_kernel_steps), as Python's decision reads it; the forward in our kernel always with an epilogue, and
-    without one (`forward`) where the channels fill 16-byte vectors in bfloat16 and float16."""
+    depthwise_kernel_steps) for an output of out_size (-1: traced), as Python's decision reads it; the forward in our
+    kernel always with an epilogue, and without one (`forward`) where the channels fill 16-byte vectors in bfloat16
+    and float16."""
     from torch_cudnn_fusion.ops import decide
 
+    assert extension.depthwise_small_output == 14
     w_size = [channels, 1, 3, 3]
     verdict = extension.depthwise_kernel_verdict(channels, w_size, [stride] * 2, [padding] * 2, [1, 1], channels,
-                                                 True, dtype, False)
+                                                 True, dtype, False, list(out_size))
     assert (verdict["unmet"], verdict["forward"], verdict["dgrad"], verdict["wgrad"]) == ("", forward, dgrad, wgrad), \
         verdict
     steps = decide.depthwise_kernel_steps(channels, tuple(w_size), (stride,) * 2, (padding,) * 2, (1, 1), channels,
-                                          True, getattr(torch, dtype), True)
+                                          True, getattr(torch, dtype), True, out_size)
     assert steps == (True, dgrad, wgrad), steps
     grouped = extension.depthwise_kernel_verdict(64, [64, 2, 3, 3], [stride] * 2, [padding] * 2, [1, 1], 32, True,
-                                                 dtype, True)
+                                                 dtype, True, list(out_size))
     assert grouped["unmet"] and (grouped["forward"], grouped["dgrad"], grouped["wgrad"]) == (False, "pytorch",
                                                                                              "pytorch"), grouped
 
@@ -487,6 +496,41 @@ def test_conv_bn_relu_training_runs_our_kernels_and_matches_float64(extension, s
         assert_as_accurate_as_eager(name, *values, torch.bfloat16)
     note = "conv: our depthwise kernel; its dgrad: our depthwise kernel; its wgrad: our depthwise kernel"
     assert note in fused.fusion_status.reason, fused.fusion_status
+
+
+@pytest.mark.parametrize("size", [7, 14, 15, 28])
+def test_float32_conv_bn_relu_runs_our_stride1_wgrad_on_small_outputs_only(extension, no_tf32, size):
+    """A float32 depthwise 3x3 Conv2dBNReLU at stride 1 in training: our wgrad on outputs of at most 14 x 14 (the walk
+    at 7 columns, the tile at 14), PyTorch's on larger ones, as the layer's status and explain() say; dweight and the
+    other gradients as accurate as eager's against float64 either way."""
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Conv2d(64, 64, 3, 1, 1, groups=64, bias=False), nn.BatchNorm2d(64), nn.ReLU())
+    plain = plain.cuda().to(memory_format=CL)
+    x = torch.randn(6, 64, size, size, device="cuda").contiguous(memory_format=CL)
+    grad_out = torch.randn(6, 64, size, size, device="cuda").contiguous(memory_format=CL)
+
+    def step(model, precision=torch.float32):
+        model = model.to(precision)
+        leaf = x.detach().to(precision).requires_grad_()
+        y = model(leaf)
+        y.backward(grad_out.to(precision))
+        return [y.detach(), leaf.grad] + [p.grad for p in model.parameters()]
+
+    small = size <= extension.depthwise_small_output
+    profiled = copy.deepcopy(plain)
+    names = _profile_kernels(lambda: step(tcf.Conv2dBNReLU.from_modules(profiled[0], profiled[1])))
+    kernel = "depthwise_conv_wgrad_tile<float, 1," if size >= 8 else "depthwise_conv_wgrad_walk<float, 1,"
+    assert any(kernel in n for n in names) == small, names
+    assert any("depthwise_conv_wgrad" in n for n in names) == small, names
+    eager, reference = copy.deepcopy(plain), copy.deepcopy(plain)
+    fused = tcf.Conv2dBNReLU.from_modules(plain[0], plain[1])
+    results = [step(fused), step(eager), step(reference, torch.float64)]
+    for name, *values in zip(["y", "dx", "dweight", "dbn_weight", "dbn_bias"], *results):
+        assert_as_accurate_as_eager(name, *values, torch.float32)
+    wgrad_note = "its wgrad: our depthwise kernel"
+    assert (wgrad_note in fused.fusion_status.reason) == small, fused.fusion_status
+    row = next(r for r in tcf.explain(fused, x, time=False) if r.module == "Conv2dBNReLU")
+    assert ("wgrad: our depthwise kernel" in row.operations[0]) == small, row
 
 
 def test_conv_bn_relu_eval_runs_the_folded_depthwise_kernel_in_a_cuda_graph(extension):

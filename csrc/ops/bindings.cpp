@@ -457,7 +457,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "depthwise_kernel_verdict",
       [](int64_t in_channels, const std::vector<int64_t>& w_size, const std::vector<int64_t>& stride,
          const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, int64_t groups,
-         bool channels_last, const std::string& dtype, bool has_epilogue) {
+         bool channels_last, const std::string& dtype, bool has_epilogue,
+         const std::optional<std::vector<int64_t>>& out_size) {
         auto unmet = tcf::depthwise_kernel_unmet(in_channels, w_size, stride, dilation, groups, channels_last);
         pybind11::dict out;
         out["unmet"] = unmet;
@@ -471,19 +472,28 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         p.stride = tcf::fixed<2>(stride, "stride");
         p.pad_pre = p.pad_post = tcf::fixed<2>(padding, "padding");
         p.groups = groups;
-        auto steps = tcf::depthwise_kernel_steps(p, has_epilogue);
+        // an output of unknown size (none given, or a size below 1: traced): the steps of a small and a large one
+        const bool known = out_size.has_value() && out_size->size() == 2 && (*out_size)[0] > 0 && (*out_size)[1] > 0;
+        const int64_t large = tcf::kDepthwiseSmallOutput + 1;
+        auto steps = known ? tcf::depthwise_kernel_steps(p, has_epilogue, (*out_size)[0], (*out_size)[1])
+                           : tcf::depthwise_kernel_steps(p, has_epilogue, large, large);
+        const bool small_wgrad = !known && tcf::depthwise_kernel_steps(p, has_epilogue, 1, 1).wgrad;
         out["forward"] = steps.forward;
         out["dgrad"] = steps.dgrad == tcf::DepthwiseDgrad::kOurKernel       ? "ours"
                        : steps.dgrad == tcf::DepthwiseDgrad::kTurnedForward ? "turned_forward"
                                                                              : "pytorch";
-        out["wgrad"] = steps.wgrad ? "ours" : "pytorch";
+        out["wgrad"] = steps.wgrad ? "ours" : small_wgrad ? "ours_small" : "pytorch";
         return out;
       },
       py::arg("in_channels"), py::arg("w_size"), py::arg("stride"), py::arg("padding"), py::arg("dilation"),
       py::arg("groups"), py::arg("channels_last"), py::arg("dtype"), py::arg("has_epilogue"),
+      py::arg("out_size") = py::none(),
       "unmet: '' when our depthwise kernels may run this convolution (symmetric padding), else why not; forward: "
       "whether our kernel runs it; dgrad: 'ours', 'turned_forward' (PyTorch's forward with the filter turned 180 "
-      "degrees) or 'pytorch'; wgrad: 'ours' or 'pytorch'");
+      "degrees) or 'pytorch'; wgrad: 'ours', 'pytorch', or, where out_size (the output's [H, W]) is not given or "
+      "not known (-1), 'ours_small': ours for outputs of at most depthwise_small_output rows and columns, PyTorch's "
+      "beyond");
+  m.attr("depthwise_small_output") = tcf::kDepthwiseSmallOutput;
   m.def("batch_norm_layer_verdict", &tcf::batch_norm_layer_verdict, py::arg("x_size"), py::arg("channels_last"),
         "The unmet requirements of a BatchNorm layer in training (empty: cuDNN is asked); -1: a size not known yet");
   m.def("set_benchmark_tuning", &tcf::set_benchmark_tuning_py, py::arg("candidates"), py::arg("aten_timed"),

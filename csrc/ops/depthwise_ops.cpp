@@ -83,6 +83,15 @@ std::string depthwise_kernel_unmet(int64_t in_channels, at::IntArrayRef w_size, 
 }
 
 DepthwiseSteps depthwise_kernel_steps(const ConvProblem& p, bool has_epilogue) {
+  const auto y = p.y_size();
+  return depthwise_kernel_steps(p, has_epilogue, y[2], y[3]);
+}
+
+bool depthwise_small_output(int64_t out_h, int64_t out_w) {
+  return out_h <= kDepthwiseSmallOutput && out_w <= kDepthwiseSmallOutput;
+}
+
+DepthwiseSteps depthwise_kernel_steps(const ConvProblem& p, bool has_epilogue, int64_t out_h, int64_t out_w) {
   DepthwiseSteps steps;
   const int element_bytes = static_cast<int>(c10::elementSize(p.dtype));
   const bool vectors_fit = depthwise_vectors_fit(p.w_size[0], element_bytes);
@@ -94,7 +103,7 @@ DepthwiseSteps depthwise_kernel_steps(const ConvProblem& p, bool has_epilogue) {
              p.pad_pre[0] < p.w_size[2] && p.pad_pre[1] < p.w_size[3]) {
     steps.dgrad = vectors_fit ? DepthwiseDgrad::kOurKernel : depthwise_dgrad_without_vectors(p.dtype);
   }
-  steps.wgrad = vectors_fit && (half_precision || p.stride[0] == 2);
+  steps.wgrad = vectors_fit && (half_precision || p.stride[0] == 2 || depthwise_small_output(out_h, out_w));
   return steps;
 }
 
@@ -165,6 +174,7 @@ at::Tensor depthwise_conv_wgrad(const at::Tensor& dz, const at::Tensor& x, const
   const int64_t parts = depthwise_wgrad_parts(type, s, multiprocessors);
   if (parts <= 0) return at::Tensor();
   auto partial = at::empty({parts, 9, shape.x_size[1]}, dz.options().dtype(at::kFloat));
+  poison_output(partial);  // a partial sum no block wrote shows in dw as NaN
   auto dw = at::empty(at::IntArrayRef(shape.w_size),
                       dz.options().dtype(dw_dtype).memory_format(at::MemoryFormat::ChannelsLast));
   poison_output(dw);

@@ -149,7 +149,7 @@ def _explain_batch_norm(path: str, module: nn.Module, decision: Decision, config
         from ..ops.batch_norm import conv_notes
 
         notes = (["PyTorch's cuDNN call"] if config is None
-                 else conv_notes(module, module.weight, config.channels_last, config.dtype))
+                 else conv_notes(module, module.weight, config.channels_last, config.dtype, config.x_size))
         operations = ("conv (" + "; ".join(notes) + ")",)
     operations += ("batchnorm (batch statistics, running-statistics update)",)
     operations += (("add residual",) if has_residual else ()) + ((activation,) if activation else ())

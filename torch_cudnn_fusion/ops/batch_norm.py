@@ -274,7 +274,7 @@ def _decide_conv_batch_norm(x, conv, conv_weight, conv_bias, running_mean, weigh
         stem = decide.stem_plan(x, conv_weight, conv.stride, conv.padding, conv.padding, conv.dilation, conv.groups,
                                 conv.padding_mode, z_dtype)
         # a new Decision, not decision._replace: dynamo cannot trace namedtuple._replace (torch 2.11)
-        reason = "; ".join(filter(None, (conv_note(conv, conv_weight, channels_last, z_dtype),
+        reason = "; ".join(filter(None, (conv_note(conv, conv_weight, channels_last, z_dtype, config.x_size),
                                             stem.note if stem is not None else "", decision.reason)))
         decision = Decision(decision.fused, reason, decision.backward, decision.implementation)
     decide.raise_if_strict(decision, strict, where)
@@ -284,36 +284,43 @@ def _decide_conv_batch_norm(x, conv, conv_weight, conv_bias, running_mean, weigh
     return decision, config, run
 
 
-def depthwise_steps(conv, conv_weight, channels_last: bool, dtype: torch.dtype) -> tuple[bool, str, str]:
-    """(forward, dgrad, wgrad): what runs the training conv + BatchNorm op's conv (the extension's rule, for the
-    conv's dtype; the conv has no epilogue there: BatchNorm follows). forward: whether our depthwise kernel runs it
-    (else PyTorch's cuDNN call); dgrad: "ours" (our depthwise kernel), "turned_forward" (PyTorch's forward kernel
-    with the filter turned 180 degrees) or "pytorch" (PyTorch's own dgrad, as its forward); wgrad: "ours" or
-    "pytorch"."""
+def depthwise_steps(conv, conv_weight, channels_last: bool, dtype: torch.dtype,
+                    z_size: tuple) -> tuple[bool, str, str]:
+    """(forward, dgrad, wgrad): what runs the training conv + BatchNorm op's conv of output size z_size (N, C, H, W;
+    TRACED under torch.compile) (the extension's rule, for the conv's dtype; the conv has no epilogue there:
+    BatchNorm follows). forward: whether our depthwise kernel runs it (else PyTorch's cuDNN call); dgrad: "ours" (our
+    depthwise kernel), "turned_forward" (PyTorch's forward kernel with the filter turned 180 degrees) or "pytorch"
+    (PyTorch's own dgrad, as its forward); wgrad: "ours", "pytorch", or "ours_small" where the size is traced and
+    the rule depends on it."""
     if isinstance(conv.padding, str):  # such a conv runs its own forward and backward, not the op's
         return False, "pytorch", "pytorch"
     groups = int(conv.groups)
     return decide.depthwise_kernel_steps(int(conv_weight.shape[1]) * groups, tuple(conv_weight.shape),
                                          tuple(conv.stride), tuple(conv.padding), tuple(conv.dilation), groups,
-                                         channels_last, dtype, False)
+                                         channels_last, dtype, False, tuple(z_size[2:]))
 
 
-KERNEL_NOTES = {"ours": "our depthwise kernel",
-                "turned_forward": "PyTorch's forward kernel with the filter turned 180 degrees"}
+def _kernel_note(step: str) -> str:
+    if step == "ours_small":
+        small = _extension.require().depthwise_small_output
+        return f"our depthwise kernel where the output is at most {small} x {small}, else PyTorch's"
+    return {"ours": "our depthwise kernel",
+            "turned_forward": "PyTorch's forward kernel with the filter turned 180 degrees"}.get(step, "")
 
 
-def conv_notes(conv, conv_weight, channels_last: bool, dtype: torch.dtype) -> list[str]:
-    """What runs the conv inside the training conv + BatchNorm op: its forward ("our depthwise kernel" or "PyTorch's
-    cuDNN call"), then "dgrad: ..." and "wgrad: ..." where those are not PyTorch's own kernels."""
-    forward, dgrad, wgrad = depthwise_steps(conv, conv_weight, channels_last, dtype)
-    notes = [KERNEL_NOTES["ours"] if forward else "PyTorch's cuDNN call"]
-    return notes + [f"{name}: {KERNEL_NOTES[step]}" for name, step in (("dgrad", dgrad), ("wgrad", wgrad))
-                    if step in KERNEL_NOTES]
+def conv_notes(conv, conv_weight, channels_last: bool, dtype: torch.dtype, z_size: tuple) -> list[str]:
+    """What runs the conv (output size z_size) inside the training conv + BatchNorm op: its forward ("our depthwise
+    kernel" or "PyTorch's cuDNN call"), then "dgrad: ..." and "wgrad: ..." where those are not PyTorch's own
+    kernels."""
+    forward, dgrad, wgrad = depthwise_steps(conv, conv_weight, channels_last, dtype, z_size)
+    notes = [_kernel_note("ours") if forward else "PyTorch's cuDNN call"]
+    return notes + [f"{name}: {_kernel_note(step)}" for name, step in (("dgrad", dgrad), ("wgrad", wgrad))
+                    if _kernel_note(step)]
 
 
-def conv_note(conv, conv_weight, channels_last: bool, dtype: torch.dtype) -> str:
+def conv_note(conv, conv_weight, channels_last: bool, dtype: torch.dtype, z_size: tuple) -> str:
     """What runs the conv inside the training conv + BatchNorm op, for the layer's status."""
-    forward, *rest = conv_notes(conv, conv_weight, channels_last, dtype)
+    forward, *rest = conv_notes(conv, conv_weight, channels_last, dtype, z_size)
     return "; ".join([f"conv: {forward}"] + [f"its {note}" for note in rest])
 
 
