@@ -533,6 +533,22 @@ def test_float32_conv_bn_relu_runs_our_stride1_wgrad_on_small_outputs_only(exten
     assert ("wgrad: our depthwise kernel" in row.operations[0]) == small, row
 
 
+def test_a_traced_size_names_the_float32_wgrad_rule_in_the_conv_bn_note(extension):
+    """Under torch.compile a Conv2dBN*'s note is written before the size is known (TRACED): for float32 at stride 1,
+    where the wgrad depends on the output's size, the note says so; in bfloat16 (ours at every size) it does not."""
+    from torch_cudnn_fusion.ops import batch_norm, decide
+
+    conv = nn.Conv2d(64, 64, 3, 1, 1, groups=64, bias=False)
+    traced = (decide.TRACED,) * 4
+    notes = batch_norm.conv_notes(conv, conv.weight, True, torch.float32, traced)
+    assert notes[-1] == "wgrad: our depthwise kernel where the output is at most 14 x 14, else PyTorch's", notes
+    assert batch_norm.conv_notes(conv, conv.weight, True, torch.float32, (2, 64, 14, 14))[-1] == \
+        "wgrad: our depthwise kernel"
+    assert not any("wgrad" in n for n in batch_norm.conv_notes(conv, conv.weight, True, torch.float32,
+                                                              (2, 64, 15, 15)))
+    assert batch_norm.conv_notes(conv, conv.weight, True, torch.bfloat16, traced)[-1] == "wgrad: our depthwise kernel"
+
+
 def test_conv_bn_relu_eval_runs_the_folded_depthwise_kernel_in_a_cuda_graph(extension):
     """Eval folds BatchNorm into the depthwise conv: one launch of our kernel (bias and ReLU in its epilogue), which a
     CUDA graph captures and replays."""

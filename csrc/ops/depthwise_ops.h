@@ -41,9 +41,9 @@ std::string depthwise_kernel_unmet(const ConvProblem& p);
 // v1's 64-channel 112x112 layer) 0.55-1.01x of cuDNN's on the eight layers, 1.03-1.37x their bytes' time against
 // 1.07-2.50x (benchmarks/results/depthwise_float16_h100_2026-11-26t, H100); in float32 at stride 2 0.44-0.98x of
 // cuDNN's (the H100 harness), at stride 1 where the output is at most kDepthwiseSmallOutput rows and columns (the 14x14
-// and 7x7 layers: ours 1.08-1.23x their bytes' time against cuDNN's 1.19-1.72x, the walk in the same harness,
-// benchmarks/results/depthwise_float32_steps_harness_h100_2026-11-26.txt), else cuDNN's (ours 5% slower on v2's
-// 144-channel 56x56 layer, equal or at most 3% faster on the other larger ones). The rest runs PyTorch's kernels.
+// and 7x7 layers: ours 1.05-1.25x their bytes' time against cuDNN's 1.20-1.74x, 0.70-0.92x of cuDNN's time,
+// benchmarks/results/depthwise_float32_h100_2026-11-26x), else cuDNN's (ours 5% slower on v2's 144-channel 56x56 layer,
+// equal or at most 3% faster on the other larger ones). The rest runs PyTorch's kernels.
 enum class DepthwiseDgrad {
   kPyTorch,        // PyTorch's (cuDNN's) dgrad
   kOurKernel,      // our dgrad kernel (at stride 1 the walk forward with the filter turned)
