@@ -120,30 +120,36 @@ def test_depthwise_conv_matches_float64(extension, no_tf32, dtype, case):
 
 
 @pytest.mark.parametrize("stride, padding, dtype, channels, out_size, forward, dgrad, wgrad", [
-    (1, 1, "bfloat16", 64, (56, 56), True, "ours", "ours"), (1, 0, "bfloat16", 64, (7, 7), True, "ours", "ours"),
-    (1, 2, "bfloat16", 64, (-1, -1), True, "ours", "ours"),  # a traced size: ours at every size
+    (1, 1, "bfloat16", 64, (56, 56), "ours", "ours", "ours"), (1, 0, "bfloat16", 64, (7, 7), "ours", "ours", "ours"),
+    (1, 2, "bfloat16", 64, (-1, -1), "ours", "ours", "ours"),  # a traced size: ours at every size
     # padding past the filter: no forward computes that dgrad
-    (1, 3, "bfloat16", 64, (56, 56), True, "pytorch", "ours"),
-    (1, 1, "bfloat16", 60, (56, 56), False, "turned_forward", "pytorch"),  # channels that do not fill 16-byte vectors
+    (1, 3, "bfloat16", 64, (56, 56), "ours", "pytorch", "ours"),
+    # channels that do not fill 16-byte vectors
+    (1, 1, "bfloat16", 60, (56, 56), "pytorch", "turned_forward", "pytorch"),
     # float16: the walks at stride 1, but cuDNN's own dgrad where the channels do not fill the vectors; float32: the
-    # turned walk at stride 1 where they fill the vectors (62 channels of 4 bytes do not), PyTorch's plain forward
-    (1, 1, "float16", 64, (56, 56), True, "ours", "ours"), (1, 1, "float16", 60, (7, 7), False, "pytorch", "pytorch"),
-    # float32's stride-1 wgrad: ours on outputs of at most 14 x 14, PyTorch's beyond; a traced size names both
-    (1, 1, "float32", 64, (56, 56), False, "ours", "pytorch"),
-    (1, 1, "float32", 64, (14, 15), False, "ours", "pytorch"),
-    (1, 1, "float32", 64, (15, 14), False, "ours", "pytorch"), (1, 1, "float32", 64, (14, 14), False, "ours", "ours"),
-    (1, 1, "float32", 64, (7, 7), False, "ours", "ours"), (1, 1, "float32", 64, (-1, -1), False, "ours", "ours_small"),
-    (1, 1, "float32", 62, (7, 7), False, "pytorch", "pytorch"),
-    (2, 1, "bfloat16", 64, (28, 28), True, "ours", "ours"),  # the stride-2 walk, also without an epilogue
-    (2, 1, "float16", 64, (28, 28), True, "ours", "ours"),
-    (2, 1, "float32", 64, (28, 28), False, "ours", "ours"),  # float32: our wgrad at stride 2 at every size
-    (2, 1, "bfloat16", 60, (7, 7), False, "ours", "pytorch"),  # channels that do not fill the wgrad's 16-byte vectors
+    # turned walk at stride 1 where they fill the vectors (62 channels of 4 bytes do not)
+    (1, 1, "float16", 64, (56, 56), "ours", "ours", "ours"),
+    (1, 1, "float16", 60, (7, 7), "pytorch", "pytorch", "pytorch"),
+    # float32's stride-1 plain forward and wgrad: ours on outputs of at most 14 x 14, PyTorch's beyond; a traced size
+    # names both
+    (1, 1, "float32", 64, (56, 56), "pytorch", "ours", "pytorch"),
+    (1, 1, "float32", 64, (14, 15), "pytorch", "ours", "pytorch"),
+    (1, 1, "float32", 64, (15, 14), "pytorch", "ours", "pytorch"),
+    (1, 1, "float32", 64, (14, 14), "ours", "ours", "ours"), (1, 1, "float32", 64, (7, 7), "ours", "ours", "ours"),
+    (1, 1, "float32", 64, (-1, -1), "ours_small", "ours", "ours_small"),
+    (1, 1, "float32", 62, (7, 7), "pytorch", "pytorch", "pytorch"),
+    (2, 1, "bfloat16", 64, (28, 28), "ours", "ours", "ours"),  # the stride-2 walk, also without an epilogue
+    (2, 1, "float16", 64, (28, 28), "ours", "ours", "ours"),
+    # float32 at stride 2: PyTorch's plain forward, our wgrad, at every size
+    (2, 1, "float32", 64, (28, 28), "pytorch", "ours", "ours"),
+    (2, 1, "float32", 64, (7, 7), "pytorch", "ours", "ours"),
+    (2, 1, "bfloat16", 60, (7, 7), "pytorch", "ours", "pytorch"),  # channels that do not fill the 16-byte vectors
 ])
 def test_the_depthwise_backward_rule(extension, stride, padding, dtype, channels, out_size, forward, dgrad, wgrad):
     """What runs a depthwise 3x3 layer's forward, dgrad and wgrad (csrc/ops/depthwise_ops.cpp,
     depthwise_kernel_steps) for an output of out_size (-1: traced), as Python's decision reads it; the forward in our
     kernel always with an epilogue, and without one (`forward`) where the channels fill 16-byte vectors in bfloat16
-    and float16."""
+    and float16, and in float32 on small outputs at stride 1."""
     from torch_cudnn_fusion.ops import decide
 
     assert extension.depthwise_small_output == 14
@@ -154,10 +160,10 @@ def test_the_depthwise_backward_rule(extension, stride, padding, dtype, channels
         verdict
     steps = decide.depthwise_kernel_steps(channels, tuple(w_size), (stride,) * 2, (padding,) * 2, (1, 1), channels,
                                           True, getattr(torch, dtype), True, out_size)
-    assert steps == (True, dgrad, wgrad), steps
+    assert steps == ("ours", dgrad, wgrad), steps
     grouped = extension.depthwise_kernel_verdict(64, [64, 2, 3, 3], [stride] * 2, [padding] * 2, [1, 1], 32, True,
                                                  dtype, True, list(out_size))
-    assert grouped["unmet"] and (grouped["forward"], grouped["dgrad"], grouped["wgrad"]) == (False, "pytorch",
+    assert grouped["unmet"] and (grouped["forward"], grouped["dgrad"], grouped["wgrad"]) == ("pytorch", "pytorch",
                                                                                              "pytorch"), grouped
 
 
@@ -403,7 +409,7 @@ def test_depthwise_layers_say_they_run_our_kernel(extension):
     assert status.fused and status.implementation == "depthwise_kernel", status
     assert dict(status.backward) == {"relu_bias_backward": "", "dgrad": "", "wgrad": ""}, status
     assert status.reason == ("depthwise: forward in our kernel, dgrad in our kernel, wgrad in "
-                             "PyTorch's kernel"), status  # stride 1, float32
+                             "PyTorch's kernel"), status  # stride 1, float32, an output larger than 14 x 14
     assert str(status).startswith("fused (depthwise kernels)"), str(status)
     with torch.no_grad():
         (row,) = tcf.explain(nn.Sequential(layer), x, time=False)
@@ -499,10 +505,11 @@ def test_conv_bn_relu_training_runs_our_kernels_and_matches_float64(extension, s
 
 
 @pytest.mark.parametrize("size", [7, 14, 15, 28])
-def test_float32_conv_bn_relu_runs_our_stride1_wgrad_on_small_outputs_only(extension, no_tf32, size):
-    """A float32 depthwise 3x3 Conv2dBNReLU at stride 1 in training: our wgrad on outputs of at most 14 x 14 (the walk
-    at 7 columns, the tile at 14), PyTorch's on larger ones, as the layer's status and explain() say; dweight and the
-    other gradients as accurate as eager's against float64 either way."""
+def test_float32_conv_bn_relu_runs_our_stride1_forward_and_wgrad_on_small_outputs_only(extension, no_tf32, size):
+    """A float32 depthwise 3x3 Conv2dBNReLU at stride 1 in training: our forward walk and wgrad on outputs of at most
+    14 x 14 (the wgrad's walk at 7 columns, its tile at 14), PyTorch's on larger ones, as the layer's status and
+    explain() say; the dgrad our turned walk at every size; y, dweight and the other gradients as accurate as eager's
+    against float64 either way."""
     torch.manual_seed(0)
     plain = nn.Sequential(nn.Conv2d(64, 64, 3, 1, 1, groups=64, bias=False), nn.BatchNorm2d(64), nn.ReLU())
     plain = plain.cuda().to(memory_format=CL)
@@ -522,31 +529,39 @@ def test_float32_conv_bn_relu_runs_our_stride1_wgrad_on_small_outputs_only(exten
     kernel = "depthwise_conv_wgrad_tile<float, 1," if size >= 8 else "depthwise_conv_wgrad_walk<float, 1,"
     assert any(kernel in n for n in names) == small, names
     assert any("depthwise_conv_wgrad" in n for n in names) == small, names
+    walks = [n for n in names if "depthwise_conv_forward_walk<float, 1," in n]
+    assert sorted(", true>" in n for n in walks) == ([False, True] if small else [True]), names  # forward, dgrad
     eager, reference = copy.deepcopy(plain), copy.deepcopy(plain)
     fused = tcf.Conv2dBNReLU.from_modules(plain[0], plain[1])
     results = [step(fused), step(eager), step(reference, torch.float64)]
     for name, *values in zip(["y", "dx", "dweight", "dbn_weight", "dbn_bias"], *results):
         assert_as_accurate_as_eager(name, *values, torch.float32)
-    wgrad_note = "its wgrad: our depthwise kernel"
-    assert (wgrad_note in fused.fusion_status.reason) == small, fused.fusion_status
+    forward_note = "conv: our depthwise kernel" if small else "conv: PyTorch's cuDNN call"
+    assert forward_note in fused.fusion_status.reason, fused.fusion_status
+    assert ("its wgrad: our depthwise kernel" in fused.fusion_status.reason) == small, fused.fusion_status
     row = next(r for r in tcf.explain(fused, x, time=False) if r.module == "Conv2dBNReLU")
+    assert row.operations[0].startswith("conv (our depthwise kernel;" if small else "conv (PyTorch's cuDNN call;"), row
     assert ("wgrad: our depthwise kernel" in row.operations[0]) == small, row
 
 
 def test_a_traced_size_names_the_float32_wgrad_rule_in_the_conv_bn_note(extension):
     """Under torch.compile a Conv2dBN*'s note is written before the size is known (TRACED): for float32 at stride 1,
-    where the wgrad depends on the output's size, the note says so; in bfloat16 (ours at every size) it does not."""
+    where the forward and the wgrad depend on the output's size, the note says so; in bfloat16 (ours at every size)
+    it does not."""
     from torch_cudnn_fusion.ops import batch_norm, decide
 
     conv = nn.Conv2d(64, 64, 3, 1, 1, groups=64, bias=False)
     traced = (decide.TRACED,) * 4
+    small = "our depthwise kernel where the output is at most 14 x 14, else PyTorch's"
+    dgrad = "dgrad: our depthwise kernel"
     notes = batch_norm.conv_notes(conv, conv.weight, True, torch.float32, traced)
-    assert notes[-1] == "wgrad: our depthwise kernel where the output is at most 14 x 14, else PyTorch's", notes
-    assert batch_norm.conv_notes(conv, conv.weight, True, torch.float32, (2, 64, 14, 14))[-1] == \
-        "wgrad: our depthwise kernel"
-    assert not any("wgrad" in n for n in batch_norm.conv_notes(conv, conv.weight, True, torch.float32,
-                                                              (2, 64, 15, 15)))
-    assert batch_norm.conv_notes(conv, conv.weight, True, torch.bfloat16, traced)[-1] == "wgrad: our depthwise kernel"
+    assert notes == [small, dgrad, f"wgrad: {small}"], notes
+    notes = batch_norm.conv_notes(conv, conv.weight, True, torch.float32, (2, 64, 14, 14))
+    assert notes == ["our depthwise kernel", dgrad, "wgrad: our depthwise kernel"], notes
+    notes = batch_norm.conv_notes(conv, conv.weight, True, torch.float32, (2, 64, 15, 15))
+    assert notes == ["PyTorch's cuDNN call", dgrad], notes
+    notes = batch_norm.conv_notes(conv, conv.weight, True, torch.bfloat16, traced)
+    assert notes == ["our depthwise kernel", dgrad, "wgrad: our depthwise kernel"], notes
 
 
 def test_conv_bn_relu_eval_runs_the_folded_depthwise_kernel_in_a_cuda_graph(extension):

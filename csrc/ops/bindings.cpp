@@ -462,7 +462,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         auto unmet = tcf::depthwise_kernel_unmet(in_channels, w_size, stride, dilation, groups, channels_last);
         pybind11::dict out;
         out["unmet"] = unmet;
-        out["forward"] = false;
+        out["forward"] = "pytorch";
         out["dgrad"] = "pytorch";
         out["wgrad"] = "pytorch";
         if (!unmet.empty()) return out;  // stride, dilation and the filter's size are as our kernels take them
@@ -477,22 +477,24 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         const int64_t large = tcf::kDepthwiseSmallOutput + 1;
         auto steps = known ? tcf::depthwise_kernel_steps(p, has_epilogue, (*out_size)[0], (*out_size)[1])
                            : tcf::depthwise_kernel_steps(p, has_epilogue, large, large);
-        const bool small_wgrad = !known && tcf::depthwise_kernel_steps(p, has_epilogue, 1, 1).wgrad;
-        out["forward"] = steps.forward;
+        const auto small = tcf::depthwise_kernel_steps(p, has_epilogue, 1, 1);
+        auto ours = [known](bool at_size, bool small_only) {
+          return at_size ? "ours" : !known && small_only ? "ours_small" : "pytorch";
+        };
+        out["forward"] = ours(steps.forward, small.forward);
         out["dgrad"] = steps.dgrad == tcf::DepthwiseDgrad::kOurKernel       ? "ours"
                        : steps.dgrad == tcf::DepthwiseDgrad::kTurnedForward ? "turned_forward"
                                                                              : "pytorch";
-        out["wgrad"] = steps.wgrad ? "ours" : small_wgrad ? "ours_small" : "pytorch";
+        out["wgrad"] = ours(steps.wgrad, small.wgrad);
         return out;
       },
       py::arg("in_channels"), py::arg("w_size"), py::arg("stride"), py::arg("padding"), py::arg("dilation"),
       py::arg("groups"), py::arg("channels_last"), py::arg("dtype"), py::arg("has_epilogue"),
       py::arg("out_size") = py::none(),
-      "unmet: '' when our depthwise kernels may run this convolution (symmetric padding), else why not; forward: "
-      "whether our kernel runs it; dgrad: 'ours', 'turned_forward' (PyTorch's forward with the filter turned 180 "
-      "degrees) or 'pytorch'; wgrad: 'ours', 'pytorch', or, where out_size (the output's [H, W]) is not given or "
-      "not known (-1), 'ours_small': ours for outputs of at most depthwise_small_output rows and columns, PyTorch's "
-      "beyond");
+      "unmet: '' when our depthwise kernels may run this convolution (symmetric padding), else why not; forward and "
+      "wgrad: 'ours', 'pytorch', or, where out_size (the output's [H, W]) is not given or not known (-1), "
+      "'ours_small': ours for outputs of at most depthwise_small_output rows and columns, PyTorch's beyond; dgrad: "
+      "'ours', 'turned_forward' (PyTorch's forward with the filter turned 180 degrees) or 'pytorch'");
   m.attr("depthwise_small_output") = tcf::kDepthwiseSmallOutput;
   m.def("batch_norm_layer_verdict", &tcf::batch_norm_layer_verdict, py::arg("x_size"), py::arg("channels_last"),
         "The unmet requirements of a BatchNorm layer in training (empty: cuDNN is asked); -1: a size not known yet");

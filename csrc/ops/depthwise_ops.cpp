@@ -96,14 +96,15 @@ DepthwiseSteps depthwise_kernel_steps(const ConvProblem& p, bool has_epilogue, i
   const int element_bytes = static_cast<int>(c10::elementSize(p.dtype));
   const bool vectors_fit = depthwise_vectors_fit(p.w_size[0], element_bytes);
   const bool half_precision = p.dtype == at::kBFloat16 || p.dtype == at::kHalf;
-  steps.forward = has_epilogue || (half_precision && vectors_fit);
+  const bool small = depthwise_small_output(out_h, out_w);
+  steps.forward = has_epilogue || (vectors_fit && (half_precision || (p.stride[0] == 1 && small)));
   if (p.stride[0] == 2) {
     steps.dgrad = DepthwiseDgrad::kOurKernel;
   } else if (p.stride[0] == 1 && (half_precision || vectors_fit) && p.pad_pre == p.pad_post &&
              p.pad_pre[0] < p.w_size[2] && p.pad_pre[1] < p.w_size[3]) {
     steps.dgrad = vectors_fit ? DepthwiseDgrad::kOurKernel : depthwise_dgrad_without_vectors(p.dtype);
   }
-  steps.wgrad = vectors_fit && (half_precision || p.stride[0] == 2 || depthwise_small_output(out_h, out_w));
+  steps.wgrad = vectors_fit && (half_precision || p.stride[0] == 2 || small);
   return steps;
 }
 

@@ -29,21 +29,25 @@ std::string depthwise_kernel_unmet(const ConvProblem& p);
 // harness for the float16 wgrad). The forward: with an epilogue to fuse (bias, residual or ReLU), which saves eager's
 // passes over y; without one in bfloat16 and float16 where the channels fill 16-byte vectors (our walk, plain, took
 // 0.70-0.90x of cuDNN's plain forward on each layer in bfloat16; with bias and ReLU 0.72-0.93x of it in float16); in
-// float32 cuDNN's (at stride 2 0.97-1.05x its bytes' time, our walk 1.06-1.25x: a harness, H100, 2026-11-26). dgrad:
-// ours at stride 2; at stride 1 the walk over grad_z with the filter turned 180 degrees where the channels fill its
-// vectors (0.37-0.52x of cuDNN's bfloat16 dgrad; in float16 0.56-0.99x of cuDNN's, a harness with and without
-// cudnn.benchmark; in float32 0.74-0.99x of cuDNN's on the ten stride-1 layers, the H100 harness), else in bfloat16
-// PyTorch's (cuDNN's) forward so turned and in float16 and float32 cuDNN's dgrad. wgrad in our kernels (the walk; on
-// the 14 x 14 layers and the 28 x 28 ones at stride 2 the tile kernel, depthwise_conv_kernel.cu) where the channels
-// fill 16-byte vectors, in bfloat16 and float16, and in float32 at stride 2 and on small outputs: in bfloat16
-// 0.52-0.76x of cuDNN's time on each layer; in float16 0.69-0.93x of cuDNN's with torch.backends.cudnn.benchmark on at
-// stride 1, and at stride 2 (cuDNN's until the walk's changes of 2026-11-26, when its float16 wgrad was 4% faster on
-// v1's 64-channel 112x112 layer) 0.55-1.01x of cuDNN's on the eight layers, 1.03-1.37x their bytes' time against
-// 1.07-2.50x (benchmarks/results/depthwise_float16_h100_2026-11-26t, H100); in float32 at stride 2 0.44-0.98x of
-// cuDNN's (the H100 harness), at stride 1 where the output is at most kDepthwiseSmallOutput rows and columns (the 14x14
-// and 7x7 layers: ours 1.05-1.25x their bytes' time against cuDNN's 1.20-1.74x, 0.70-0.92x of cuDNN's time,
-// benchmarks/results/depthwise_float32_h100_2026-11-26x), else cuDNN's (ours 5% slower on v2's 144-channel 56x56 layer,
-// equal or at most 3% faster on the other larger ones). The rest runs PyTorch's kernels.
+// float32 cuDNN's (at stride 2 0.97-1.05x its bytes' time, our walk 1.06-1.25x: a harness, H100, 2026-11-26), but at
+// stride 1 on outputs of at most kDepthwiseSmallOutput rows and columns ours (the same walk, run as the stride-1 dgrad
+// with the filter turned, took 0.83-0.95x of cuDNN's plain forward on the 14x14 and 7x7 layers, 1.13-1.18x their bytes'
+// time against 1.20-1.41x, benchmarks/results/depthwise_float32_h100_2026-11-26x; on the 28x28 ones 0.96-0.97x, and
+// 0.97-1.01x on the larger ones, left to cuDNN). dgrad: ours at stride 2; at stride 1 the walk over grad_z with the
+// filter turned 180 degrees where the channels fill its vectors (0.37-0.52x of cuDNN's bfloat16 dgrad; in float16
+// 0.56-0.99x of cuDNN's, a harness with and without cudnn.benchmark; in float32 0.74-0.99x of cuDNN's on the ten
+// stride-1 layers, the H100 harness), else in bfloat16 PyTorch's (cuDNN's) forward so turned and in float16 and float32
+// cuDNN's dgrad. wgrad in our kernels (the walk; on the 14 x 14 layers and the 28 x 28 ones at stride 2 the tile
+// kernel, depthwise_conv_kernel.cu) where the channels fill 16-byte vectors, in bfloat16 and float16, and in float32 at
+// stride 2 and on small outputs: in bfloat16 0.52-0.76x of cuDNN's time on each layer; in float16 0.69-0.93x of cuDNN's
+// with torch.backends.cudnn.benchmark on at stride 1, and at stride 2 (cuDNN's until the walk's changes of 2026-11-26,
+// when its float16 wgrad was 4% faster on v1's 64-channel 112x112 layer) 0.55-1.01x of cuDNN's on the eight layers,
+// 1.03-1.37x their bytes' time against 1.07-2.50x (benchmarks/results/depthwise_float16_h100_2026-11-26t, H100); in
+// float32 at stride 2 0.44-0.98x of cuDNN's (the H100 harness), at stride 1 where the output is at most
+// kDepthwiseSmallOutput rows and columns (the 14x14 and 7x7 layers: ours 1.05-1.25x their bytes' time against cuDNN's
+// 1.20-1.74x, 0.70-0.92x of cuDNN's time, benchmarks/results/depthwise_float32_h100_2026-11-26x), else cuDNN's (ours 5%
+// slower on v2's 144-channel 56x56 layer, equal or at most 3% faster on the other larger ones). The rest runs PyTorch's
+// kernels.
 enum class DepthwiseDgrad {
   kPyTorch,        // PyTorch's (cuDNN's) dgrad
   kOurKernel,      // our dgrad kernel (at stride 1 the walk forward with the filter turned)
@@ -58,7 +62,8 @@ struct DepthwiseSteps {
 DepthwiseSteps depthwise_kernel_steps(const ConvProblem& p, bool has_epilogue);
 // The same for an output of out_h x out_w (p's x_size unread), for Python's decision before the input is known.
 DepthwiseSteps depthwise_kernel_steps(const ConvProblem& p, bool has_epilogue, int64_t out_h, int64_t out_w);
-// The largest output rows and columns float32's stride-1 wgrad runs in our kernels (depthwise_kernel_steps).
+// The largest output rows and columns at which float32's stride-1 plain forward and wgrad run in our kernels
+// (depthwise_kernel_steps).
 constexpr int64_t kDepthwiseSmallOutput = 14;
 bool depthwise_small_output(int64_t out_h, int64_t out_w);
 // The stride-1 dgrad where our kernel cannot take the operands (channels that do not fill 16-byte vectors, or an

@@ -285,15 +285,14 @@ def _decide_conv_batch_norm(x, conv, conv_weight, conv_bias, running_mean, weigh
 
 
 def depthwise_steps(conv, conv_weight, channels_last: bool, dtype: torch.dtype,
-                    z_size: tuple) -> tuple[bool, str, str]:
+                    z_size: tuple) -> tuple[str, str, str]:
     """(forward, dgrad, wgrad): what runs the training conv + BatchNorm op's conv of output size z_size (N, C, H, W;
     TRACED under torch.compile) (the extension's rule, for the conv's dtype; the conv has no epilogue there:
-    BatchNorm follows). forward: whether our depthwise kernel runs it (else PyTorch's cuDNN call); dgrad: "ours" (our
-    depthwise kernel), "turned_forward" (PyTorch's forward kernel with the filter turned 180 degrees) or "pytorch"
-    (PyTorch's own dgrad, as its forward); wgrad: "ours", "pytorch", or "ours_small" where the size is traced and
-    the rule depends on it."""
+    BatchNorm follows). forward and wgrad: "ours" (our depthwise kernel), "pytorch" (PyTorch's cuDNN call), or
+    "ours_small" where the size is traced and the rule depends on it; dgrad: "ours", "turned_forward" (PyTorch's
+    forward kernel with the filter turned 180 degrees) or "pytorch" (PyTorch's own dgrad, as its forward)."""
     if isinstance(conv.padding, str):  # such a conv runs its own forward and backward, not the op's
-        return False, "pytorch", "pytorch"
+        return "pytorch", "pytorch", "pytorch"
     groups = int(conv.groups)
     return decide.depthwise_kernel_steps(int(conv_weight.shape[1]) * groups, tuple(conv_weight.shape),
                                          tuple(conv.stride), tuple(conv.padding), tuple(conv.dilation), groups,
@@ -313,7 +312,7 @@ def conv_notes(conv, conv_weight, channels_last: bool, dtype: torch.dtype, z_siz
     kernel" or "PyTorch's cuDNN call"), then "dgrad: ..." and "wgrad: ..." where those are not PyTorch's own
     kernels."""
     forward, dgrad, wgrad = depthwise_steps(conv, conv_weight, channels_last, dtype, z_size)
-    notes = [_kernel_note("ours") if forward else "PyTorch's cuDNN call"]
+    notes = [_kernel_note(forward) or "PyTorch's cuDNN call"]
     return notes + [f"{name}: {_kernel_note(step)}" for name, step in (("dgrad", dgrad), ("wgrad", wgrad))
                     if _kernel_note(step)]
 

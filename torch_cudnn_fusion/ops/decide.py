@@ -291,16 +291,16 @@ def _decide_conv(values: tuple) -> Decision:
 @constant_under_compile
 def depthwise_kernel_steps(in_channels: int, w_size: tuple, stride: tuple, padding: tuple, dilation: tuple,
                            groups: int, channels_last: bool, dtype: torch.dtype,
-                           has_epilogue: bool, out_size: tuple) -> tuple[bool, str, str]:
-    """(forward, dgrad, wgrad): whether our NHWC depthwise kernels run this convolution's forward, what runs its dgrad:
-    "ours", "turned_forward" (PyTorch's forward kernel with the filter turned 180 degrees) or "pytorch", and its
-    wgrad: "ours", "pytorch" or, where out_size (the output's height and width) holds TRACED, "ours_small" (ours for
-    outputs of at most the extension's depthwise_small_output rows and columns, PyTorch's beyond; the rule is C++'s:
-    csrc/ops/depthwise_ops.h); (False, "pytorch", "pytorch") without the extension or for a dtype it does not take.
-    Takes the layer's constants (symmetric padding)."""
+                           has_epilogue: bool, out_size: tuple) -> tuple[str, str, str]:
+    """(forward, dgrad, wgrad): what runs this convolution's forward and wgrad in our NHWC depthwise kernels: "ours",
+    "pytorch" or, where out_size (the output's height and width) holds TRACED, "ours_small" (ours for outputs of at
+    most the extension's depthwise_small_output rows and columns, PyTorch's beyond); its dgrad: "ours",
+    "turned_forward" (PyTorch's forward kernel with the filter turned 180 degrees) or "pytorch" (the rule is C++'s:
+    csrc/ops/depthwise_ops.h); PyTorch's for each without the extension or for a dtype it does not take. Takes the
+    layer's constants (symmetric padding)."""
     module = _extension.load()
     if module is None or dtype not in SUPPORTED_DTYPES:
-        return False, "pytorch", "pytorch"
+        return "pytorch", "pytorch", "pytorch"
     steps = module.depthwise_kernel_verdict(int(in_channels), list(w_size), list(stride), list(padding),
                                             list(dilation), int(groups), bool(channels_last), SUPPORTED_DTYPES[dtype],
                                             bool(has_epilogue), [int(s) for s in out_size])
