@@ -477,9 +477,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         const int64_t large = tcf::kDepthwiseSmallOutput + 1;
         auto steps = known ? tcf::depthwise_kernel_steps(p, has_epilogue, (*out_size)[0], (*out_size)[1])
                            : tcf::depthwise_kernel_steps(p, has_epilogue, large, large);
-        const auto small = tcf::depthwise_kernel_steps(p, has_epilogue, 1, 1);
-        auto ours = [known](bool at_size, bool small_only) {
-          return at_size ? "ours" : !known && small_only ? "ours_small" : "pytorch";
+        const auto small = known ? steps : tcf::depthwise_kernel_steps(p, has_epilogue, 1, 1);
+        auto ours = [](bool at_size, bool small_only) {
+          return at_size ? "ours" : small_only ? "ours_small" : "pytorch";
         };
         out["forward"] = ours(steps.forward, small.forward);
         out["dgrad"] = steps.dgrad == tcf::DepthwiseDgrad::kOurKernel       ? "ours"

@@ -87,16 +87,12 @@ DepthwiseSteps depthwise_kernel_steps(const ConvProblem& p, bool has_epilogue) {
   return depthwise_kernel_steps(p, has_epilogue, y[2], y[3]);
 }
 
-bool depthwise_small_output(int64_t out_h, int64_t out_w) {
-  return out_h <= kDepthwiseSmallOutput && out_w <= kDepthwiseSmallOutput;
-}
-
 DepthwiseSteps depthwise_kernel_steps(const ConvProblem& p, bool has_epilogue, int64_t out_h, int64_t out_w) {
   DepthwiseSteps steps;
   const int element_bytes = static_cast<int>(c10::elementSize(p.dtype));
   const bool vectors_fit = depthwise_vectors_fit(p.w_size[0], element_bytes);
   const bool half_precision = p.dtype == at::kBFloat16 || p.dtype == at::kHalf;
-  const bool small = depthwise_small_output(out_h, out_w);
+  const bool small = out_h <= kDepthwiseSmallOutput && out_w <= kDepthwiseSmallOutput;
   steps.forward = has_epilogue || (vectors_fit && (half_precision || (p.stride[0] == 1 && small)));
   if (p.stride[0] == 2) {
     steps.dgrad = DepthwiseDgrad::kOurKernel;

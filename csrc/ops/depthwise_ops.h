@@ -65,7 +65,6 @@ DepthwiseSteps depthwise_kernel_steps(const ConvProblem& p, bool has_epilogue, i
 // The largest output rows and columns at which float32's stride-1 plain forward and wgrad run in our kernels
 // (depthwise_kernel_steps).
 constexpr int64_t kDepthwiseSmallOutput = 14;
-bool depthwise_small_output(int64_t out_h, int64_t out_w);
 // The stride-1 dgrad where our kernel cannot take the operands (channels that do not fill 16-byte vectors, or an
 // operand off a 16-byte boundary): kTurnedForward in bfloat16, kPyTorch in float16 and float32.
 DepthwiseDgrad depthwise_dgrad_without_vectors(at::ScalarType dtype);

@@ -300,6 +300,7 @@ def depthwise_steps(conv, conv_weight, channels_last: bool, dtype: torch.dtype,
 
 
 def _kernel_note(step: str) -> str:
+    """The words for a step's kernel (depthwise_steps' values); '' for PyTorch's own."""
     if step == "ours_small":
         small = _extension.require().depthwise_small_output
         return f"our depthwise kernel where the output is at most {small} x {small}, else PyTorch's"
@@ -313,8 +314,8 @@ def conv_notes(conv, conv_weight, channels_last: bool, dtype: torch.dtype, z_siz
     kernels."""
     forward, dgrad, wgrad = depthwise_steps(conv, conv_weight, channels_last, dtype, z_size)
     notes = [_kernel_note(forward) or "PyTorch's cuDNN call"]
-    return notes + [f"{name}: {_kernel_note(step)}" for name, step in (("dgrad", dgrad), ("wgrad", wgrad))
-                    if _kernel_note(step)]
+    return notes + [f"{name}: {note}" for name, note in (("dgrad", _kernel_note(dgrad)), ("wgrad", _kernel_note(wgrad)))
+                    if note]
 
 
 def conv_note(conv, conv_weight, channels_last: bool, dtype: torch.dtype, z_size: tuple) -> str:
