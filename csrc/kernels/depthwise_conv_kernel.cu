@@ -780,6 +780,13 @@ __global__ void __launch_bounds__(32 * kWgradSumGroups) depthwise_conv_wgrad_sum
 // adding their sums in distributed shared memory with no sum kernel (fewer blocks fit: up to 3.2x slower); the sum's
 // launch let at the walk's start; blocks of up to 64 or 128 channel vectors (up to 0.6 slower, but v2 144@56 1.20
 // -> 1.11); 6 slots at 2 blocks a multiprocessor (up to 0.21 slower).
+// Nor a kernel whose arithmetic runs on tensor cores (the same harness, H100, 2026-11-26aa, 16-bit types; the code is
+// benchmarks/results/wgrad_tensor_cores_2026-11-26aa.patch): tensor copies of 64 channels' stages by one thread, and
+// per 16 positions five mma.m16n8k16 of two taps' x by dy, whose diagonals are the taps' sums. With no bank conflicts
+// it took v1 1024@7 1.54-1.56 against the walk's 1.50-1.52 (960@7 1.63-1.65 against 1.59-1.61), and the tile's time
+// at best on the 14 x 14 inputs (4 stages at stride 1, 3 at stride 2). Its copies alone, no arithmetic, took
+// 1.34-1.36 with the sum and 1.23-1.25 without it on the 7 x 7 layers: its copies and the sum alone take more than
+// 1.3x there (docs/benchmarks.md, "The depthwise wgrad on tensor cores").
 // By stride (1, 2): slots and steps ahead.
 constexpr int kWgradWalkSlots[3] = {0, 8, 4};
 constexpr int kWgradWalkAhead[3] = {0, 4, 2};
