@@ -307,7 +307,6 @@ def depthwise_kernel_steps(in_channels: int, w_size: tuple, stride: tuple, paddi
     return steps["forward"], steps["dgrad"], steps["wgrad"]
 
 
-
 @constant_under_compile
 def _decide_batch_norm(values: tuple) -> Decision:
     config = BatchNormConfig(*values)
