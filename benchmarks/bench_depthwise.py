@@ -8,7 +8,11 @@ what a kernel that only moves a layer's bytes takes at that size (a small layer'
 copy's bandwidth). At stride 1 also the forward of dy with the filter turned 180 degrees, ours and PyTorch's: the
 dgrad's other forms.
 
-    python benchmarks/bench_depthwise.py [--batch 256] [--dtype bfloat16] [--json out.json]
+    python benchmarks/bench_depthwise.py [--batch 256] [--dtype bfloat16] [--cudnn-benchmark] [--json out.json]
+
+With --cudnn-benchmark, torch.backends.cudnn.benchmark is on for every variant: PyTorch's picks cuDNN's algorithms
+by timing, and the wgrad op runs what its first call timed fastest among our two plans and PyTorch's (named in the
+"wgrad runs" column; csrc/ops/depthwise_ops.h, depthwise_wgrad_choice).
 
 Bytes each step must move: forward reads x and writes y; dgrad reads dy and writes dx; wgrad reads x and dy.
 """
@@ -61,15 +65,22 @@ def copy_bandwidth(dtype) -> float:
     return best
 
 
+C10_NAMES = {torch.bfloat16: "BFloat16", torch.float16: "Half", torch.float32: "Float"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--cudnn-benchmark", action="store_true",
+                        help="torch.backends.cudnn.benchmark on for every variant (default: off)")
     args = parser.parse_args()
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
     dtype = getattr(torch, args.dtype)
     ops = torch.ops.cudnn_fusion
     import torch_cudnn_fusion as tcf
+    from torch_cudnn_fusion import _extension
 
     if not tcf.is_available():
         raise SystemExit(f"the extension is unavailable: {tcf.unavailable_reason()}")
@@ -122,11 +133,16 @@ def main() -> None:
                                           channels, 0))
             row["dgrad_as_pytorch_forward_ms"] = graph_replay_ms(
                 lambda: torch.convolution(dy, w.flip(2, 3), None, [1, 1], [2 - pad] * 2, *conv_args[2:]))
+        row["wgrad"]["runs"] = "plan 0"  # without benchmark (or under deterministic algorithms) nothing is timed
+        for made in _extension.require().depthwise_wgrad_choices():
+            if made["x_size"] == list(x.shape) and made["stride"] == stride and made["dtype"] == C10_NAMES[dtype]:
+                row["wgrad"]["runs"] = made["choice"]
         rows.append(row)
 
 
     gpu = torch.cuda.get_device_name()
-    header = (f"depthwise kernels, batch {args.batch}, {args.dtype}, channels_last ({gpu}, torch {torch.__version__}, "
+    header = (f"depthwise kernels, batch {args.batch}, {args.dtype}, channels_last, cudnn.benchmark="
+              f"{args.cudnn_benchmark} ({gpu}, torch {torch.__version__}, "
               f"cuDNN {torch.backends.cudnn.version()}); copy bandwidth {bandwidth / 1e9:.2f} TB/s; GPU ms per call "
               "(CUDA-graph replay), ours / PyTorch's (cuDNN), and ours as a multiple of its bytes' time at that "
               "bandwidth")
@@ -134,14 +150,14 @@ def main() -> None:
     print(f"{'layer':<20}{'copy x bw':>10}{'fwd+bias+relu ours':>19}{'PyTorch':>9}{'x bw':>6}{'plain op':>9}"
           f"{'conv alone':>11}{'x bw':>6}"
           f"{'dgrad op':>10}{'PyTorch':>9}{'x bw':>6}{'wgrad op':>10}{'PyTorch':>9}{'x bw':>6}"
-          f"{'dgrad as our fwd':>17}{'as PyTorch fwd':>15}")
+          f"{'wgrad runs':>11}{'dgrad as our fwd':>17}{'as PyTorch fwd':>15}")
     totals = {"forward": [0.0, 0.0], "dgrad": [0.0, 0.0], "wgrad": [0.0, 0.0]}
     for row in rows:
         f, d, g = row["forward"], row["dgrad"], row["wgrad"]
         print(f"{row['layer']:<20}{row['copy_vs_bandwidth']:>10.2f}{f['ours_ms']:>19.4f}{f['pytorch_ms']:>9.4f}"
               f"{f['ours_vs_bandwidth']:>6.2f}{row['plain_op_ms']:>9.4f}{row['conv_alone_ms']:>11.4f}"
               f"{row['plain_op_vs_bandwidth']:>6.2f}{d['ours_ms']:>10.4f}{d['pytorch_ms']:>9.4f}{d['ours_vs_bandwidth']:>6.2f}"
-              f"{g['ours_ms']:>10.4f}{g['pytorch_ms']:>9.4f}{g['ours_vs_bandwidth']:>6.2f}"
+              f"{g['ours_ms']:>10.4f}{g['pytorch_ms']:>9.4f}{g['ours_vs_bandwidth']:>6.2f}{g['runs']:>11}"
               + (f"{row['dgrad_as_forward_ms']:>17.4f}{row['dgrad_as_pytorch_forward_ms']:>15.4f}"
                  if "dgrad_as_forward_ms" in row else ""))
         for step in totals:
@@ -158,6 +174,7 @@ def main() -> None:
         args.json.write_text(json.dumps({"date": datetime.date.today().isoformat(), "gpu": gpu,
                                          "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
                                          "batch": args.batch, "dtype": args.dtype,
+                                         "cudnn_benchmark": args.cudnn_benchmark,
                                          "copy_bandwidth_bytes_per_ms": bandwidth, "rows": rows}, indent=1))
 
 

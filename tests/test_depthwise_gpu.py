@@ -356,6 +356,110 @@ def _assert_the_float32_wgrad_is_the_unrounded_sums(dz, x, args, rounded, eager,
     assert_as_accurate_as_eager("dweight in float32", full, eager, reference, rounded.dtype)
 
 
+@pytest.fixture
+def second_wgrad_plan(extension):
+    """Every depthwise wgrad our kernels take runs their second plan (the walk at 4 columns and 2 blocks a
+    multiprocessor, channel vectors split evenly), untimed."""
+    extension.set_depthwise_wgrad_plan_for_tests(1)
+    yield extension
+    extension.set_depthwise_wgrad_plan_for_tests(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("batch, channels, height, width, stride, padding", [
+    (16, 144, 23, 29, 1, 1),  # 36 vectors of 4 channels as 18 + 18 (the first plan: one group of 36), strips of 4
+                              # columns, the last of 1
+    (24, 192, 28, 28, 1, 1),  # 48 vectors as 24 + 24 (the first plan: 32 + 16)
+    (24, 200, 17, 7, 1, 0),   # 50 vectors as 25 + 25, no padding (out 15 x 5)
+    (12, 64, 9, 8, 1, 2),     # the first plan's tile shape, padding 2
+    (50, 128, 54, 47, 1, 1),  # two bands of 27 rows; more blocks than fit at once: threads walk several positions
+    (16, 96, 30, 30, 2, 1),   # stride 2, 24 vectors, out 15 x 15
+    (20, 200, 13, 13, 2, 1),  # stride 2, the first plan's tile shape
+])
+def test_the_second_wgrad_plan_is_deterministic_and_matches_float64(second_wgrad_plan, no_tf32, dtype, batch, channels,
+                                                                    height, width, stride, padding):
+    """The wgrad's second plan (depthwise_conv_kernel.cu, wgrad_walk_plan_for; timed against the first and PyTorch's
+    under cudnn.benchmark): poisoned output fully written, the same bits on every call, as accurate as PyTorch's
+    against float64, in each dtype, and written unrounded in float32 when asked for it."""
+    torch.manual_seed(0)
+    out_h = (height + 2 * padding - 3) // stride + 1
+    out_w = (width + 2 * padding - 3) // stride + 1
+    x = torch.randn(batch, channels, height, width, device="cuda").to(dtype).contiguous(memory_format=CL)
+    dz = torch.randn(batch, channels, out_h, out_w, device="cuda").to(dtype).contiguous(memory_format=CL)
+    w_size = (channels, 1, 3, 3)
+    args = (list(w_size), [stride] * 2, [padding] * 2, [padding] * 2, [1, 1], channels)
+    # float32's stride-1 wgrad is ours on outputs of at most 14 x 14 only (depthwise_kernel_steps)
+    ours = dtype != torch.float32 or stride == 2 or max(out_h, out_w) <= 14
+    ran = _profile_kernels(lambda: torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args))
+    assert any(f"depthwise_conv_wgrad_walk<{_KERNEL_TYPE[dtype]}, {stride}, " in n and n.split(">(")[0].endswith(
+        ", 2, 4") for n in ran) == ours, ran
+    assert not any("depthwise_conv_wgrad_tile" in n for n in ran), ran
+    first = torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args)
+    assert first.shape == w_size and first.dtype == dtype and not first.isnan().any()
+    for _ in range(2):
+        assert torch.equal(torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args), first)
+    eager = torch.nn.grad.conv2d_weight(x, w_size, dz, stride, padding, 1, channels)
+    reference = torch.nn.grad.conv2d_weight(x.double(), w_size, dz.double(), stride, padding, 1, channels)
+    assert_as_accurate_as_eager("dweight", first, eager, reference, dtype)
+    if ours and dtype != torch.float32:
+        _assert_the_float32_wgrad_is_the_unrounded_sums(dz, x, args, first, eager, reference)
+
+
+_KERNEL_TYPE = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half", torch.float32: "float"}
+
+
+@pytest.fixture
+def cudnn_benchmark(extension):
+    """torch.backends.cudnn.benchmark on, with no depthwise wgrad choice remembered before or after."""
+    previous = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    tcf.clear_plan_cache()
+    yield extension
+    torch.backends.cudnn.benchmark = previous
+    tcf.clear_plan_cache()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_under_cudnn_benchmark_the_depthwise_wgrad_is_timed_once_and_runs_the_fastest(cudnn_benchmark, dtype):
+    """With torch.backends.cudnn.benchmark on, a depthwise wgrad's first call times our two plans and PyTorch's on its
+    own tensors and the fastest runs from then on (depthwise_wgrad_choice): one choice per shape and dtype, listed with
+    the three medians; the kernels that run are the chosen one's; the result as accurate as eager's against float64.
+    Under deterministic algorithms nothing is timed (plan 0)."""
+    extension = cudnn_benchmark
+    torch.manual_seed(0)
+    x = torch.randn(32, 192, 28, 28, device="cuda").to(dtype).contiguous(memory_format=CL)
+    dz = torch.randn(32, 192, 28, 28, device="cuda").to(dtype).contiguous(memory_format=CL)
+    args = ([192, 1, 3, 3], [1, 1], [1, 1], [1, 1], [1, 1], 192)
+    first = torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args)
+    choices = extension.depthwise_wgrad_choices()
+    assert len(choices) == 1, choices
+    made = choices[0]
+    assert (made["x_size"], made["stride"], made["padding"]) == ([32, 192, 28, 28], 1, [1, 1]), made
+    assert made["dtype"] == made["dw_dtype"] == {torch.bfloat16: "BFloat16", torch.float16: "Half"}[dtype], made
+    assert len(made["ms"]) == 3 and all(ms > 0 for ms in made["ms"]), made
+    fastest = min(range(3), key=lambda i: made["ms"][i])
+    assert made["choice"] == ["plan 0", "plan 1", "pytorch"][fastest], made
+    ran = _profile_kernels(lambda: torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args))
+    ours = [n.split(">(")[0] for n in ran if "depthwise_conv_wgrad_walk<" in n or "depthwise_conv_wgrad_tile<" in n]
+    if made["choice"] == "pytorch":
+        assert not ours, ran
+    else:
+        assert len(ours) == 1 and ours[0].endswith(", 2, 4") == (made["choice"] == "plan 1"), ran
+    assert len(extension.depthwise_wgrad_choices()) == 1  # timed once
+    eager = torch.nn.grad.conv2d_weight(x, (192, 1, 3, 3), dz, 1, 1, 1, 192)
+    reference = torch.nn.grad.conv2d_weight(x.double(), (192, 1, 3, 3), dz.double(), 1, 1, 1, 192)
+    assert_as_accurate_as_eager("dweight", first, eager, reference, dtype)
+    # another shape under deterministic algorithms: plan 0, nothing timed
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        ran = _profile_kernels(lambda: torch.ops.cudnn_fusion.conv_wgrad(dz[:16], x[:16], *args))
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    assert len(extension.depthwise_wgrad_choices()) == 1
+    assert any("depthwise_conv_wgrad_walk<" in n and not n.split(">(")[0].endswith(", 2, 4") for n in ran), ran
+
+
 def test_a_misaligned_input_runs_one_element_at_a_time_and_matches(extension, no_tf32):
     """An NHWC view 4 bytes past a 16-byte boundary: the kernels take the element-at-a-time path, same numbers."""
     torch.manual_seed(0)

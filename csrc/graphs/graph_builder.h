@@ -51,9 +51,11 @@ std::shared_ptr<fe::graph::Graph> candidate_graph(const GraphKey& key, BuildFail
 // timed inside a capture.
 cudaStream_t stream_if_not_capturing(cudnnHandle_t handle);
 
-// Median milliseconds of `repeats` CUDA-event timings of `run` on `stream`, after one warm-up run; negative if a
-// run returns false or an event fails.
-float median_event_ms(const std::function<bool()>& run, cudaStream_t stream, int repeats);
+// Median milliseconds of `repeats` CUDA-event timings of `run` on `stream` (the current stream), after one warm-up
+// run; negative if a run returns false or an event fails. With sleep_cycles > 0 each timed run is enqueued behind a
+// kernel that spins that many cycles (at::cuda::sleep), so that the host's time to issue the run is not timed as the
+// GPU idling: for runs of a few microseconds, whose host cost is as long as the kernels.
+float median_event_ms(const std::function<bool()>& run, cudaStream_t stream, int repeats, int64_t sleep_cycles = 0);
 
 // Median milliseconds of `repeats` runs of built plan `index` on `pointers` after a warm-up, on the current
 // stream; negative if it cannot run (or while a CUDA graph is being captured).

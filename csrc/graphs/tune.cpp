@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include <ATen/ATen.h>
+#include <ATen/cuda/Sleep.h>
 #include <ATen/cudnn/Handle.h>
 #include <cuda_runtime_api.h>
 
@@ -24,13 +25,14 @@ cudaStream_t stream_if_not_capturing(cudnnHandle_t handle) {
   return stream == nullptr ? cudaStreamLegacy : stream;
 }
 
-float median_event_ms(const std::function<bool()>& run, cudaStream_t stream, int repeats) {
+float median_event_ms(const std::function<bool()>& run, cudaStream_t stream, int repeats, int64_t sleep_cycles) {
   if (!run()) return -1.0f;  // warm-up
   cudaEvent_t start = nullptr, stop = nullptr;
   if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) return -1.0f;
   std::vector<float> samples;
   for (int repeat = 0; repeat < repeats; ++repeat) {
     float ms = 0;
+    if (sleep_cycles > 0) at::cuda::sleep(sleep_cycles);
     if (cudaEventRecord(start, stream) != cudaSuccess || !run() || cudaEventRecord(stop, stream) != cudaSuccess ||
         cudaEventSynchronize(stop) != cudaSuccess || cudaEventElapsedTime(&ms, start, stop) != cudaSuccess) {
       samples.clear();

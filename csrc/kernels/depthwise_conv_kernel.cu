@@ -1411,6 +1411,7 @@ struct WgradWalkPlan {
   dim3 block;
   int64_t channel_groups, parts;
   bool tiled = false;  // the tile kernel runs, in `threads` threads a block with `shared_bytes`, shaped by `tile`
+  bool second = false;  // the second plan's walk (wgrad_walk_plan_for)
   WgradTileShape tile;
   int threads, shared_bytes;
 };
@@ -1451,7 +1452,7 @@ int64_t balanced_parts(int64_t work, int64_t resident, int64_t channel_groups) {
 
 template <typename T, int S, int Slots = kWgradWalkSlots[S], int Ahead = kWgradWalkAhead[S],
           int Blocks = wgrad_walk_blocks<T>(), int CW = wgrad_walk_thread_columns<T>()>
-WgradWalkPlan wgrad_walk_plan(const DepthwiseShape& s, int multiprocessors) {
+WgradWalkPlan wgrad_walk_plan(const DepthwiseShape& s, int multiprocessors, bool even_split) {
   WgradWalkPlan plan;
   WgradWalkShape& r = plan.shape;
   const int64_t bands = (s.out_h + kWgradWalkMaxBand - 1) / kWgradWalkMaxBand;
@@ -1462,7 +1463,9 @@ WgradWalkPlan wgrad_walk_plan(const DepthwiseShape& s, int multiprocessors) {
   const int64_t vectors = s.channels / kWalkVector;
   plan.channel_groups = (vectors + 31) / 32;
   int bx = static_cast<int>((vectors + plan.channel_groups - 1) / plan.channel_groups);
-  if (vectors >= 32 && (vectors % 32 == 0 || vectors % 32 >= 16)) {
+  if (even_split) {
+    // the vectors split evenly (the second plan)
+  } else if (vectors >= 32 && (vectors % 32 == 0 || vectors % 32 >= 16)) {
     bx = 32;  // a warp a position
   } else if (vectors * 3 <= kWalkThreads && bx * sizeof(Pack<T, kWalkVector>) % 32 != 0) {
     bx = static_cast<int>(vectors);  // one group: two would share a 32-byte sector of each position
@@ -1635,16 +1638,30 @@ cudaError_t wgrad_tile(const DepthwiseShape& s, const WgradWalkPlan& plan, const
   return cudaGetLastError();
 }
 
-// The walk's plan at the shape's stride, or none (parts 0) where an image's sizes are not 32-bit or the grid cannot
-// hold the channel groups (PyTorch's kernel runs then).
+// The second plan (kDepthwiseWgradPlans): the walk as it ran before ace379a, b0e189b and 66737c4, kWalkColumns output
+// columns a thread and 2 blocks a multiprocessor in every type, the channel vectors split evenly between the blocks,
+// never the tile. On an H200 (a scratch harness, batch 256, 2026-11-26ab, bf16 twice and fp16 once, x the bytes'
+// time, the first plan -> the second): v2 144@56 1.47-1.53 -> 1.20 and 192@28 1.73-1.80 -> 1.46-1.47, v1 32@112 and
+// 128@56 1.23-1.27 -> 1.18-1.20, but v1 256@28 1.31-1.35 -> 1.43-1.45 and the 7 x 7 layers 2.08-2.29 -> 2.23-2.45.
+// On an H100 those commits had made 144@56 1.20 -> 1.11 (where cuDNN's float16 wgrad took 1.11) and 192@28 1.26-1.31
+// -> 1.24-1.27. Neither plan is the faster on every GPU: under torch.backends.cudnn.benchmark the caller times both
+// and PyTorch's (csrc/ops/depthwise_ops.cpp).
+// The plan `which` (0 or 1) at the shape's stride, or none (parts 0) where an image's sizes are not 32-bit or the grid
+// cannot hold the channel groups (PyTorch's kernel runs then).
 template <typename T>
-WgradWalkPlan wgrad_walk_plan_for(const DepthwiseShape& s, int multiprocessors) {
+WgradWalkPlan wgrad_walk_plan_for(const DepthwiseShape& s, int multiprocessors, int which) {
   WgradWalkPlan plan{};
   if (s.h * s.w * s.channels > 0x7fffffff || s.out_h * s.out_w * s.channels > 0x7fffffff) return plan;
-  const bool tiled =
-      s.stride == 1 ? wgrad_tile_plan<T, 1>(s, multiprocessors, plan) : wgrad_tile_plan<T, 2>(s, multiprocessors, plan);
-  if (!tiled) {
-    plan = s.stride == 1 ? wgrad_walk_plan<T, 1>(s, multiprocessors) : wgrad_walk_plan<T, 2>(s, multiprocessors);
+  if (which == 1) {
+    plan = s.stride == 1 ? wgrad_walk_plan<T, 1, kWgradWalkSlots[1], kWgradWalkAhead[1], 2, kWalkColumns>(
+                               s, multiprocessors, true)
+                         : wgrad_walk_plan<T, 2, kWgradWalkSlots[2], kWgradWalkAhead[2], 2, kWalkColumns>(
+                               s, multiprocessors, true);
+    plan.second = true;
+  } else if (!(s.stride == 1 ? wgrad_tile_plan<T, 1>(s, multiprocessors, plan)
+                             : wgrad_tile_plan<T, 2>(s, multiprocessors, plan))) {
+    plan = s.stride == 1 ? wgrad_walk_plan<T, 1>(s, multiprocessors, false)
+                         : wgrad_walk_plan<T, 2>(s, multiprocessors, false);
   }
   if (plan.channel_groups > 65535) plan.parts = 0;
   return plan;
@@ -1656,8 +1673,8 @@ bool wgrad_takes(const DepthwiseShape& s) {
 
 // The parts of a launch, or 0 where the walk does not take the shape (PyTorch's kernel runs then).
 template <typename T>
-int64_t wgrad_parts_typed(const DepthwiseShape& s, int multiprocessors) {
-  return wgrad_walk_plan_for<T>(s, multiprocessors).parts;
+int64_t wgrad_parts_typed(const DepthwiseShape& s, int multiprocessors, int which) {
+  return wgrad_walk_plan_for<T>(s, multiprocessors, which).parts;
 }
 
 // depthwise_conv_wgrad_sum after the wgrad walk on `stream`, launched as its programmatic dependent where `dependent`
@@ -1682,14 +1699,18 @@ cudaError_t wgrad_sum(const float* partial, int64_t parts, O* dw, int64_t channe
 
 template <typename T>
 cudaError_t wgrad_typed(const DepthwiseShape& s, const void* x, const void* dy, void* dw, bool dw_float,
-                        float* partial, int64_t parts, int multiprocessors, bool dependent_sum,
+                        float* partial, int64_t parts, int multiprocessors, int which, bool dependent_sum,
                         cudaStream_t stream) {
-  const WgradWalkPlan plan = wgrad_walk_plan_for<T>(s, multiprocessors);
+  const WgradWalkPlan plan = wgrad_walk_plan_for<T>(s, multiprocessors, which);
   if (plan.parts != parts || parts <= 0) return cudaErrorInvalidValue;
   if (plan.tiled) {
     const cudaError_t status = s.stride == 1 ? wgrad_tile<T, 1>(s, plan, x, dy, partial, stream)
                                              : wgrad_tile<T, 2>(s, plan, x, dy, partial, stream);
     if (status != cudaSuccess) return status;
+  } else if (plan.second && s.stride == 1) {
+    wgrad_walk<T, 1, kWgradWalkSlots[1], kWgradWalkAhead[1], 2, kWalkColumns>(s, plan, x, dy, partial, stream);
+  } else if (plan.second) {
+    wgrad_walk<T, 2, kWgradWalkSlots[2], kWgradWalkAhead[2], 2, kWalkColumns>(s, plan, x, dy, partial, stream);
   } else if (s.stride == 1) {
     wgrad_walk<T, 1>(s, plan, x, dy, partial, stream);
   } else {
@@ -1754,15 +1775,18 @@ cudaError_t launch_depthwise_conv_dgrad(ElementType type, const DepthwiseShape& 
   return by_type<Dgrad>(type, shape, dy, weight, dx, vectors, stream);
 }
 
-int64_t depthwise_wgrad_parts(ElementType type, const DepthwiseShape& shape, int multiprocessors) {
-  return wgrad_takes(shape) ? by_type<WgradParts>(type, shape, multiprocessors) : 0;
+int64_t depthwise_wgrad_parts(ElementType type, const DepthwiseShape& shape, int multiprocessors, int plan) {
+  return wgrad_takes(shape) && plan >= 0 && plan < kDepthwiseWgradPlans
+             ? by_type<WgradParts>(type, shape, multiprocessors, plan)
+             : 0;
 }
 
 cudaError_t launch_depthwise_conv_wgrad(ElementType type, const DepthwiseShape& shape, const void* x, const void* dy,
                                         void* dw, bool dw_float, float* partial, int64_t parts, int multiprocessors,
-                                        bool dependent_sum, cudaStream_t stream) {
-  if (!wgrad_takes(shape) || parts <= 0) return cudaErrorInvalidValue;
-  return by_type<Wgrad>(type, shape, x, dy, dw, dw_float, partial, parts, multiprocessors, dependent_sum, stream);
+                                        int plan, bool dependent_sum, cudaStream_t stream) {
+  if (!wgrad_takes(shape) || parts <= 0 || plan < 0 || plan >= kDepthwiseWgradPlans) return cudaErrorInvalidValue;
+  return by_type<Wgrad>(type, shape, x, dy, dw, dw_float, partial, parts, multiprocessors, plan, dependent_sum,
+                        stream);
 }
 
 }  // namespace tcf

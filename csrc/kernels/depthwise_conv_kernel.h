@@ -47,9 +47,12 @@ cudaError_t launch_depthwise_conv_dgrad(ElementType type, const DepthwiseShape& 
 // depthwise_wgrad_parts: the parts a launch on `multiprocessors` multiprocessors writes (0: the kernels do not take
 // the shape, or the grid cannot hold its channel groups).
 // dependent_sum: launch the second as the first's programmatic dependent (compute capability 9.0 and above).
-int64_t depthwise_wgrad_parts(ElementType type, const DepthwiseShape& shape, int multiprocessors);
+// plan: 0, the kernels' own choice by shape, or 1, the second plan (a walk shaped as before ace379a; faster on some
+// layers of some GPUs, see wgrad_walk_plan_for): both give deterministic sums, in different orders.
+constexpr int kDepthwiseWgradPlans = 2;
+int64_t depthwise_wgrad_parts(ElementType type, const DepthwiseShape& shape, int multiprocessors, int plan);
 cudaError_t launch_depthwise_conv_wgrad(ElementType type, const DepthwiseShape& shape, const void* x, const void* dy,
                                         void* dw, bool dw_float, float* partial, int64_t parts, int multiprocessors,
-                                        bool dependent_sum, cudaStream_t stream);
+                                        int plan, bool dependent_sum, cudaStream_t stream);
 
 }  // namespace tcf

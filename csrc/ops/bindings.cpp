@@ -363,6 +363,22 @@ pybind11::dict plan_cache_stats() {
   return out;
 }
 
+pybind11::list depthwise_wgrad_choices_py() {
+  pybind11::list out;
+  for (const auto& made : depthwise_wgrad_choices()) {
+    pybind11::dict d;
+    d["x_size"] = std::vector<int64_t>(made.x_size.begin(), made.x_size.end());
+    d["stride"] = made.stride;
+    d["padding"] = std::vector<int64_t>(made.padding.begin(), made.padding.end());
+    d["dtype"] = std::string(c10::toString(made.dtype));
+    d["dw_dtype"] = std::string(c10::toString(made.dw_dtype));
+    d["choice"] = made.choice < 0 ? std::string("pytorch") : "plan " + std::to_string(made.choice);
+    d["ms"] = std::vector<double>(made.ms.begin(), made.ms.end());
+    out.append(d);
+  }
+  return out;
+}
+
 }  // namespace
 }  // namespace tcf
 
@@ -512,7 +528,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Register an engine policy (mode 0 heuristic, 1 autotune, 2 pinned); returns the id the ops take");
   m.def("saved_plans", &tcf::saved_plans_py, "Every built plan in the cache, as saved to a plan file");
   m.def("load_saved_plan", &tcf::load_saved_plan_py, "Put one saved plan back in the cache; returns '' or why not");
-  m.def("clear_plan_cache", []() { tcf::PlanCache::instance().clear(); }, "Drop every cached plan");
+  m.def(
+      "clear_plan_cache",
+      []() {
+        tcf::PlanCache::instance().clear();
+        tcf::clear_depthwise_wgrad_choices();
+      },
+      "Drop every cached plan and every depthwise wgrad choice timed under cudnn.benchmark");
+  m.def("depthwise_wgrad_choices", &tcf::depthwise_wgrad_choices_py,
+        "The depthwise wgrad chosen under torch.backends.cudnn.benchmark for each device, shape and dtypes: 'plan 0', "
+        "'plan 1' (our kernels) or 'pytorch', and the median ms of each (plan 0, plan 1, PyTorch's; negative: could "
+        "not run)");
   m.def(
       "set_plan_cache_capacity",
       [](int64_t capacity) {
@@ -524,6 +550,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Test aid: fill every op output with NaN before its graph runs");
   m.def("set_build_delay_for_tests", &tcf::set_build_delay_for_tests,
         "Test aid: every plan build first sleeps this many milliseconds (0: off)");
+  m.def("set_depthwise_wgrad_plan_for_tests", &tcf::set_depthwise_wgrad_plan_for_tests,
+        "Test aid: every depthwise wgrad our kernels take runs this plan (0 or 1), untimed (-1: off)");
   m.def("set_refused_activation_for_tests", &tcf::set_refused_activation_for_tests,
         "Test aid: conv + bias graphs with this activation code are refused (-1: off)");
   // The enums the ops and functions above take as integers; torch_cudnn_fusion/_cpp_enums.py restates them for

@@ -162,7 +162,10 @@ at::Tensor conv_gradient(GraphKind kind, const at::Tensor& grad_z, const at::Ten
   // our kernel or PyTorch's, as depthwise_kernel_steps measured them; PyTorch's allocates its own output
   bool depthwise = depthwise_kernel_takes(p);
   if (depthwise && !dgrad) {
-    auto dw = depthwise_kernel_steps(p, false).wgrad ? depthwise_conv_wgrad(dz, operand_dense, p, dtype) : at::Tensor();
+    const int plan = depthwise_kernel_steps(p, false).wgrad
+                         ? depthwise_wgrad_choice(dz, operand_dense, p, dtype, [&]() { aten(); })
+                         : -1;
+    auto dw = plan >= 0 ? depthwise_conv_wgrad(dz, operand_dense, p, dtype, plan) : at::Tensor();
     return dw.defined() ? dw : aten();
   }
   auto depthwise_dgrad = depthwise ? depthwise_kernel_steps(p, false).dgrad : DepthwiseDgrad::kPyTorch;

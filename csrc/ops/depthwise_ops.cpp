@@ -1,10 +1,16 @@
 #include "ops/depthwise_ops.h"
 
+#include <atomic>
+#include <map>
+#include <mutex>
 #include <sstream>
+#include <tuple>
 
+#include <ATen/Context.h>
 #include <c10/core/DeviceGuard.h>
 
 #include "core/device.h"
+#include "graphs/graph_builder.h"
 #include "kernels/depthwise_conv_kernel.h"
 #include "ops/kernel_launch.h"
 #include "ops/run_graph.h"
@@ -159,7 +165,7 @@ bool depthwise_conv_dgrad(const at::Tensor& dz, const at::Tensor& weight, const 
 }
 
 at::Tensor depthwise_conv_wgrad(const at::Tensor& dz, const at::Tensor& x, const ConvShape& shape,
-                                at::ScalarType dw_dtype) {
+                                at::ScalarType dw_dtype, int plan) {
   TORCH_CHECK(dw_dtype == dz.scalar_type() || dw_dtype == at::kFloat,
               "cudnn_fusion: the depthwise weight gradient is written in grad_z's dtype or float32, got ", dw_dtype);
   if (!vectors(shape.x_size[1], {&x, &dz})) return at::Tensor();
@@ -168,7 +174,7 @@ at::Tensor depthwise_conv_wgrad(const at::Tensor& dz, const at::Tensor& x, const
   const auto s = shape_of(shape);
   const int multiprocessors = multiprocessor_count(dz.get_device());
   const bool dependent_sum = compute_capability(dz.get_device()).major >= 9;
-  const int64_t parts = depthwise_wgrad_parts(type, s, multiprocessors);
+  const int64_t parts = depthwise_wgrad_parts(type, s, multiprocessors, plan);
   if (parts <= 0) return at::Tensor();
   auto partial = at::empty({parts, 9, shape.x_size[1]}, dz.options().dtype(at::kFloat));
   poison_output(partial);  // a partial sum no block wrote shows in dw as NaN
@@ -177,9 +183,84 @@ at::Tensor depthwise_conv_wgrad(const at::Tensor& dz, const at::Tensor& x, const
   poison_output(dw);
   check_launch(launch_depthwise_conv_wgrad(type, s, x.data_ptr(), dz.data_ptr(), dw.data_ptr(),
                                            dw_dtype != dz.scalar_type(), partial.data_ptr<float>(), parts,
-                                           multiprocessors, dependent_sum, current_stream()),
+                                           multiprocessors, plan, dependent_sum, current_stream()),
                "wgrad");
   return dw;
+}
+
+namespace {
+
+// The wgrad choices made under torch.backends.cudnn.benchmark, per device, shape and dtypes.
+using WgradKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                            int64_t, int, int>;  // device, x's n h w c, out h w, stride, padding, dz's and dw's dtype
+std::mutex wgrad_choices_mutex;
+std::map<WgradKey, DepthwiseWgradChoice> wgrad_choices;
+std::atomic<int> wgrad_plan_for_tests{-1};
+// Each timed wgrad waits behind a spin of this many cycles (about 100 us at 2 GHz), longer than the host takes to
+// issue it: timed without that wait, the host's gaps between our op's launches (its allocations and plan) counted as
+// GPU time and picked the slower plan on small layers (an H200, 2026-11-26ab: v2 576@14/2 in float16 0.0299 ms for
+// plan 1 against 0.0256 for plan 0 in the same benchmark).
+constexpr int64_t kWgradTimingSleepCycles = 200000;
+
+}  // namespace
+
+int depthwise_wgrad_choice(const at::Tensor& dz, const at::Tensor& x, const ConvShape& shape, at::ScalarType dw_dtype,
+                           const std::function<void()>& pytorch) {
+  const int forced = wgrad_plan_for_tests.load(std::memory_order_relaxed);
+  if (forced >= 0) return forced;
+  auto& context = at::globalContext();
+  if (!context.benchmarkCuDNN() || context.deterministicAlgorithms()) return 0;
+  const auto y = shape.y_size();
+  const WgradKey key{dz.get_device(), shape.x_size[0], shape.x_size[2], shape.x_size[3], shape.x_size[1], y[2], y[3],
+                     shape.stride[0], shape.pad_pre[0], shape.pad_pre[1], shape.pad_post[0],
+                     static_cast<int>(dz.scalar_type()), static_cast<int>(dw_dtype)};
+  std::lock_guard<std::mutex> lock(wgrad_choices_mutex);
+  const auto found = wgrad_choices.find(key);
+  if (found != wgrad_choices.end()) return found->second.choice;
+  const cudaStream_t stream = current_stream();
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
+    cudaGetLastError();
+    return 0;  // nothing is timed inside a capture: a later call outside one chooses
+  }
+  DepthwiseWgradChoice made;
+  made.x_size = {shape.x_size[0], shape.x_size[1], shape.x_size[2], shape.x_size[3]};
+  made.stride = shape.stride[0];
+  made.padding = {shape.pad_pre[0], shape.pad_pre[1]};
+  made.dtype = dz.scalar_type();
+  made.dw_dtype = dw_dtype;
+  float best = -1.0f;
+  for (int plan = 0; plan < kDepthwiseWgradPlans; ++plan) {
+    made.ms[plan] = median_event_ms([&]() { return depthwise_conv_wgrad(dz, x, shape, dw_dtype, plan).defined(); },
+                                    stream, 5, kWgradTimingSleepCycles);
+    if (made.ms[plan] >= 0 && (best < 0 || made.ms[plan] < best)) {
+      best = made.ms[plan];
+      made.choice = plan;
+    }
+  }
+  made.ms[kDepthwiseWgradPlans] =
+      median_event_ms([&]() { pytorch(); return true; }, stream, 5, kWgradTimingSleepCycles);
+  if (made.ms[kDepthwiseWgradPlans] >= 0 && (best < 0 || made.ms[kDepthwiseWgradPlans] < best)) made.choice = -1;
+  wgrad_choices.emplace(key, made);
+  return made.choice;
+}
+
+std::vector<DepthwiseWgradChoice> depthwise_wgrad_choices() {
+  std::lock_guard<std::mutex> lock(wgrad_choices_mutex);
+  std::vector<DepthwiseWgradChoice> out;
+  for (const auto& entry : wgrad_choices) out.push_back(entry.second);
+  return out;
+}
+
+void clear_depthwise_wgrad_choices() {
+  std::lock_guard<std::mutex> lock(wgrad_choices_mutex);
+  wgrad_choices.clear();
+}
+
+void set_depthwise_wgrad_plan_for_tests(int plan) {
+  TORCH_CHECK_VALUE(plan >= -1 && plan < kDepthwiseWgradPlans, "cudnn_fusion: plan must be -1 (off) or 0..",
+                    kDepthwiseWgradPlans - 1, ", got ", plan);
+  wgrad_plan_for_tests.store(plan, std::memory_order_relaxed);
 }
 
 at::Tensor depthwise_dgrad_as_forward(const at::Tensor& dz, const at::Tensor& weight, const ConvShape& shape) {

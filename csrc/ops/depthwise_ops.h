@@ -3,12 +3,16 @@
 // depthwise_kernel_unmet.
 #pragma once
 
+#include <array>
+#include <functional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include <ATen/ATen.h>
 
 #include "graphs/conv_graphs.h"
+#include "kernels/depthwise_conv_kernel.h"
 
 namespace tcf {
 
@@ -81,10 +85,31 @@ void depthwise_conv_forward(const at::Tensor& x, const at::Tensor& weight, const
 bool depthwise_conv_dgrad(const at::Tensor& dz, const at::Tensor& weight, const ConvShape& shape,
                           const at::Tensor& dx);
 // The weight gradient [channels, 1, 3, 3] in dw_dtype, dz's or float32 (dz, x: dense channels_last), summed in float in
-// a fixed order and rounded once; undefined where the tensors are not on 16-byte boundaries (the caller runs PyTorch's
-// then).
+// a fixed order and rounded once, by the kernels' plan `plan` (0 or 1, kernels/depthwise_conv_kernel.h); undefined
+// where the tensors are not on 16-byte boundaries (the caller runs PyTorch's then).
 at::Tensor depthwise_conv_wgrad(const at::Tensor& dz, const at::Tensor& x, const ConvShape& shape,
-                                at::ScalarType dw_dtype);
+                                at::ScalarType dw_dtype, int plan);
+// Which wgrad runs where depthwise_kernel_steps gives it to our kernels: plan 0, 1, or -1 for PyTorch's (`pytorch`
+// runs it). Plan 0 unless torch.backends.cudnn.benchmark is on and deterministic algorithms are not asked for: then
+// the first call of each device, shape and dtypes outside a CUDA graph capture times plan 0, plan 1 and PyTorch's
+// (medians of 5 CUDA-event timings after a warm-up, on the call's own tensors) and the fastest runs from then on, as
+// cuDNN's algorithms are chosen under benchmark. Neither plan is the faster on every GPU (depthwise_conv_kernel.cu,
+// wgrad_walk_plan_for), and on an H200 PyTorch's float16 wgrad beat both plans on v2's 192-channel 28x28 layer.
+int depthwise_wgrad_choice(const at::Tensor& dz, const at::Tensor& x, const ConvShape& shape, at::ScalarType dw_dtype,
+                           const std::function<void()>& pytorch);
+struct DepthwiseWgradChoice {
+  std::array<int64_t, 4> x_size{};  // N, C, H, W
+  int64_t stride = 0;
+  std::array<int64_t, 2> padding{};
+  at::ScalarType dtype = at::kFloat, dw_dtype = at::kFloat;
+  int choice = 0;                                      // 0 or 1: our plan; -1: PyTorch's
+  std::array<float, kDepthwiseWgradPlans + 1> ms{};  // plan 0, plan 1, PyTorch's; negative: could not run
+};
+// Every choice timed so far (for diagnostics), and forgetting them (torch_cudnn_fusion.clear_plan_cache).
+std::vector<DepthwiseWgradChoice> depthwise_wgrad_choices();
+void clear_depthwise_wgrad_choices();
+// Test aid: every depthwise wgrad our kernels take runs plan `plan` (0 or 1), untimed; -1: off.
+void set_depthwise_wgrad_plan_for_tests(int plan);
 // dx of a stride-1 depthwise convolution as PyTorch's forward of dz with the filter turned 180 degrees and padding
 // kernel - 1 - padding (DepthwiseDgrad::kTurnedForward: symmetric padding below the kernel size), channels_last.
 at::Tensor depthwise_dgrad_as_forward(const at::Tensor& dz, const at::Tensor& weight, const ConvShape& shape);
