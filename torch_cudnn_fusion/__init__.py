@@ -35,9 +35,18 @@ def plan_cache_stats() -> dict:
 
 
 def clear_plan_cache() -> None:
-    """Drop every cached plan (and zero the counters). Layers keep their decisions; a plan they need again is
-    rebuilt on their next call."""
+    """Drop every cached plan (and zero the counters) and every depthwise wgrad choice timed under
+    torch.backends.cudnn.benchmark. Layers keep their decisions; a plan they need again is rebuilt, and a choice
+    timed again, on their next call."""
     _extension.require().clear_plan_cache()
+
+
+def depthwise_wgrad_choices() -> list[dict]:
+    """The depthwise weight gradients chosen under torch.backends.cudnn.benchmark, one dict per device, shape and
+    dtypes: x_size, stride, padding, dtype, dw_dtype, choice ("plan 0" or "plan 1": our kernels' two plans;
+    "pytorch": PyTorch's wgrad) and ms (the medians timed for plan 0, plan 1 and PyTorch's; negative: could not run).
+    Empty without benchmark, under deterministic algorithms, or before the first backward."""
+    return _extension.require().depthwise_wgrad_choices()
 
 
 def set_plan_cache_capacity(capacity: int) -> None:
@@ -74,6 +83,7 @@ __all__ = [
     "FusionStatus",
     "clear_plan_cache",
     "conv2d_bias_act",
+    "depthwise_wgrad_choices",
     "engines",
     "explain",
     "fusion_report",

@@ -197,9 +197,11 @@ std::mutex wgrad_choices_mutex;
 std::map<WgradKey, DepthwiseWgradChoice> wgrad_choices;
 std::atomic<int> wgrad_plan_for_tests{-1};
 // Each timed wgrad waits behind a spin of this many cycles (about 100 us at 2 GHz), longer than the host takes to
-// issue it: timed without that wait, the host's gaps between our op's launches (its allocations and plan) counted as
-// GPU time and picked the slower plan on small layers (an H200, 2026-11-26ab: v2 576@14/2 in float16 0.0299 ms for
-// plan 1 against 0.0256 for plan 0 in the same benchmark).
+// issue it, so that the host's gaps between our op's launches (its allocations and plan) are not timed as GPU time.
+// Timed without that wait (H200s, 2026-11-26, benchmarks/results: depthwise_*_cudnn_benchmark_h200_2026-11-26ac_no_spin
+// against plan 0 alone in depthwise_*_h200_2026-11-26ab, another machine) the choice ran slower than plan 0 on
+// small layers: float16 v2 576@14/2 0.0299 against 0.0256 ms, bfloat16 v1 1024@7 0.0275 against 0.0255 and 512@14/2
+// 0.0243 against 0.0221. The choices with the wait are not measured yet.
 constexpr int64_t kWgradTimingSleepCycles = 200000;
 
 }  // namespace
