@@ -1638,7 +1638,10 @@ cudaError_t wgrad_tile(const DepthwiseShape& s, const WgradWalkPlan& plan, const
   return cudaGetLastError();
 }
 
-// The second plan (kDepthwiseWgradPlans): the walk as it ran before ace379a, b0e189b and 66737c4, kWalkColumns output
+// The plan `which` (0 or 1) at the shape's stride, or none (parts 0) where an image's sizes are not 32-bit or the grid
+// cannot hold the channel groups (PyTorch's kernel runs then). Plan 0: the tile where it takes the shape, else the
+// walk as wgrad_walk_plan shapes it.
+// Plan 1 (kDepthwiseWgradPlans): the walk as it ran before ace379a, b0e189b and 66737c4, kWalkColumns output
 // columns a thread and 2 blocks a multiprocessor in every type, the channel vectors split evenly between the blocks,
 // never the tile. On an H200 (a scratch harness, batch 256, 2026-11-26ab, bf16 twice and fp16 once, x the bytes'
 // time, the first plan -> the second): v2 144@56 1.47-1.53 -> 1.20 and 192@28 1.73-1.80 -> 1.46-1.47, v1 32@112 and
@@ -1646,8 +1649,6 @@ cudaError_t wgrad_tile(const DepthwiseShape& s, const WgradWalkPlan& plan, const
 // On an H100 those commits had made 144@56 1.20 -> 1.11 (where cuDNN's float16 wgrad took 1.11) and 192@28 1.26-1.31
 // -> 1.24-1.27. Neither plan is the faster on every GPU: under torch.backends.cudnn.benchmark the caller times both
 // and PyTorch's (csrc/ops/depthwise_ops.cpp).
-// The plan `which` (0 or 1) at the shape's stride, or none (parts 0) where an image's sizes are not 32-bit or the grid
-// cannot hold the channel groups (PyTorch's kernel runs then).
 template <typename T>
 WgradWalkPlan wgrad_walk_plan_for(const DepthwiseShape& s, int multiprocessors, int which) {
   WgradWalkPlan plan{};
