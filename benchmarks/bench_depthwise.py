@@ -80,7 +80,6 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     ops = torch.ops.cudnn_fusion
     import torch_cudnn_fusion as tcf
-    from torch_cudnn_fusion import _extension
 
     if not tcf.is_available():
         raise SystemExit(f"the extension is unavailable: {tcf.unavailable_reason()}")
@@ -134,7 +133,7 @@ def main() -> None:
             row["dgrad_as_pytorch_forward_ms"] = graph_replay_ms(
                 lambda: torch.convolution(dy, w.flip(2, 3), None, [1, 1], [2 - pad] * 2, *conv_args[2:]))
         row["wgrad"]["runs"] = "plan 0"  # without benchmark (or under deterministic algorithms) nothing is timed
-        for made in _extension.require().depthwise_wgrad_choices():
+        for made in tcf.depthwise_wgrad_choices():
             if made["x_size"] == list(x.shape) and made["stride"] == stride and made["dtype"] == C10_NAMES[dtype]:
                 row["wgrad"]["runs"] = made["choice"]
         rows.append(row)

@@ -431,8 +431,8 @@ def test_under_cudnn_benchmark_the_depthwise_wgrad_is_timed_once_and_runs_the_fa
     dz = torch.randn(32, 192, 28, 28, device="cuda").to(dtype).contiguous(memory_format=CL)
     args = ([192, 1, 3, 3], [1, 1], [1, 1], [1, 1], [1, 1], 192)
     first = torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args)
-    choices = extension.depthwise_wgrad_choices()
-    assert len(choices) == 1, choices
+    choices = tcf.depthwise_wgrad_choices()
+    assert choices == extension.depthwise_wgrad_choices() and len(choices) == 1, choices
     made = choices[0]
     assert (made["x_size"], made["stride"], made["padding"]) == ([32, 192, 28, 28], 1, [1, 1]), made
     assert made["dtype"] == made["dw_dtype"] == {torch.bfloat16: "BFloat16", torch.float16: "Half"}[dtype], made
@@ -445,7 +445,7 @@ def test_under_cudnn_benchmark_the_depthwise_wgrad_is_timed_once_and_runs_the_fa
         assert not ours, ran
     else:
         assert len(ours) == 1 and ours[0].endswith(", 2, 4") == (made["choice"] == "plan 1"), ran
-    assert len(extension.depthwise_wgrad_choices()) == 1  # timed once
+    assert len(tcf.depthwise_wgrad_choices()) == 1  # timed once
     eager = torch.nn.grad.conv2d_weight(x, (192, 1, 3, 3), dz, 1, 1, 1, 192)
     reference = torch.nn.grad.conv2d_weight(x.double(), (192, 1, 3, 3), dz.double(), 1, 1, 1, 192)
     assert_as_accurate_as_eager("dweight", first, eager, reference, dtype)
@@ -456,8 +456,34 @@ def test_under_cudnn_benchmark_the_depthwise_wgrad_is_timed_once_and_runs_the_fa
         ran = _profile_kernels(lambda: torch.ops.cudnn_fusion.conv_wgrad(dz[:16], x[:16], *args))
     finally:
         torch.use_deterministic_algorithms(previous)
-    assert len(extension.depthwise_wgrad_choices()) == 1
+    assert len(tcf.depthwise_wgrad_choices()) == 1
     assert any("depthwise_conv_wgrad_walk<" in n and not n.split(">(")[0].endswith(", 2, 4") for n in ran), ran
+
+
+def test_under_cudnn_benchmark_a_depthwise_wgrad_first_seen_in_a_cuda_graph_capture_is_not_timed(cudnn_benchmark):
+    """A wgrad whose shape is first met inside a CUDA-graph capture times nothing there (no event may be recorded in a
+    capture): it captures plan 0, whose replay on fresh inputs is as accurate as eager's, and the shape's first call
+    outside the capture makes the choice."""
+    torch.manual_seed(0)
+    x = torch.randn(8, 64, 14, 14, device="cuda").to(torch.bfloat16).contiguous(memory_format=CL)
+    dz = torch.randn_like(x)
+    args = ([64, 1, 3, 3], [1, 1], [1, 1], [1, 1], [1, 1], 64)
+    torch.backends.cudnn.benchmark = False
+    torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args)  # warm-up without a choice: the kernels' one-time set-up
+    torch.backends.cudnn.benchmark = True
+    assert tcf.depthwise_wgrad_choices() == []
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # on a side stream of its own
+        captured = torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args)
+    assert tcf.depthwise_wgrad_choices() == []  # nothing timed in the capture
+    x.copy_(torch.randn_like(x))
+    dz.copy_(torch.randn_like(dz))
+    graph.replay()
+    eager = torch.nn.grad.conv2d_weight(x, (64, 1, 3, 3), dz, 1, 1, 1, 64)
+    reference = torch.nn.grad.conv2d_weight(x.double(), (64, 1, 3, 3), dz.double(), 1, 1, 1, 64)
+    assert_as_accurate_as_eager("dweight", captured, eager, reference, torch.bfloat16)
+    torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args)
+    assert len(tcf.depthwise_wgrad_choices()) == 1  # chosen outside the capture
 
 
 def test_a_misaligned_input_runs_one_element_at_a_time_and_matches(extension, no_tf32):

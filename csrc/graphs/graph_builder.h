@@ -47,8 +47,10 @@ bool candidate_usable(fe::graph::Graph& graph, const EnginePolicy& policy, int64
 // `failure` set.
 std::shared_ptr<fe::graph::Graph> candidate_graph(const GraphKey& key, BuildFailure& failure);
 
-// The current stream (PyTorch's cuDNN handle is bound to it), or null while it captures a CUDA graph: nothing is
-// timed inside a capture.
+// `stream`, or null while it captures a CUDA graph (or cannot be asked): nothing is timed inside a capture. The
+// default stream is returned as cudaStreamLegacy.
+cudaStream_t if_not_capturing(cudaStream_t stream);
+// if_not_capturing of the current stream (PyTorch's cuDNN handle is bound to it).
 cudaStream_t stream_if_not_capturing(cudnnHandle_t handle);
 
 // Median milliseconds of `repeats` CUDA-event timings of `run` on `stream` (the current stream), after one warm-up

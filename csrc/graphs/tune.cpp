@@ -13,16 +13,20 @@
 
 namespace tcf {
 
-// The current stream (PyTorch's cuDNN handle is bound to it), or null while it captures a CUDA graph: nothing is
-// timed inside a capture.
-cudaStream_t stream_if_not_capturing(cudnnHandle_t handle) {
-  cudaStream_t stream = nullptr;
+cudaStream_t if_not_capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudnnGetStream(handle, &stream) != CUDNN_STATUS_SUCCESS ||
-      cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
+    cudaGetLastError();  // the query's error, not a kernel's
     return nullptr;
   }
+  if (capture != cudaStreamCaptureStatusNone) return nullptr;
   return stream == nullptr ? cudaStreamLegacy : stream;
+}
+
+cudaStream_t stream_if_not_capturing(cudnnHandle_t handle) {
+  cudaStream_t stream = nullptr;
+  if (cudnnGetStream(handle, &stream) != CUDNN_STATUS_SUCCESS) return nullptr;
+  return if_not_capturing(stream);
 }
 
 float median_event_ms(const std::function<bool()>& run, cudaStream_t stream, int repeats, int64_t sleep_cycles) {

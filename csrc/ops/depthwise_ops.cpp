@@ -219,12 +219,8 @@ int depthwise_wgrad_choice(const at::Tensor& dz, const at::Tensor& x, const Conv
   std::lock_guard<std::mutex> lock(wgrad_choices_mutex);
   const auto found = wgrad_choices.find(key);
   if (found != wgrad_choices.end()) return found->second.choice;
-  const cudaStream_t stream = current_stream();
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
-    cudaGetLastError();
-    return 0;  // nothing is timed inside a capture: a later call outside one chooses
-  }
+  const cudaStream_t stream = if_not_capturing(current_stream());
+  if (stream == nullptr) return 0;  // nothing is timed inside a capture: a later call outside one chooses
   DepthwiseWgradChoice made;
   made.x_size = {shape.x_size[0], shape.x_size[1], shape.x_size[2], shape.x_size[3]};
   made.stride = shape.stride[0];
