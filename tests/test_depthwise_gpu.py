@@ -461,9 +461,9 @@ def test_under_cudnn_benchmark_the_depthwise_wgrad_is_timed_once_and_runs_the_fa
 
 
 def test_under_cudnn_benchmark_a_depthwise_wgrad_first_seen_in_a_cuda_graph_capture_is_not_timed(cudnn_benchmark):
-    """A wgrad whose shape is first met inside a CUDA-graph capture times nothing there (no event may be recorded in a
-    capture): it captures plan 0, whose replay on fresh inputs is as accurate as eager's, and the shape's first call
-    outside the capture makes the choice."""
+    """A wgrad whose shape is first met inside a CUDA-graph capture times nothing there (a capture cannot wait on an
+    event): the captured call replays on fresh inputs as accurately as eager's, and the shape's first call outside the
+    capture makes the choice."""
     torch.manual_seed(0)
     x = torch.randn(8, 64, 14, 14, device="cuda").to(torch.bfloat16).contiguous(memory_format=CL)
     dz = torch.randn_like(x)
