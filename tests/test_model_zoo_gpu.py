@@ -35,17 +35,10 @@ import torch
 
 import torch_cudnn_fusion as tcf
 from conftest import CountingCall, gpu
-from zoo import builder, conv_count, outputs, zoo_ids
+from zoo import FAMILIES, builder, conv_count, outputs, zoo_ids
 
 pytestmark = gpu
 
-FAMILIES = ["torchvision:resnet18", "torchvision:resnet50", "torchvision:resnext50_32x4d", "torchvision:regnet_x_400mf",
-            "torchvision:regnet_y_400mf", "torchvision:mobilenet_v2", "torchvision:mobilenet_v3_small",
-            "torchvision:efficientnet_b0", "torchvision:densenet121", "torchvision:googlenet",
-            "torchvision:mnasnet0_5", "torchvision:shufflenet_v2_x0_5", "torchvision:vgg11_bn",
-            "timm:resnet50d", "timm:resnext26ts", "timm:efficientnet_b0", "timm:mobilenetv1_100",
-            "timm:mobilenetv2_035", "timm:mobilenetv3_small_050", "timm:regnetx_002", "timm:regnety_008",
-            "timm:cspdarknet53"]
 FLOOR = {torch.float32: 2e-5, torch.bfloat16: 2e-3}
 DROP_LIKE = ("Dropout", "StochasticDepth", "DropPath", "DropBlock")
 CL = torch.channels_last

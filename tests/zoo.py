@@ -20,6 +20,14 @@ from torch import nn
 # regnet, cspdarknet), plus the ones users reported (resnet50d, regnety_008)
 TIMM_MODELS = ["resnet18", "resnet50d", "resnext26ts", "efficientnet_b0", "mobilenetv1_100", "mobilenetv2_035",
                "mobilenetv3_small_050", "regnetx_002", "regnety_002", "regnety_008", "cspdarknet53"]
+# one model of each torchvision and timm family: the GPU zoo tests' default set, and benchmarks/zoo_speed.py's
+FAMILIES = ["torchvision:resnet18", "torchvision:resnet50", "torchvision:resnext50_32x4d", "torchvision:regnet_x_400mf",
+            "torchvision:regnet_y_400mf", "torchvision:mobilenet_v2", "torchvision:mobilenet_v3_small",
+            "torchvision:efficientnet_b0", "torchvision:densenet121", "torchvision:googlenet",
+            "torchvision:mnasnet0_5", "torchvision:shufflenet_v2_x0_5", "torchvision:vgg11_bn",
+            "timm:resnet50d", "timm:resnext26ts", "timm:efficientnet_b0", "timm:mobilenetv1_100",
+            "timm:mobilenetv2_035", "timm:mobilenetv3_small_050", "timm:regnetx_002", "timm:regnety_008",
+            "timm:cspdarknet53"]
 # inputs smaller than these fail in the model itself (inception's auxiliary head, maxvit's windows)
 INPUT_SIZE = {"inception_v3": 299, "maxvit_t": 224}
 DEFAULT_INPUT_SIZE = 64

@@ -1,0 +1,171 @@
+"""Training and inference time of the model zoo, eager against fused (tcf.fuse), one model at a time: the issue's
+"no model slower than eager", checked on the models users bring rather than on the three the profiles follow.
+
+Each model is built with random weights and 1000 classes, channels_last, on the GPU; its fused copy shares its
+Parameters and buffers. A training step is SGD with momentum under autocast (bf16 by default); inference is one
+batch under no_grad. cudnn.benchmark is on for both variants. Eager and fused are timed in turn (one sample of each
+per round, interleaved_samples_ms), each sample `--calls` steps back to back (the host runs ahead, as in a training
+loop); the table gives the medians and fused's ratio to eager. "convs fused" counts the model's Conv2d layers whose
+fused module ran fused in the last training step, of all its Conv2d layers. The default models are the GPU zoo
+tests' families (tests/zoo.py: FAMILIES).
+
+    python benchmarks/zoo_speed.py [--models torchvision:resnet18,timm:efficientnet_b0] [--batch 128]
+                                   [--dtype bfloat16|float16] [--repeats 10] [--calls 3] [--compile] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+import torch_cudnn_fusion as tcf  # noqa: E402
+from timing import interleaved_samples_ms  # noqa: E402
+from zoo import FAMILIES  # noqa: E402
+
+INPUT_SIZE = {"inception_v3": 299}  # the size the model is built for, where 224 is not
+
+
+def build(model_id: str) -> torch.nn.Module:
+    library, name = model_id.split(":")
+    if library == "torchvision":
+        import torchvision
+
+        return torchvision.models.get_model(name)
+    import timm
+
+    return timm.create_model(name)
+
+
+def logits(out) -> torch.Tensor:
+    """The classifier's output (googlenet and inception return it first in a named tuple in training)."""
+    return out if isinstance(out, torch.Tensor) else out[0]
+
+
+def train_step(model, x, target, dtype):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype):
+            loss = F.cross_entropy(logits(model(x)), target)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def inference(model, x, dtype):
+    def run():
+        with torch.no_grad(), torch.autocast("cuda", dtype):
+            model(x)
+
+    return run
+
+
+def convs_fused(fused, report) -> tuple[int, int]:
+    """(Conv2d layers whose fused module ran fused in its last call, Conv2d layers in the model)."""
+    _, total, _ = report.conv_coverage()
+    ran = sum(row.pattern.startswith(("Conv2d", "(Conv2d")) and fused.get_submodule(row.path).fusion_status.fused
+              for row in report.replaced)
+    return ran, total
+
+
+def measure(model_id: str, args) -> dict:
+    """One model's row: per mode, each variant's median ms a step (or its error), and the coverage."""
+    row = {"model": model_id}
+    dtype = getattr(torch, args.dtype)
+    torch.manual_seed(0)
+    try:
+        model = build(model_id).cuda().to(memory_format=torch.channels_last)
+        size = INPUT_SIZE.get(model_id.split(":")[1], args.size)
+        x = torch.randn(args.batch, 3, size, size, device="cuda").to(memory_format=torch.channels_last)
+        target = torch.randint(0, 1000, (args.batch,), device="cuda")
+        fused, report = tcf.fuse(model)
+    except Exception as error:  # noqa: BLE001 — a model that fails is reported, not fatal
+        row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+        return row
+    variants = {"eager": model, "fused": fused}
+    if args.compile:
+        variants["torch.compile"] = torch.compile(model)
+    for mode in ("train", "inference"):
+        for variant in variants.values():
+            variant.train(mode == "train")
+        make = train_step if mode == "train" else inference
+        fns = {name: make(variant, x, target, dtype) if mode == "train" else make(variant, x, dtype)
+               for name, variant in variants.items()}
+        try:
+            samples = interleaved_samples_ms(fns, warmup=args.warmup, repeats=args.repeats, calls=args.calls)
+            row[mode] = {name: statistics.median(values) for name, values in samples.items()}
+        except Exception as error:  # noqa: BLE001
+            row[mode] = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
+        if mode == "train":
+            row["convs_fused"], row["convs"] = convs_fused(fused, report)
+    row["runtime_fallbacks"] = tcf.plan_cache_stats()["runtime_fallbacks"]
+    tcf.clear_plan_cache()  # each model builds its own plans: the cache holds none of another's
+    return row
+
+
+def ratio(row: dict, mode: str) -> float:
+    times = row.get(mode, {})
+    return times["fused"] / times["eager"] if "fused" in times and "eager" in times else float("nan")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--models", default=",".join(FAMILIES), help="comma-separated library:name")
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=10, help="samples per variant and mode")
+    p.add_argument("--calls", type=int, default=3, help="back-to-back steps a sample")
+    p.add_argument("--compile", action="store_true", help="also torch.compile of the model (slow to compile)")
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    torch.backends.cudnn.benchmark = True
+    out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
+           "batch": args.batch, "size": args.size, "dtype": args.dtype, "repeats": args.repeats, "calls": args.calls,
+           "rows": []}
+    print(f"{out['gpu']}, torch {out['torch']}, cuDNN {out['cudnn']}; batch {args.batch}, {args.size}x{args.size}, "
+          f"{args.dtype} autocast, channels_last, cudnn.benchmark; ms a step, median of {args.repeats} samples of "
+          f"{args.calls} back-to-back steps, eager and fused interleaved", flush=True)
+    for model_id in [m for m in args.models.split(",") if m]:
+        row = measure(model_id, args)
+        out["rows"].append(row)
+        print(json.dumps(row), flush=True)
+        gc.collect()
+        torch.cuda.empty_cache()
+        if args.json:  # after each model, so that a run cut short keeps the rows it measured
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=1)
+    names = ["eager", "fused"] + (["torch.compile"] if args.compile else [])
+    print(f"\n{'model':<34}{'convs fused':>12}" + "".join(f"{'train ' + n:>20}" for n in names) + f"{'ratio':>8}"
+          + "".join(f"{'infer ' + n:>20}" for n in names) + f"{'ratio':>8}")
+    for row in out["rows"]:
+        if "error" in row:
+            print(f"{row['model']:<34}  {row['error']}")
+            continue
+        cells = [f"{row['convs_fused']:>5} / {row['convs']:<4}"]
+        for mode in ("train", "inference"):
+            times = row[mode]
+            cells += [f"{times[n]:>20.2f}" if n in times else f"{'-':>20}" for n in names]
+            cells.append(f"{ratio(row, mode):>7.3f}x")
+        print(f"{row['model']:<34}" + "".join(cells))
+    slower = [f"{row['model']} {mode} {ratio(row, mode):.3f}x" for row in out["rows"] for mode in ("train", "inference")
+              if ratio(row, mode) > 1.0]
+    print("fused slower than eager: " + (", ".join(slower) if slower else "none"))
+
+
+if __name__ == "__main__":
+    main()
