@@ -108,7 +108,8 @@ def by_kind(kernels: dict[str, float]) -> dict[str, dict]:
 
 def model_arguments(p: argparse.ArgumentParser, default_model: str, compile_option: bool = True) -> None:
     """The arguments of every whole-model benchmark here: --model, --batch, --json and (compile_option) --no-compile."""
-    p.add_argument("--model", default=default_model, choices=["mobilenet_v1", "mobilenet_v2", "resnet50"])
+    p.add_argument("--model", default=default_model,
+                   help="mobilenet_v1 (torch_cudnn_fusion.models) or a torchvision.models name")
     p.add_argument("--batch", type=int, default=256)
     if compile_option:
         p.add_argument("--no-compile", action="store_true")
