@@ -7,7 +7,9 @@ batch under no_grad. cudnn.benchmark is on for both variants. Eager and fused ar
 per round, interleaved_samples_ms), each sample `--calls` steps back to back (the host runs ahead, as in a training
 loop); the table gives the medians and fused's ratio to eager. "convs fused" counts the model's Conv2d layers whose
 fused module ran fused in the last training step, of all its Conv2d layers. The default models are the GPU zoo
-tests' families (tests/zoo.py: FAMILIES).
+tests' families (tests/zoo.py: FAMILIES). A model takes minutes, most of it before the timing (building the
+fused plans, cudnn.benchmark's searches; "seconds" in its row): on an H100 the first six families took 80 s a model
+on average and the next three 200 s (2026-11-27). Pass --models in parts to fit a device call.
 
     python benchmarks/zoo_speed.py [--models torchvision:resnet18,timm:efficientnet_b0] [--batch 128]
                                    [--dtype bfloat16|float16] [--repeats 10] [--calls 3] [--compile] [--json out.json]
@@ -21,6 +23,7 @@ import json
 import os
 import statistics
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -141,7 +144,9 @@ def main() -> None:
           f"{args.dtype} autocast, channels_last, cudnn.benchmark; ms a step, median of {args.repeats} samples of "
           f"{args.calls} back-to-back steps, eager and fused interleaved", flush=True)
     for model_id in [m for m in args.models.split(",") if m]:
+        start = time.perf_counter()
         row = measure(model_id, args)
+        row["seconds"] = round(time.perf_counter() - start, 1)  # building, plans, cudnn.benchmark's search, timing
         out["rows"].append(row)
         print(json.dumps(row), flush=True)
         gc.collect()
