@@ -9,10 +9,10 @@ loop); the table gives the medians and fused's ratio to eager. "convs fused" cou
 fused module ran fused in the last training step, of all its Conv2d layers. The default models are the GPU zoo
 tests' families (tests/zoo.py: FAMILIES). A model takes minutes, most of it before the timing (building the
 fused plans, cudnn.benchmark's searches; "seconds" in its row): on an H100 the first six families took 80 s a model
-on average and the next three 200 s (2026-11-27). Pass --models in parts to fit a device call.
+on average and the next three 200 s (2026-11-27). Pass --models in parts to fit a device call. The model list comes from tests/zoo.py, which imports pytest.
 
     python benchmarks/zoo_speed.py [--models torchvision:resnet18,timm:efficientnet_b0] [--batch 128]
-                                   [--dtype bfloat16|float16] [--repeats 10] [--calls 3] [--compile] [--json out.json]
+                                   [--dtype bfloat16|float16] [--repeats 10] [--calls 3] [--json out.json]
 """
 
 from __future__ import annotations
@@ -98,8 +98,6 @@ def measure(model_id: str, args) -> dict:
         row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
         return row
     variants = {"eager": model, "fused": fused}
-    if args.compile:
-        variants["torch.compile"] = torch.compile(model)
     for mode in ("train", "inference"):
         for variant in variants.values():
             variant.train(mode == "train")
@@ -123,6 +121,27 @@ def ratio(row: dict, mode: str) -> float:
     return times["fused"] / times["eager"] if "fused" in times and "eager" in times else float("nan")
 
 
+def print_table(rows: list) -> None:
+    """The rows as a table, then the models and modes where fused was slower than eager."""
+    names = ["eager", "fused"]
+    print(f"\n{'model':<34}{'convs fused':>12}" + "".join(f"{'train ' + n:>20}" for n in names) + f"{'ratio':>8}"
+          + "".join(f"{'infer ' + n:>20}" for n in names) + f"{'ratio':>8}")
+    for row in rows:
+        if "error" in row:
+            print(f"{row['model']:<34}  {row['error']}")
+            continue
+        cells = [f"{row['convs_fused']:>5} / {row['convs']:<4}"]
+        for mode in ("train", "inference"):
+            times = row[mode]
+            cells += [f"{times[n]:>20.2f}" if n in times else f"{'-':>20}" for n in names]
+            cells.append(f"{ratio(row, mode):>7.3f}x")
+        print(f"{row['model']:<34}" + "".join(cells))
+    slower = [f"{row['model']} {mode} {ratio(row, mode):.3f}x" for row in rows for mode in ("train", "inference")
+              if ratio(row, mode) > 1.0]
+    print("fused slower than eager: " + (", ".join(slower) if slower else "none"))
+
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -133,7 +152,6 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=10, help="samples per variant and mode")
     p.add_argument("--calls", type=int, default=3, help="back-to-back steps a sample")
-    p.add_argument("--compile", action="store_true", help="also torch.compile of the model (slow to compile)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     torch.backends.cudnn.benchmark = True
@@ -154,23 +172,7 @@ def main() -> None:
         if args.json:  # after each model, so that a run cut short keeps the rows it measured
             with open(args.json, "w") as f:
                 json.dump(out, f, indent=1)
-    names = ["eager", "fused"] + (["torch.compile"] if args.compile else [])
-    print(f"\n{'model':<34}{'convs fused':>12}" + "".join(f"{'train ' + n:>20}" for n in names) + f"{'ratio':>8}"
-          + "".join(f"{'infer ' + n:>20}" for n in names) + f"{'ratio':>8}")
-    for row in out["rows"]:
-        if "error" in row:
-            print(f"{row['model']:<34}  {row['error']}")
-            continue
-        cells = [f"{row['convs_fused']:>5} / {row['convs']:<4}"]
-        for mode in ("train", "inference"):
-            times = row[mode]
-            cells += [f"{times[n]:>20.2f}" if n in times else f"{'-':>20}" for n in names]
-            cells.append(f"{ratio(row, mode):>7.3f}x")
-        print(f"{row['model']:<34}" + "".join(cells))
-    slower = [f"{row['model']} {mode} {ratio(row, mode):.3f}x" for row in out["rows"] for mode in ("train", "inference")
-              if ratio(row, mode) > 1.0]
-    print("fused slower than eager: " + (", ".join(slower) if slower else "none"))
-
+    print_table(out["rows"])
 
 if __name__ == "__main__":
     main()
