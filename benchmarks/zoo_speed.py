@@ -33,9 +33,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 import torch_cudnn_fusion as tcf  # noqa: E402
 from timing import interleaved_samples_ms  # noqa: E402
-from zoo import FAMILIES  # noqa: E402
-
-INPUT_SIZE = {"inception_v3": 299}  # the size the model is built for, where 224 is not
+from zoo import FAMILIES, INPUT_SIZE, outputs  # noqa: E402
 
 
 def build(model_id: str) -> torch.nn.Module:
@@ -49,18 +47,13 @@ def build(model_id: str) -> torch.nn.Module:
     return timm.create_model(name)
 
 
-def logits(out) -> torch.Tensor:
-    """The classifier's output (googlenet and inception return it first in a named tuple in training)."""
-    return out if isinstance(out, torch.Tensor) else out[0]
-
-
 def train_step(model, x, target, dtype):
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
     def step():
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype):
-            loss = F.cross_entropy(logits(model(x)), target)
+            loss = F.cross_entropy(outputs(model(x))[0], target)  # googlenet and inception: the logits first
         loss.backward()
         opt.step()
 
@@ -76,10 +69,10 @@ def inference(model, x, dtype):
 
 
 def convs_fused(fused, report) -> tuple[int, int]:
-    """(Conv2d layers whose fused module ran fused in its last call, Conv2d layers in the model)."""
+    """(Conv2d layers whose fused module ran fused in its last call, Conv2d layers in the model). Every fused module
+    but BatchNorm2dReLU holds one Conv2d."""
     _, total, _ = report.conv_coverage()
-    ran = sum(row.pattern.startswith(("Conv2d", "(Conv2d")) and fused.get_submodule(row.path).fusion_status.fused
-              for row in report.replaced)
+    ran = sum(row.status.fused for row in tcf.fusion_report(fused) if row.module != "BatchNorm2dReLU")
     return ran, total
 
 
@@ -90,7 +83,7 @@ def measure(model_id: str, args) -> dict:
     torch.manual_seed(0)
     try:
         model = build(model_id).cuda().to(memory_format=torch.channels_last)
-        size = INPUT_SIZE.get(model_id.split(":")[1], args.size)
+        size = max(INPUT_SIZE.get(model_id.split(":")[1], 0), args.size)  # inception_v3 needs 299
         x = torch.randn(args.batch, 3, size, size, device="cuda").to(memory_format=torch.channels_last)
         target = torch.randint(0, 1000, (args.batch,), device="cuda")
         fused, report = tcf.fuse(model)
