@@ -177,6 +177,39 @@ def test_recorded_conv_call_runs_repeated_calls_and_steps_aside_when_the_call_ch
         conv.weight.grad = conv.bias.grad = conv_e.weight.grad = conv_e.bias.grad = None
 
 
+def test_a_layer_that_runs_eager_checks_its_repeats_in_cpp_and_computes_what_eager_does(extension):
+    """A conv layer decided eager (bfloat16 with 26 output channels, not a multiple of 8: regnet_y's squeeze-excitation
+    convs) records its call too: a repeat is compared in C++ (ConvBiasActCall.matches) and runs eager's composition on
+    the tensors as passed, so autocast casts them as it casts nn.Conv2d's; a call that differs (the batch) goes back to
+    Python's decision. The output equals nn.Conv2d + ReLU's; the gradients match theirs."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(104, 26, 1).cuda().to(memory_format=torch.channels_last)
+    conv_e = copy.deepcopy(conv)
+    fused = tcf.Conv2dReLU.from_conv(conv)
+    counting = None
+    # (batch, whether the record matched it: None for the first call)
+    for i, (batch, expect_ran) in enumerate([(8, None), (8, True), (8, True), (4, False), (4, True)]):
+        x = torch.randn(batch, 104, 3, 3, device="cuda").to(memory_format=torch.channels_last)
+        x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+        recorded = fused._call.recorded
+        if recorded is not None and not isinstance(recorded, CountingCall):
+            counting = fused._call.recorded = CountingCall(recorded)
+        ran_before = counting.ran if counting is not None else 0
+        with torch.autocast("cuda", torch.bfloat16):
+            y, y_e = fused(x1), F.relu(conv_e(x2))
+        status = fused.fusion_status
+        assert not status.fused and "multiples of 8" in status.reason, (i, status)
+        assert fused._call.recorded is not None, i
+        if expect_ran is not None:
+            assert counting.ran == ran_before + expect_ran, (i, counting.ran, counting.declined)
+        assert y.dtype == y_e.dtype == torch.bfloat16 and torch.equal(y, y_e), i
+        grad = torch.randn_like(y)
+        y.backward(grad), y_e.backward(grad)
+        for name, t, t_e in (("x", x1, x2), ("weight", conv.weight, conv_e.weight), ("bias", conv.bias, conv_e.bias)):
+            assert t.grad.dtype == t_e.grad.dtype and rel_err(t.grad, t_e.grad) <= 1e-3, (i, name)
+        conv.weight.grad = conv.bias.grad = conv_e.weight.grad = conv_e.bias.grad = None
+
+
 def test_relu6_refused_in_the_graph_runs_as_a_clamp_after_it(extension, no_tf32):
     """Where cuDNN refuses the conv + bias graph with ReLU6 in it (forced here by a test aid), the op runs the graph
     without the activation and a clamp after it (conv_ops.cpp, forward_plan): the status says so and quotes the

@@ -464,7 +464,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("padding_pre"), py::arg("padding_post"), py::arg("dilation"), py::arg("groups"),
            py::arg("activation"), py::arg("policy"))
       .def("run", &tcf::ConvBiasActCall::run,
-           "y of cudnn_fusion::conv_bias_act for this call, or None when it differs from the recorded one");
+           "y of cudnn_fusion::conv_bias_act for this call, or None when it differs from the recorded one")
+      .def("matches", &tcf::ConvBiasActCall::matches,
+           "Whether this call's tensors and the global state match the recorded ones");
   // The checks may build plans (whole seconds when cold): Python's other threads run meanwhile.
   m.def("check_conv_layer", &tcf::check_conv_layer_py,
         "The layer's verdict, then the plans it would use built (or found); returns each graph's refusal, '' when built",

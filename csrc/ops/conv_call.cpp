@@ -49,4 +49,9 @@ std::optional<at::Tensor> ConvBiasActCall::run(const at::Tensor& x, const at::Te
                  padding_pre_, padding_post_, dilation_, groups_, activation_, policy_);
 }
 
+bool ConvBiasActCall::matches(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                              const std::optional<at::Tensor>& residual) const {
+  return record_.check({&x, &weight, pointer(bias), pointer(residual)}).has_value();
+}
+
 }  // namespace tcf

@@ -186,10 +186,15 @@ def conv2d_bias_act(
         settings = ("conv", stride, padding, dilation, groups, activation, padding_mode, strict, decide.is_strict(),
                     policy)
         if call.recorded is not None and call.signature[0] == settings:
-            # C++ compares the tensors and the global state with the record and runs the op when they match
-            y = call.recorded.run(x, weight, bias, residual)
-            if y is not None:
-                return y
+            # C++ compares the tensors and the global state with the record: where the layer runs fused, it runs the
+            # op when they match; where it runs eager, the composition runs here on the tensors as passed (autocast
+            # casts them as it casts F.conv2d's)
+            if call.run[0]:
+                y = call.recorded.run(x, weight, bias, residual)
+                if y is not None:
+                    return y
+            elif call.recorded.matches(x, weight, bias, residual):
+                return _run(call.run, x, weight, bias, residual, padding_mode)
         signature = (settings, _signature(x), _signature(weight), _signature(bias), _signature(residual),
                      torch.is_grad_enabled(), torch.backends.cudnn.allow_tf32,
                      autocast and torch.get_autocast_dtype(device_type), torch.are_deterministic_algorithms_enabled())
@@ -240,8 +245,11 @@ def conv2d_bias_act(
     run = (decision.fused, (*geometry, act, policy_id(policy.key) if decision.fused else 0), stem)
     if call is not None:
         recorded = None
-        if signature is not None and decision.fused and stem is None:  # the record runs the op on x as given
-            recorded = _extension.require().ConvBiasActCall(*passed, residual, *run[1])
+        # the record runs the op on x as given (or tells that a repeat matches an eager decision): not for the
+        # space-to-depth form, an odd residual, or an eager layer's call off CUDA or without the extension
+        module = _extension.require() if decision.fused else _extension.load() if passed[0].is_cuda else None
+        if signature is not None and stem is None and not odd and module is not None:
+            recorded = module.ConvBiasActCall(*passed, residual, *run[1])
         call.remember(decision, config, signature if not odd else None, run, recorded)
     return _run(run, passed[0] if stem is not None else x, weight, bias, residual, padding_mode)
 
