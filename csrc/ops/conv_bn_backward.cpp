@@ -71,9 +71,11 @@ at::Tensor pointwise_weight_gradient(const at::Tensor& grad_z, const at::Tensor&
       at::globalContext().deterministicAlgorithms()) {
     return at::Tensor();
   }
-  // channels_last [N, C, H, W] is [N*H*W, C] row-major: both views are free
-  auto rows = [](const at::Tensor& t) { return t.permute({0, 2, 3, 1}).reshape({-1, t.size(1)}); };
-  return at::mm(rows(grad_z).t(), rows(x), at::kFloat).view(weight_size);
+  // channels_last [N, C, H, W] is [N*H*W, C] row-major: one strided view of each (not permute, reshape and t, a
+  // dispatcher call each)
+  const int64_t rows = x.size(0) * x.size(2) * x.size(3);
+  auto grad_t = grad_z.as_strided({grad_z.size(1), rows}, {1, grad_z.size(1)});
+  return at::mm(grad_t, x.as_strided({rows, x.size(1)}, {x.size(1), 1}), at::kFloat).view(weight_size);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_conv_backward(
