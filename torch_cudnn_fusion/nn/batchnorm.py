@@ -20,18 +20,21 @@ def batch_norm_arguments(bn: nn.BatchNorm2d, count: bool = True) -> tuple:
     """(running_mean, running_var, use batch statistics, momentum, uncounted) as nn.BatchNorm2d.forward computes them,
     with its side effect: num_batches_tracked counts this training step. With count=False and a fixed momentum the
     caller counts it instead: `uncounted` is then num_batches_tracked (None when it is counted here or not at all)."""
-    momentum = 0.0 if bn.momentum is None else bn.momentum
+    # each buffer read once: a module's buffers are looked up through nn.Module.__getattr__, which costs host time on
+    # every layer's call
+    training, momentum, counter = bn.training, bn.momentum, bn.num_batches_tracked
+    running_mean, running_var = bn.running_mean, bn.running_var
     uncounted = None
-    if bn.training and bn.track_running_stats and bn.num_batches_tracked is not None:
-        if count or bn.momentum is None:  # momentum=None is derived from the count: count now
-            bn.num_batches_tracked.add_(1)
-            momentum = 1.0 / float(bn.num_batches_tracked) if bn.momentum is None else bn.momentum
+    if training and bn.track_running_stats and counter is not None:
+        if count or momentum is None:  # momentum=None is derived from the count: count now
+            counter.add_(1)
+            momentum = 1.0 / float(counter) if momentum is None else momentum
         else:
-            uncounted = bn.num_batches_tracked
-    batch_stats = bn.training or (bn.running_mean is None and bn.running_var is None)
-    keep_stats = not bn.training or bn.track_running_stats
-    running_mean = bn.running_mean if keep_stats else None
-    running_var = bn.running_var if keep_stats else None
+            uncounted = counter
+    momentum = 0.0 if momentum is None else momentum
+    batch_stats = training or (running_mean is None and running_var is None)
+    if training and not bn.track_running_stats:
+        running_mean = running_var = None
     return running_mean, running_var, batch_stats, momentum, uncounted
 
 
