@@ -1,0 +1,139 @@
+"""Host time per leaf module type (forward) and per autograd node type (backward) of a training step, eager and
+fused (tcf.fuse), untraced: timestamps from forward hooks and from autograd node pre-hooks and hooks. Two conditions:
+the GPU held asleep (a long sleep kernel queued first, so no call waits on the GPU; a step that issues more work than
+the launch queue holds still waits, and the node it waits in then takes about the sleep) and idle. batch 128,
+224x224, bf16 autocast, channels_last, cudnn.benchmark on, SGD with momentum; a warm-up step, then the mean of 3.
+The hooks add their own host time per module and node, so compare the variants by type, not with untraced step times.
+
+    python benchmarks/host_by_node.py regnet_y_400mf [mobilenet_v3_small timm:efficientnet_b0 ...]
+
+Writes $OUT/nodes.json (or ./nodes.json).
+"""
+import collections
+import copy
+import json
+import os
+import sys
+import time
+sys.path.insert(0, "benchmarks")
+import torch
+import torch.nn.functional as F
+import torch_cudnn_fusion as tcf
+
+torch.backends.cudnn.benchmark = True
+cl = torch.channels_last
+pc = time.perf_counter
+
+
+def load(name):
+    if name.startswith("timm:"):
+        import timm
+        return timm.create_model(name[5:])
+    import torchvision
+    return torchvision.models.get_model(name)
+
+
+def short(name: str) -> str:
+    """A node's name without the C++ wrapper: 'CppNode<ConvFunction>' for our autograd functions."""
+    return name.replace("torch::autograd::CppNode<tcf::(anonymous namespace)::", "CppNode<").replace(
+        "torch::autograd::", "")
+
+
+def measure(model, x, t, asleep, steps=3):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    fwd = collections.defaultdict(float); fwd_n = collections.Counter()
+    bwd = collections.defaultdict(float); bwd_n = collections.Counter()
+    phases = collections.defaultdict(float)
+    stack = []
+    leaves = [m for m in model.modules() if not list(m.children())]
+
+    def pre(m, a):
+        stack.append(pc())
+
+    def post(m, a, o):
+        fwd[type(m).__name__] += pc() - stack.pop(); fwd_n[type(m).__name__] += 1
+
+    hs = [m.register_forward_pre_hook(pre) for m in leaves] + [m.register_forward_hook(post) for m in leaves]
+    longest = (0, "")
+    for s in range(steps + 1):
+        if s == 1:  # the first is a warm-up with the hooks on
+            for d in (fwd, bwd, phases):
+                d.clear()
+            fwd_n.clear(); bwd_n.clear()
+            longest = (0, "")
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        if asleep:
+            torch.cuda._sleep(2_000_000_000)
+        t0 = pc()
+        with torch.autocast("cuda", torch.bfloat16):
+            loss = F.cross_entropy(model(x), t)
+        t1 = pc()
+        seen, todo, nodes = set(), [loss.grad_fn], []
+        while todo:
+            n = todo.pop()
+            if n is None or n in seen:
+                continue
+            seen.add(n); nodes.append(n)
+            todo.extend(f for f, _ in n.next_functions)
+        starts = {}
+        for n in nodes:
+            try:
+                n.register_prehook(lambda go, n=n: starts.__setitem__(n, pc()))
+                n.register_hook(lambda gi, go, n=n: ends.append((n, pc())))
+            except Exception:
+                pass
+        ends = []
+        t2 = pc()
+        loss.backward()
+        t3 = pc()
+        opt.step()
+        t4 = pc()
+        torch.cuda.synchronize()
+        for n, e in ends:
+            if n in starts:
+                d, name = e - starts[n], short(n.name())
+                bwd[name] += d; bwd_n[name] += 1
+                if d > longest[0]:
+                    longest = (d, name)
+        phases["forward"] += t1 - t0; phases["backward"] += t3 - t2; phases["step"] += t4 - t3
+    for h in hs:
+        h.remove()
+    k = 1e3 / steps
+    return ({n: (v * k, fwd_n[n] // steps) for n, v in fwd.items()}, {n: (v * k, bwd_n[n] // steps) for n, v in bwd.items()},
+            {p: v * k for p, v in phases.items()}, longest)
+
+
+def main():
+    out = {}
+    for name in sys.argv[1:]:
+        torch.manual_seed(0)
+        plain = load(name).cuda().to(memory_format=cl)
+        x = torch.randn(128, 3, 224, 224, device="cuda").to(memory_format=cl)
+        t = torch.randint(0, 1000, (128,), device="cuda")
+        models = {"eager": copy.deepcopy(plain).train(), "fused": tcf.fuse(copy.deepcopy(plain))[0].train()}
+        res = {}
+        for cond in ("asleep", "idle"):
+            for v, m in models.items():
+                res[(v, cond)] = measure(m, x, t, cond == "asleep")
+        out[name] = {f"{v} {c}": r for (v, c), r in res.items()}
+        for cond in ("asleep", "idle"):
+            e, f = res[("eager", cond)], res[("fused", cond)]
+            print(f"\n=== {name} {cond}: phases ms eager {({p: round(v, 2) for p, v in e[2].items()})} fused "
+                  f"{({p: round(v, 2) for p, v in f[2].items()})}; longest node eager {e[3][0]*1e3:.1f} ms "
+                  f"{e[3][1]}, fused {f[3][0]*1e3:.1f} ms {f[3][1]}")
+            for part, idx in (("forward module", 0), ("backward node", 1)):
+                print(f"  {part:<44}{'eager ms':>9}{'n':>5}{'fused ms':>10}{'n':>5}")
+                keys = sorted(set(e[idx]) | set(f[idx]), key=lambda n: -max(e[idx].get(n, (0, 0))[0],
+                                                                             f[idx].get(n, (0, 0))[0]))
+                for n in keys[:16]:
+                    ev, fv = e[idx].get(n, (0, 0)), f[idx].get(n, (0, 0))
+                    print(f"  {n[:44]:<44}{ev[0]:>9.2f}{ev[1]:>5}{fv[0]:>10.2f}{fv[1]:>5}")
+                print(f"  {'sum':<44}{sum(v[0] for v in e[idx].values()):>9.2f}{'':>5}"
+                      f"{sum(v[0] for v in f[idx].values()):>10.2f}")
+        del models
+    json.dump(out, open(os.environ.get("OUT", ".") + "/nodes.json", "w"), indent=0, default=str)
+
+
+if __name__ == "__main__":
+    main()
