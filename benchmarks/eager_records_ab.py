@@ -5,23 +5,16 @@ layers check their repeats through Python's signature, as before 9fb426a. Two ro
 
     python benchmarks/eager_records_ab.py [regnet_y_400mf]
 """
-import copy
 import statistics
 import sys
 sys.path.insert(0, "benchmarks")
-import torch
-import torchvision
-import torch_cudnn_fusion as tcf
-from timing import interleaved_samples_ms
-from zoo_speed import train_step
-torch.backends.cudnn.benchmark = True
-torch.manual_seed(0)
+import torch  # noqa: E402
+from profile_by_kind import setup  # noqa: E402
+from timing import interleaved_samples_ms  # noqa: E402
+from zoo_speed import train_step  # noqa: E402
 name = sys.argv[1] if len(sys.argv) > 1 else "regnet_y_400mf"
-m = torchvision.models.get_model(name).cuda().to(memory_format=torch.channels_last)
-x = torch.randn(128, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
-t = torch.randint(0, 1000, (128,), device="cuda")
-new = tcf.fuse(copy.deepcopy(m))[0]
-old = tcf.fuse(copy.deepcopy(m))[0]
+_, x, t, variants = setup(name, 128)  # cudnn.benchmark on, seed 0, channels_last
+m, new, old = variants["eager"](), variants["fused"](), variants["fused"]()
 fns = {"eager": train_step(m, x, t, torch.bfloat16), "fused": train_step(new, x, t, torch.bfloat16),
        "fused, no eager records": train_step(old, x, t, torch.bfloat16)}
 for _ in range(3):

@@ -1,36 +1,28 @@
 """Host time per leaf module type (forward) and per autograd node type (backward) of a training step, eager and
 fused (tcf.fuse), untraced: timestamps from forward hooks and from autograd node pre-hooks and hooks. Two conditions:
 the GPU held asleep (a long sleep kernel queued first, so no call waits on the GPU; a step that issues more work than
-the launch queue holds still waits, and the node it waits in then takes about the sleep) and idle. batch 128,
-224x224, bf16 autocast, channels_last, cudnn.benchmark on, SGD with momentum; a warm-up step, then the mean of 3.
+the launch queue holds still waits, and the node it waits in then takes about the sleep) and idle. Batch 128,
+224x224 (profile_by_kind.setup: cudnn.benchmark on, seed 0, channels_last), bf16 autocast, SGD with momentum; a
+warm-up step, then the mean of 3.
 The hooks add their own host time per module and node, so compare the variants by type, not with untraced step times.
 
-    python benchmarks/host_by_node.py regnet_y_400mf [mobilenet_v3_small timm:efficientnet_b0 ...]
+    python benchmarks/host_by_node.py regnet_y_400mf [mobilenet_v3_small efficientnet_b0 ...]
+
+Models: torchvision names, or mobilenet_v1 (profile_by_kind.load_model).
 
 Writes $OUT/nodes.json (or ./nodes.json).
 """
 import collections
-import copy
 import json
 import os
 import sys
 import time
-sys.path.insert(0, "benchmarks")
-import torch
-import torch.nn.functional as F
-import torch_cudnn_fusion as tcf
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from profile_by_kind import setup  # noqa: E402
 
-torch.backends.cudnn.benchmark = True
-cl = torch.channels_last
 pc = time.perf_counter
-
-
-def load(name):
-    if name.startswith("timm:"):
-        import timm
-        return timm.create_model(name[5:])
-    import torchvision
-    return torchvision.models.get_model(name)
 
 
 def short(name: str) -> str:
@@ -100,18 +92,15 @@ def measure(model, x, t, asleep, steps=3):
     for h in hs:
         h.remove()
     k = 1e3 / steps
-    return ({n: (v * k, fwd_n[n] // steps) for n, v in fwd.items()}, {n: (v * k, bwd_n[n] // steps) for n, v in bwd.items()},
-            {p: v * k for p, v in phases.items()}, longest)
+    return ({n: (v * k, fwd_n[n] // steps) for n, v in fwd.items()},
+            {n: (v * k, bwd_n[n] // steps) for n, v in bwd.items()}, {p: v * k for p, v in phases.items()}, longest)
 
 
 def main():
     out = {}
     for name in sys.argv[1:]:
-        torch.manual_seed(0)
-        plain = load(name).cuda().to(memory_format=cl)
-        x = torch.randn(128, 3, 224, 224, device="cuda").to(memory_format=cl)
-        t = torch.randint(0, 1000, (128,), device="cuda")
-        models = {"eager": copy.deepcopy(plain).train(), "fused": tcf.fuse(copy.deepcopy(plain))[0].train()}
+        _, x, t, variants = setup(name, 128)
+        models = {v: make().train() for v, make in variants.items()}
         res = {}
         for cond in ("asleep", "idle"):
             for v, m in models.items():
