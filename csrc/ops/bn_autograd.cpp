@@ -10,6 +10,7 @@
 #include "ops/bn_ops.h"
 #include "ops/channels_last_copy.h"
 #include "ops/conv_bn_backward.h"
+#include "ops/tensor_checks.h"
 
 namespace tcf {
 namespace {
@@ -263,11 +264,7 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
         grad_z, saved[0], saved[1], has_conv_bias, ctx->saved_data["stride"].toIntVector(),
         ctx->saved_data["padding"].toIntVector(), ctx->saved_data["dilation"].toIntVector(),
         ctx->saved_data["groups"].toInt(), {need_x, need_conv_weight, need_conv_bias}, weight_dtype);
-    // back to the dtypes of the tensors passed in, as the casts' own backward would (nothing for a gradient made in
-    // its tensor's dtype: .to() is a dispatcher call even where it returns its input)
-    auto in_dtype = [](const at::Tensor& t, at::ScalarType dtype) {
-      return t.scalar_type() == dtype ? t : t.to(dtype);
-    };
+    // back to the dtypes of the tensors passed in, as the casts' own backward would
     if (need_x) grads[0] = in_dtype(grad_x, ctx->saved_data["x_dtype"].toScalarType());
     if (need_conv_weight) grads[1] = in_dtype(grad_conv_weight, weight_dtype);
     if (need_conv_bias) grads[2] = in_dtype(grad_conv_bias, ctx->saved_data["bias_dtype"].toScalarType());

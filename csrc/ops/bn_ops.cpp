@@ -558,10 +558,9 @@ at::Tensor batch_norm_backward_dx(const at::Tensor& grad_z, const at::Tensor& x,
 std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>> cast_conv_operands(
     const at::Tensor& x, const at::Tensor& conv_weight, const std::optional<at::Tensor>& conv_bias,
     at::ScalarType dtype) {
-  auto cast = [dtype](const at::Tensor& t) { return t.scalar_type() == dtype ? t : t.to(dtype); };
   std::optional<at::Tensor> bias;
-  if (conv_bias.has_value() && conv_bias->defined()) bias = cast(*conv_bias);
-  return {cast(x), cast(conv_weight), bias};
+  if (conv_bias.has_value() && conv_bias->defined()) bias = in_dtype(*conv_bias, dtype);
+  return {in_dtype(x, dtype), in_dtype(conv_weight, dtype), bias};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_batch_norm_act_forward(

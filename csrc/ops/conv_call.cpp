@@ -3,6 +3,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include "ops/conv_ops.h"
+#include "ops/tensor_checks.h"
 
 namespace tcf {
 
@@ -11,7 +12,7 @@ namespace {
 // As torch.autocast casts a conv's operand (and ops/conv.py's _autocast): floating point but not float64.
 at::Tensor autocast_operand(const at::Tensor& t, const CallState& state) {
   if (!state.autocast || !t.is_floating_point() || t.scalar_type() == at::kDouble) return t;
-  return t.to(state.autocast_dtype);
+  return in_dtype(t, state.autocast_dtype);
 }
 
 }  // namespace

@@ -156,9 +156,7 @@ at::Tensor conv_gradient(GraphKind kind, const at::Tensor& grad_z, const at::Ten
   // an empty batch contributes nothing to the weight gradient
   if (dz.numel() == 0) return at::zeros(out_size, options.dtype(dtype));
   auto fallback = [&]() { return dgrad ? fallback_dgrad(dz, operand_dense, p) : fallback_wgrad(dz, operand_dense, p); };
-  // a cast only where the dtype differs (each .to() is a dispatcher call, also when it returns its input)
-  auto in_dtype = [dtype](at::Tensor t) { return t.scalar_type() == dtype ? t : t.to(dtype); };
-  auto aten = [&]() { return in_dtype(fallback()); };
+  auto aten = [&]() { return in_dtype(fallback(), dtype); };
   // our kernel or PyTorch's, as depthwise_kernel_steps measured them; PyTorch's allocates its own output
   bool depthwise = depthwise_kernel_takes(p);
   if (depthwise && !dgrad) {
@@ -184,7 +182,7 @@ at::Tensor conv_gradient(GraphKind kind, const at::Tensor& grad_z, const at::Ten
                  {out}, grad_z.device(), [&]() { fallback(); })) {
     return aten();
   }
-  return in_dtype(out);
+  return in_dtype(out, dtype);
 }
 
 }  // namespace

@@ -36,5 +36,9 @@ at::MemoryFormat memory_format(bool channels_last);
 bool is_traced(const at::Tensor& t);
 // The byte alignment (capped at 16) of t's data for a cache key; 0 for an absent or empty tensor.
 int8_t alignment_of(const at::Tensor& t);
+// t in `dtype`: t itself where it is in it already (.to() is a dispatcher call even where it returns its input).
+inline at::Tensor in_dtype(const at::Tensor& t, at::ScalarType dtype) {
+  return t.scalar_type() == dtype ? t : t.to(dtype);
+}
 
 }  // namespace tcf
