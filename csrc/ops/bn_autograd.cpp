@@ -10,6 +10,7 @@
 #include "ops/bn_ops.h"
 #include "ops/channels_last_copy.h"
 #include "ops/conv_bn_backward.h"
+#include "ops/saved_ints.h"
 #include "ops/tensor_checks.h"
 
 namespace tcf {
@@ -116,19 +117,25 @@ class BatchNormActFunction : public torch::autograd::Function<BatchNormActFuncti
     // fill kernels per backward (seen in the H200 profile). backward() handles an undefined grad_y itself.
     ctx->set_materialize_grads(false);
     ctx->saved_data["eps"] = eps;
-    ctx->saved_data["activation"] = activation;
-    ctx->saved_data["implementation"] = implementation;
-    ctx->saved_data["policy"] = policy;
-    ctx->saved_data["has_running_stats"] = running_mean.has_value() && running_mean->defined();
-    ctx->saved_data["has_residual"] = has_residual;
+    SavedInts()
+        .add(activation)
+        .add(implementation)
+        .add(policy)
+        .add(running_mean.has_value() && running_mean->defined())
+        .add(has_residual)
+        .save(ctx);
     return out;
   }
 
   // grad_outputs by reference: CppNode passes its own list (torch/csrc/autograd/custom_function.h), which holds the
   // engine's only reference to grad_y, so that the two-step backward can free grad_y between its steps.
   static variable_list backward(AutogradContext* ctx, variable_list& grad_outputs) {
-    bool has_residual = ctx->saved_data["has_residual"].toBool();
-    bool has_running_stats = ctx->saved_data["has_running_stats"].toBool();
+    SavedIntsReader ints(ctx);  // in the order forward saved them
+    const int64_t activation = ints.next();
+    const int64_t implementation = ints.next();
+    const int64_t policy = ints.next();
+    const bool has_running_stats = ints.next_bool();
+    const bool has_residual = ints.next_bool();
     at::Tensor none;
     // needs_input_grad counts only the tensors that were passed: absent running statistics shift the residual's.
     size_t edge = 0;
@@ -144,8 +151,6 @@ class BatchNormActFunction : public torch::autograd::Function<BatchNormActFuncti
     auto saved = ctx->get_saved_variables();
     const auto &x = saved[0], &y = saved[1], &weight = saved[2], &bias = saved[3], &mean = saved[4],
                &invstd = saved[5];
-    int64_t activation = ctx->saved_data["activation"].toInt();
-    int64_t implementation = ctx->saved_data["implementation"].toInt();
     at::Tensor grad_x, grad_residual, grad_weight, grad_bias;
     bool channels_last = x.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
     bool our_kernel = batch_norm_backward_in_our_kernel(activation, implementation, channels_last);
@@ -171,7 +176,7 @@ class BatchNormActFunction : public torch::autograd::Function<BatchNormActFuncti
     } else {
       std::tie(grad_x, grad_residual, grad_weight, grad_bias) =
           call_backward(grad_y, x, y, weight, bias, mean, invstd, saved[6], ctx->saved_data["eps"].toDouble(),
-                        activation, has_residual, implementation, ctx->saved_data["policy"].toInt());
+                        activation, has_residual, implementation, policy);
     }
     return {need_x ? grad_x : none,
             need_weight ? grad_weight : none,
@@ -238,19 +243,29 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
     const auto& z = (*computed)[2];
     ctx->save_for_backward({(*computed)[0], (*computed)[1]});
     ctx->set_materialize_grads(false);
-    ctx->saved_data["stride"] = stride.vec();
-    ctx->saved_data["padding"] = padding.vec();
-    ctx->saved_data["dilation"] = dilation.vec();
-    ctx->saved_data["groups"] = groups;
-    ctx->saved_data["x_dtype"] = x.scalar_type();
-    ctx->saved_data["weight_dtype"] = conv_weight.scalar_type();
-    ctx->saved_data["bias_dtype"] = has_conv_bias ? conv_bias->scalar_type() : z.scalar_type();
-    ctx->saved_data["has_conv_bias"] = has_conv_bias;
+    SavedInts()
+        .add(stride)
+        .add(padding)
+        .add(dilation)
+        .add(groups)
+        .add(static_cast<int64_t>(x.scalar_type()))
+        .add(static_cast<int64_t>(conv_weight.scalar_type()))
+        .add(static_cast<int64_t>(has_conv_bias ? conv_bias->scalar_type() : z.scalar_type()))
+        .add(has_conv_bias)
+        .save(ctx);
     return {z};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    bool has_conv_bias = ctx->saved_data["has_conv_bias"].toBool();
+    SavedIntsReader ints(ctx);  // in the order forward saved them
+    const auto stride = ints.next_list();
+    const auto padding = ints.next_list();
+    const auto dilation = ints.next_list();
+    const int64_t groups = ints.next();
+    const auto x_dtype = ints.next_dtype();
+    const auto weight_dtype = ints.next_dtype();
+    const auto bias_dtype = ints.next_dtype();
+    const bool has_conv_bias = ints.next_bool();
     // needs_input_grad counts only the tensors that were passed (see BatchNormActFunction).
     bool need_x = ctx->needs_input_grad(0);
     bool need_conv_weight = ctx->needs_input_grad(1);
@@ -259,15 +274,13 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
     const auto& grad_z = grad_outputs[0];
     if (!grad_z.defined() || !(need_x || need_conv_weight || need_conv_bias)) return grads;
     auto saved = ctx->get_saved_variables();
-    const auto weight_dtype = ctx->saved_data["weight_dtype"].toScalarType();
-    auto [grad_x, grad_conv_weight, grad_conv_bias] = batch_norm_conv_backward(
-        grad_z, saved[0], saved[1], has_conv_bias, ctx->saved_data["stride"].toIntVector(),
-        ctx->saved_data["padding"].toIntVector(), ctx->saved_data["dilation"].toIntVector(),
-        ctx->saved_data["groups"].toInt(), {need_x, need_conv_weight, need_conv_bias}, weight_dtype);
+    auto [grad_x, grad_conv_weight, grad_conv_bias] =
+        batch_norm_conv_backward(grad_z, saved[0], saved[1], has_conv_bias, stride, padding, dilation, groups,
+                                 {need_x, need_conv_weight, need_conv_bias}, weight_dtype);
     // back to the dtypes of the tensors passed in, as the casts' own backward would
-    if (need_x) grads[0] = in_dtype(grad_x, ctx->saved_data["x_dtype"].toScalarType());
+    if (need_x) grads[0] = in_dtype(grad_x, x_dtype);
     if (need_conv_weight) grads[1] = in_dtype(grad_conv_weight, weight_dtype);
-    if (need_conv_bias) grads[2] = in_dtype(grad_conv_bias, ctx->saved_data["bias_dtype"].toScalarType());
+    if (need_conv_bias) grads[2] = in_dtype(grad_conv_bias, bias_dtype);
     return grads;
   }
 };

@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include "ops/conv_ops.h"
+#include "ops/saved_ints.h"
 
 namespace tcf {
 
@@ -59,15 +60,17 @@ class ConvBiasActFunction : public torch::autograd::Function<ConvBiasActFunction
     auto y = call_conv_bias_act(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups,
                                 activation, policy);
     ctx->save_for_backward({x, weight, activation != 0 ? y : at::Tensor()});
-    ctx->saved_data["stride"] = stride.vec();
-    ctx->saved_data["padding_pre"] = padding_pre.vec();
-    ctx->saved_data["padding_post"] = padding_post.vec();
-    ctx->saved_data["dilation"] = dilation.vec();
-    ctx->saved_data["groups"] = groups;
-    ctx->saved_data["activation"] = activation;
-    ctx->saved_data["policy"] = policy;
-    ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
-    ctx->saved_data["has_residual"] = residual.has_value() && residual->defined();
+    SavedInts()
+        .add(stride)
+        .add(padding_pre)
+        .add(padding_post)
+        .add(dilation)
+        .add(groups)
+        .add(activation)
+        .add(policy)
+        .add(bias.has_value() && bias->defined())
+        .add(residual.has_value() && residual->defined())
+        .save(ctx);
     return {y};
   }
 
@@ -79,15 +82,16 @@ class ConvBiasActFunction : public torch::autograd::Function<ConvBiasActFunction
     const auto& grad_out = grad_outputs[0];
     at::Tensor none;
     if (!grad_out.defined()) return {none, none, none, none, none, none, none, none, none, none, none};
-    int64_t activation = ctx->saved_data["activation"].toInt();
-    bool has_bias = ctx->saved_data["has_bias"].toBool();
-    bool has_residual = ctx->saved_data["has_residual"].toBool();
-    auto stride = ctx->saved_data["stride"].toIntVector();
-    auto padding_pre = ctx->saved_data["padding_pre"].toIntVector();
-    auto padding_post = ctx->saved_data["padding_post"].toIntVector();
-    auto dilation = ctx->saved_data["dilation"].toIntVector();
-    int64_t groups = ctx->saved_data["groups"].toInt();
-    int64_t policy = ctx->saved_data["policy"].toInt();
+    SavedIntsReader ints(ctx);  // in the order forward saved them
+    const auto stride = ints.next_list();
+    const auto padding_pre = ints.next_list();
+    const auto padding_post = ints.next_list();
+    const auto dilation = ints.next_list();
+    const int64_t groups = ints.next();
+    const int64_t activation = ints.next();
+    const int64_t policy = ints.next();
+    const bool has_bias = ints.next_bool();
+    const bool has_residual = ints.next_bool();
 
     // needs_input_grad counts only the tensors that were passed: an absent bias shifts the residual's index.
     size_t edge = 0;
