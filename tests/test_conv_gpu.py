@@ -210,6 +210,40 @@ def test_a_layer_that_runs_eager_checks_its_repeats_in_cpp_and_computes_what_eag
         conv.weight.grad = conv.bias.grad = conv_e.weight.grad = conv_e.bias.grad = None
 
 
+def test_an_eager_layers_record_tells_a_change_of_autocast_and_the_decision_follows(extension):
+    """The record of a layer decided eager compares the global state too, not only the tensors: 104 -> 28 channels runs
+    eager under bfloat16 autocast (28 is not a multiple of 8) and fused in float32 (a multiple of 4). Switching
+    autocast off and on flips the status each time; a repeat in the same state runs from the record; every call
+    computes what nn.Conv2d + ReLU do (bfloat16: the same bits; float32: within twice eager's error against float64)."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(104, 28, 1).cuda().to(memory_format=torch.channels_last)
+    conv_e, conv64 = copy.deepcopy(conv), copy.deepcopy(conv).double()
+    fused = tcf.Conv2dReLU.from_conv(conv)
+    x = torch.randn(8, 104, 3, 3, device="cuda").to(memory_format=torch.channels_last)
+    reference = F.relu(conv64(x.double()))
+    counting, previous = None, None
+    for i, autocast in enumerate([True, True, False, False, True, True]):
+        recorded = fused._call.recorded
+        if recorded is not None and not isinstance(recorded, CountingCall):
+            counting = fused._call.recorded = CountingCall(recorded)
+        ran_before = counting.ran if counting is not None else 0
+        declined_before = counting.declined if counting is not None else 0
+        with torch.autocast("cuda", torch.bfloat16, enabled=autocast):
+            y, y_e = fused(x), F.relu(conv_e(x))
+        status = fused.fusion_status
+        assert status.fused == (not autocast), (i, autocast, status)
+        if previous is not None:  # the record ran (or matched) a repeat, and declined a call in another state
+            same = autocast == previous
+            assert (counting.ran - ran_before, counting.declined - declined_before) == (same, not same), (i, autocast)
+        if autocast:
+            assert y.dtype == y_e.dtype == torch.bfloat16 and torch.equal(y, y_e), i
+        else:
+            assert y.dtype == torch.float32, i
+            # both may round their inputs to TF32 (cudnn.allow_tf32's default): the floor is that rounding's error
+            assert rel_err(y, reference) <= 2 * rel_err(y_e, reference) + 2e-3, (i, rel_err(y, reference))
+        previous = autocast
+
+
 def test_relu6_refused_in_the_graph_runs_as_a_clamp_after_it(extension, no_tf32):
     """Where cuDNN refuses the conv + bias graph with ReLU6 in it (forced here by a test aid), the op runs the graph
     without the activation and a clamp after it (conv_ops.cpp, forward_plan): the status says so and quotes the
