@@ -50,6 +50,31 @@ def test_eval_fold_is_recomputed_when_parameters_or_statistics_change():
         torch.testing.assert_close(fused(x), plain(x), rtol=1e-5, atol=1e-5)
 
 
+def test_eval_fold_takes_no_other_tensor_at_the_same_address_for_the_one_it_was_computed_from():
+    """The eval fold is cached on the tensors it reads. A tensor put in a running statistic's place at the old one's
+    address, with a version counter as fresh as the old one's (as where the CUDA allocator hands a freed block out
+    again), is another tensor: the fold is computed anew from its values. Called directly: on the CPU the layer runs
+    eager's composition, not the fold."""
+    torch.manual_seed(0)
+    plain = conv_bn_relu_seq().eval()
+    fused = tcf.Conv2dBNReLU.from_modules(plain[0], plain[1]).eval()
+    bn = plain[1]
+    with torch.no_grad():
+        weight, bias = fused._folded_weight_and_bias()
+        old = bn.running_var
+        other = torch.from_dlpack(old)  # another tensor over the same memory, with a version counter of its own
+        while other._version < old._version:  # brought to the old one's count (reset_running_stats filled it once)
+            other.add_(0)
+        assert other is not old and other.data_ptr() == old.data_ptr() and other._version == old._version
+        other.numpy()[:] = 4.0  # new values, no version bump: the key of (address, version) alone cannot tell
+        bn.running_var = other
+        weight2, bias2 = fused._folded_weight_and_bias()
+        scale = bn.weight / torch.sqrt(torch.full_like(bn.weight, 4.0) + bn.eps)
+        torch.testing.assert_close(weight2, plain[0].weight * scale.view(-1, 1, 1, 1))
+        torch.testing.assert_close(bias2, bn.bias - bn.running_mean * scale)
+        assert not torch.allclose(weight2, weight)
+
+
 def test_eval_gradients_flow_through_the_fold():
     torch.manual_seed(0)
     plain = conv_bn_relu_seq().eval()

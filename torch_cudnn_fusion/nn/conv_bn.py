@@ -121,9 +121,10 @@ class Conv2dBN(FusedConv2d):
     def _folded_weight_and_bias(self, dtype: Optional[torch.dtype] = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The conv's weight and bias with the BatchNorm's running statistics, scale and shift folded in, in `dtype`
         (None: the weight's; under autocast the caller passes autocast's, so the cached fold is already what autocast
-        would cast it to, and no call casts it again). Cached while no tensor it reads changed (same storage, same
-        version counter: in-place updates such as optimizer steps and load_state_dict bump it); recomputed under
-        autograd or torch.compile."""
+        would cast it to, and no call casts it again). Cached while no tensor it reads changed: the same tensor
+        objects (the cache holds them, so a tensor put in one's place is another object, also where it reuses the
+        freed one's address with a fresh version counter), the same storage, the same version counter (in-place
+        updates such as optimizer steps and load_state_dict bump it); recomputed under autograd or torch.compile."""
         bn = self.bn
         tensors = (self.weight, self.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var)
         cacheable = not torch.compiler.is_compiling() and not (
@@ -134,7 +135,7 @@ class Conv2dBN(FusedConv2d):
             key = tuple(None if t is None else (t.data_ptr(), t._version, t.dtype, t.device) for t in tensors) + (
                 bn.eps, dtype)
             fold = self._call.fold
-            if fold is not None and fold[0] == key:
+            if fold is not None and fold[0] == key and all(a is b for a, b in zip(fold[3], tensors)):
                 return fold[1], fold[2]
         scale = torch.rsqrt(bn.running_var.float() + bn.eps)
         if bn.weight is not None:
@@ -148,7 +149,7 @@ class Conv2dBN(FusedConv2d):
             bias = bias + bn.bias.float()
         bias = bias.to(dtype)
         if cacheable:
-            self._call.fold = (key, weight, bias)
+            self._call.fold = (key, weight, bias, tensors)
         return weight, bias
 
 
