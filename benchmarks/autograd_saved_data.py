@@ -12,10 +12,13 @@ import argparse
 import os
 import platform
 import statistics
-import time
+import sys
 
 import torch
 from torch.utils.cpp_extension import load_inline
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import host_us  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -95,18 +98,6 @@ at::Tensor one_packed_entry(const at::Tensor& x, const at::Tensor& w) {
 """
 
 
-def us_per_call(fn, calls: int, repeats: int = 7) -> float:
-    for _ in range(100):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(samples)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=20000)
@@ -127,8 +118,8 @@ def main() -> None:
     both = {name: [] for name, _ in rows}
     for _ in range(args.rounds):  # interleaved: this host's speed drifts between rounds
         for name, fn in rows:
-            forward[name].append(us_per_call(lambda: fn(x, w), args.calls, repeats=3))
-            both[name].append(us_per_call(lambda: fn(x, w).backward(ones), args.calls // 4, repeats=3))
+            forward[name].append(host_us(lambda: fn(x, w), args.calls, repeats=3, warmup=100, cuda=False))
+            both[name].append(host_us(lambda: fn(x, w).backward(ones), args.calls // 4, repeats=3, warmup=100, cuda=False))
     for name, _ in rows:
         print(f"{name:<30}{statistics.median(forward[name]):>7.2f} ({min(forward[name]):.2f})"
               f"{statistics.median(both[name]):>16.2f} ({min(both[name]):.2f})")

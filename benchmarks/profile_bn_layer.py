@@ -17,8 +17,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_cudnn_fusion as tcf  # noqa: E402
-from profile_overhead import host_us  # noqa: E402
-from timing import graph_replay_ms  # noqa: E402
+from timing import graph_replay_ms, host_us  # noqa: E402
 
 # (in, out, kernel, stride, groups, input size): MobileNet v1 layers at 28x28 and below, where fused ran slower.
 LAYERS = [

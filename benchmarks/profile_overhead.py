@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
@@ -22,20 +20,7 @@ import torch.nn.functional as F
 import torch_cudnn_fusion as tcf
 from torch_cudnn_fusion.ops import decide as fusion
 from torch_cudnn_fusion.ops import conv2d_bias_act
-from timing import graph_replay_ms
-
-
-def host_us(fn, calls=300, repeats=5):
-    fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - start) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(samples)
+from timing import graph_replay_ms, host_us
 
 
 def gpu_us(fn):

@@ -1,8 +1,9 @@
-"""CUDA-event timing shared by the benchmark scripts."""
+"""CUDA-event timing shared by the benchmark scripts, and the host's time a call."""
 
 from __future__ import annotations
 
 import statistics
+import time
 
 import torch
 
@@ -70,3 +71,21 @@ def quartiles(values: list) -> tuple[float, float, float]:
     """(25th percentile, median, 75th percentile)."""
     q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
     return q1, median, q3
+
+
+def host_us(fn, calls: int = 300, repeats: int = 5, warmup: int = 1, cuda: bool = True) -> float:
+    """The host's microseconds a call of `fn()`: the median over `repeats` samples of `calls` back-to-back calls, after
+    `warmup` calls. cuda: wait for the GPU before the first sample and after each (outside the timed span)."""
+    for _ in range(warmup):
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - start) / calls * 1e6)
+        if cuda:
+            torch.cuda.synchronize()
+    return statistics.median(samples)
