@@ -8,22 +8,23 @@ from typing import Optional
 import torch
 from torch import nn
 
+from .._module_state import module_attributes
 from ..ops.batch_norm import batch_norm_act
 from ..ops.decide import FusionStatus
 from ..ops.layer_call import LayerCall
 from ..policy import EnginePolicy
 
 _ACTIVATIONS = ("relu", "relu6", None)
+_BATCH_NORM_TENSORS = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
 
 
 def batch_norm_arguments(bn: nn.BatchNorm2d, count: bool = True) -> tuple:
-    """(running_mean, running_var, use batch statistics, momentum, uncounted) as nn.BatchNorm2d.forward computes them,
-    with its side effect: num_batches_tracked counts this training step. With count=False and a fixed momentum the
-    caller counts it instead: `uncounted` is then num_batches_tracked (None when it is counted here or not at all)."""
-    # each buffer read once: a module's buffers are looked up through nn.Module.__getattr__, which costs host time on
-    # every layer's call
-    training, momentum, counter = bn.training, bn.momentum, bn.num_batches_tracked
-    running_mean, running_var = bn.running_mean, bn.running_var
+    """(weight, bias, running_mean, running_var, use batch statistics, momentum, uncounted) as nn.BatchNorm2d.forward
+    computes them, with its side effect: num_batches_tracked counts this training step. With count=False and a fixed
+    momentum the caller counts it instead: `uncounted` is then num_batches_tracked (None when it is counted here or not
+    at all)."""
+    weight, bias, running_mean, running_var, counter = module_attributes(bn, _BATCH_NORM_TENSORS)
+    training, momentum = bn.training, bn.momentum
     uncounted = None
     if training and bn.track_running_stats and counter is not None:
         if count or momentum is None:  # momentum=None is derived from the count: count now
@@ -35,7 +36,7 @@ def batch_norm_arguments(bn: nn.BatchNorm2d, count: bool = True) -> tuple:
     batch_stats = training or (running_mean is None and running_var is None)
     if training and not bn.track_running_stats:
         running_mean = running_var = None
-    return running_mean, running_var, batch_stats, momentum, uncounted
+    return weight, bias, running_mean, running_var, batch_stats, momentum, uncounted
 
 
 def check_activation(activation: Optional[str]) -> Optional[str]:
@@ -85,8 +86,8 @@ class BatchNorm2dReLU(nn.BatchNorm2d):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(x)
-        running_mean, running_var, batch_stats, momentum, _ = batch_norm_arguments(self)
-        return batch_norm_act(x, running_mean, running_var, self.weight, self.bias, batch_stats, momentum, self.eps,
+        weight, bias, running_mean, running_var, batch_stats, momentum, _ = batch_norm_arguments(self)
+        return batch_norm_act(x, running_mean, running_var, weight, bias, batch_stats, momentum, self.eps,
                               self.activation, strict=self.strict, policy=self.policy, call=self._call)
 
 

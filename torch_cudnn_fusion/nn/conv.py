@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from .._module_state import module_attributes
 from ..ops.conv import conv2d_bias_act
 from ..ops.decide import FusionStatus
 from ..ops.layer_call import LayerCall
@@ -53,7 +54,8 @@ class FusedConv2d(nn.Conv2d):
         return self._call.status
 
     def _fused_forward(self, x: torch.Tensor, residual: Optional[torch.Tensor]) -> torch.Tensor:
-        return conv2d_bias_act(x, self.weight, self.bias, residual, self.stride, self.padding, self.dilation,
+        weight, bias = module_attributes(self, ("weight", "bias"))
+        return conv2d_bias_act(x, weight, bias, residual, self.stride, self.padding, self.dilation,
                                self.groups, self.activation, padding_mode=self.padding_mode, strict=self.strict,
                                policy=self.policy, call=self._call)
 

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch._prims_common import suggest_memory_format
 
+from .._module_state import module_attributes
 from ..ops import decide
 from ..ops.batch_norm import _eager_batch_norm_act, conv2d_batch_norm_act
 from ..ops.conv import autocast_dtype, conv2d_bias_act
@@ -26,6 +27,10 @@ from ..ops.decide import Decision, FusionStatus
 from ..policy import EnginePolicy
 from .batchnorm import batch_norm_arguments, check_activation
 from .conv import FusedConv2d
+
+_CONV_TENSORS = ("weight", "bias")
+_BN = ("bn",)
+_FOLDED_BN_TENSORS = ("weight", "bias", "running_mean", "running_var")
 
 
 class Conv2dBN(FusedConv2d):
@@ -88,21 +93,22 @@ class Conv2dBN(FusedConv2d):
         return super().extra_repr() + f", activation={self.activation}"
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
-        bn = self.bn
         if x.dim() != 4:  # what nn.BatchNorm2d raises after the conv (nn.Conv2d alone also takes [C, H, W])
             raise ValueError(f"expected 4D input (got {x.dim()}D input)")
+        bn, = module_attributes(self, _BN)  # a child, or in __dict__ where fuse() left it registered elsewhere
         # in training with a fixed momentum, conv2d_batch_norm_act counts the step (`uncounted`): in the one op's
         # launch that writes the running statistics
-        running_mean, running_var, batch_stats, momentum, uncounted = batch_norm_arguments(bn, count=False)
+        weight, bias, running_mean, running_var, batch_stats, momentum, uncounted = batch_norm_arguments(bn, False)
         call = self._call
         if batch_stats:
             if call.mode != "batch statistics":
                 call.mode = "batch statistics"
-            return conv2d_batch_norm_act(x, self, running_mean, running_var, bn.weight, bn.bias, momentum, bn.eps,
+            return conv2d_batch_norm_act(x, self, running_mean, running_var, weight, bias, momentum, bn.eps,
                                          self.activation, residual, strict=self.strict, policy=self.policy,
                                          call=call, num_batches_tracked=uncounted)
         if call.mode != "folded":
             call.mode = "folded"
+        conv_weight, conv_bias = module_attributes(self, _CONV_TENSORS)
         if not x.is_cuda:
             # nothing runs fused off CUDA: eager's own composition (conv, BatchNorm on running statistics,
             # activation), whose numbers are eager's exactly, rather than the fold
@@ -110,43 +116,51 @@ class Conv2dBN(FusedConv2d):
             call.remember(decision)
             decide.raise_if_strict(decision, self.strict, f"the conv + BatchNorm layer {self.in_channels}->"
                                                           f"{self.out_channels} channels")
-            z = self._conv_forward(x, self.weight, self.bias)
-            return _eager_batch_norm_act(z, running_mean, running_var, bn.weight, bn.bias, False, momentum, bn.eps,
+            z = self._conv_forward(x, conv_weight, conv_bias)
+            return _eager_batch_norm_act(z, running_mean, running_var, weight, bias, False, momentum, bn.eps,
                                          self.activation, residual)
-        weight, bias = self._folded_weight_and_bias(autocast_dtype(self.weight, x.device.type))
-        return conv2d_bias_act(x, weight, bias, residual, self.stride, self.padding, self.dilation, self.groups,
-                               self.activation, padding_mode=self.padding_mode, strict=self.strict,
+        tensors = (conv_weight, conv_bias, weight, bias, running_mean, running_var)
+        folded_weight, folded_bias = self._fold(tensors, bn.eps, autocast_dtype(conv_weight, x.device.type))
+        return conv2d_bias_act(x, folded_weight, folded_bias, residual, self.stride, self.padding, self.dilation,
+                               self.groups, self.activation, padding_mode=self.padding_mode, strict=self.strict,
                                policy=self.policy, call=call)
 
     def _folded_weight_and_bias(self, dtype: Optional[torch.dtype] = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The conv's weight and bias with the BatchNorm's running statistics, scale and shift folded in, in `dtype`
-        (None: the weight's; under autocast the caller passes autocast's, so the cached fold is already what autocast
-        would cast it to, and no call casts it again). Cached while no tensor it reads changed: the same tensor
-        objects (the cache holds them, so a tensor put in one's place is another object, also where it reuses the
-        freed one's address with a fresh version counter), the same storage, the same version counter (in-place
-        updates such as optimizer steps and load_state_dict bump it); recomputed under autograd or torch.compile."""
+        (None: the weight's)."""
         bn = self.bn
-        tensors = (self.weight, self.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var)
+        tensors = (*module_attributes(self, _CONV_TENSORS), *module_attributes(bn, _FOLDED_BN_TENSORS))
+        return self._fold(tensors, bn.eps, dtype)
+
+    def _fold(self, tensors: tuple, eps: float, dtype: Optional[torch.dtype]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fold of `tensors` (the conv's weight and bias, the BatchNorm's weight, bias, running mean and running
+        variance) in `dtype` (None: the weight's; under autocast the caller passes autocast's, so the cached fold is
+        already what autocast would cast it to, and no call casts it again). Cached while no tensor it reads changed:
+        the same tensor objects (the cache holds them, so a tensor put in one's place is another object, also where it
+        reuses the freed one's address with a fresh version counter), the same storage, the same version counter
+        (in-place updates such as optimizer steps and load_state_dict bump it); recomputed under autograd or
+        torch.compile."""
+        conv_weight, conv_bias, bn_weight, bn_bias, running_mean, running_var = tensors
         cacheable = not torch.compiler.is_compiling() and not (
             torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
         )
         key = None
         if cacheable:
             key = tuple(None if t is None else (t.data_ptr(), t._version, t.dtype, t.device) for t in tensors) + (
-                bn.eps, dtype)
+                eps, dtype)
             fold = self._call.fold
             if fold is not None and fold[0] == key and all(a is b for a, b in zip(fold[3], tensors)):
                 return fold[1], fold[2]
-        scale = torch.rsqrt(bn.running_var.float() + bn.eps)
-        if bn.weight is not None:
-            scale = scale * bn.weight.float()
-        dtype = dtype or self.weight.dtype
-        weight = (self.weight.float() * scale.view(-1, 1, 1, 1)).to(dtype)
-        weight = weight.contiguous(memory_format=suggest_memory_format(self.weight))
-        conv_bias = self.bias.float() if self.bias is not None else torch.zeros_like(scale)
-        bias = (conv_bias - bn.running_mean.float()) * scale
-        if bn.bias is not None:
-            bias = bias + bn.bias.float()
+        scale = torch.rsqrt(running_var.float() + eps)
+        if bn_weight is not None:
+            scale = scale * bn_weight.float()
+        dtype = dtype or conv_weight.dtype
+        weight = (conv_weight.float() * scale.view(-1, 1, 1, 1)).to(dtype)
+        weight = weight.contiguous(memory_format=suggest_memory_format(conv_weight))
+        conv_bias = conv_bias.float() if conv_bias is not None else torch.zeros_like(scale)
+        bias = (conv_bias - running_mean.float()) * scale
+        if bn_bias is not None:
+            bias = bias + bn_bias.float()
         bias = bias.to(dtype)
         if cacheable:
             self._call.fold = (key, weight, bias, tensors)

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _extension
+from .._module_state import module_attributes
 from .._cpp_enums import ACTIVATION_NAMES, Activation, BatchNormImplementation
 from ..policy import EnginePolicy, policy_id, resolve
 from . import decide
@@ -205,7 +206,7 @@ def conv2d_batch_norm_act(
             num_batches_tracked.add_(1)
         return batch_norm_act(conv._conv_forward(x, conv.weight, conv.bias), running_mean, running_var, weight, bias,
                               True, momentum, eps, activation, residual, strict=strict, policy=policy, call=call)
-    conv_weight, conv_bias = conv.weight, conv.bias  # a module's attribute lookups are slow: once per call
+    conv_weight, conv_bias = module_attributes(conv, ("weight", "bias"))  # once per call, past __getattr__
     policy = resolve(policy)
     signature = None
     if call is not None and not torch.compiler.is_compiling():
