@@ -75,6 +75,24 @@ def test_eval_fold_takes_no_other_tensor_at_the_same_address_for_the_one_it_was_
         assert not torch.allclose(weight2, weight)
 
 
+def test_eval_fold_follows_a_parameter_whose_storage_was_swapped_in_place():
+    """`param.data = t` (how Module.to, .half() and .cuda() convert a Parameter) keeps the Parameter object and its
+    version count and swaps its storage: the cached fold must not be handed out for the new values."""
+    torch.manual_seed(0)
+    plain = conv_bn_relu_seq().eval()
+    fused = tcf.Conv2dBNReLU.from_modules(plain[0], plain[1]).eval()
+    weight = fused.weight
+    with torch.no_grad():
+        folded, _ = fused._folded_weight_and_bias()
+        version = weight._version
+        weight.data = torch.randn_like(weight)
+        assert fused.weight is weight and weight._version == version
+        folded2, _ = fused._folded_weight_and_bias()
+        scale = plain[1].weight / torch.sqrt(plain[1].running_var + plain[1].eps)
+        torch.testing.assert_close(folded2, weight * scale.view(-1, 1, 1, 1))
+        assert not torch.allclose(folded2, folded)
+
+
 def test_eval_gradients_flow_through_the_fold():
     torch.manual_seed(0)
     plain = conv_bn_relu_seq().eval()

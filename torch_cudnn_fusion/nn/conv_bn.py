@@ -146,10 +146,14 @@ class Conv2dBN(FusedConv2d):
         )
         key = None
         if cacheable:
-            key = tuple(None if t is None else (t.data_ptr(), t._version, t.dtype, t.device) for t in tensors) + (
-                eps, dtype)
+            # id() names the object: the cached fold holds the tensors, so no other one can have its id meanwhile.
+            # The address names the storage: `.data =` (Module.to, .half(), .cuda()) swaps it and leaves the version,
+            # and the new storage is allocated while the old is alive; a copy to another dtype or device is such a
+            # swap too (device and host addresses never coincide, CUDA maps both into one address space).
+            key = [None if t is None else (id(t), t.data_ptr(), t._version) for t in tensors]
+            key.append((eps, dtype))
             fold = self._call.fold
-            if fold is not None and fold[0] == key and all(a is b for a, b in zip(fold[3], tensors)):
+            if fold is not None and fold[0] == key:
                 return fold[1], fold[2]
         scale = torch.rsqrt(running_var.float() + eps)
         if bn_weight is not None:
