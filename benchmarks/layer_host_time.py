@@ -58,6 +58,14 @@ def layer_inputs(plain, names, x) -> dict:
     return seen
 
 
+def conv_output_and_statistics(conv, bn, x) -> tuple:
+    """The eager conv's output for x (the BatchNorm rows' input) and copies of the BatchNorm's scale, shift and
+    running statistics (the calls update copies, not the model's)."""
+    with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
+        z = conv(x)
+    return z, (bn.weight.detach(), bn.bias.detach(), bn.running_mean.clone(), bn.running_var.clone())
+
+
 def calls(row: str, names, eager_modules, fused_modules, inputs) -> list:
     """One callable per layer for `row` (layers a row cannot run are left out)."""
     autocast = torch.autocast("cuda", torch.bfloat16)
@@ -67,9 +75,6 @@ def calls(row: str, names, eager_modules, fused_modules, inputs) -> list:
         eager, fused, x = eager_modules[n], fused_modules[n + ".0"], inputs[n]
         xg = x.clone().requires_grad_()
         conv, bn = eager[0], eager[1]
-        with torch.no_grad(), autocast:
-            z = conv(x)
-        stats = (bn.weight.detach(), bn.bias.detach(), bn.running_mean.clone(), bn.running_var.clone())
         if row in ("eager modules", "fused module"):
             module = eager if row == "eager modules" else fused
 
@@ -102,10 +107,13 @@ def calls(row: str, names, eager_modules, fused_modules, inputs) -> list:
                 with torch.no_grad(), autocast:
                     return conv(x)
         elif row == "ATen batch_norm, no grad":
+            z, stats = conv_output_and_statistics(conv, bn, x)
+
             def fn(z=z, stats=stats):
                 with torch.no_grad():
                     return F.batch_norm(z, stats[2], stats[3], stats[0], stats[1], True, 0.1, 1e-5)
         else:
+            z, stats = conv_output_and_statistics(conv, bn, x)
             implementation = 0 if "graph" in row else 1
 
             def fn(z=z, stats=stats, implementation=implementation):
