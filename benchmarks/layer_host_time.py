@@ -3,7 +3,7 @@ model's Conv2dBNReLU layers, called one layer at a time ("hot": 20 calls of the 
 ("in turn": every layer once, 20 times over), eager's modules beside the fused layer and its pieces. bf16 autocast,
 channels_last, cudnn.benchmark on (profile_by_kind.setup), after three training steps of each variant.
 
-Rows (each the mean over the layers, a median over 5 rounds):
+Rows (each the mean over the layers, a median over 5 rounds; the rows take turns within a round):
 - eager modules: nn.Conv2d + nn.BatchNorm2d + nn.ReLU, with grad;
 - fused module: the Conv2dBNReLU fuse() made, with grad;
 - fused, C++ record: the layer's recorded call (csrc/ops/conv_bn_call.h) run directly, without the module's Python;
@@ -13,7 +13,7 @@ Rows (each the mean over the layers, a median over 5 rounds):
 At a small batch the GPU finishes first, so the times are the host's; at the model's batch a layer whose kernels take
 longer than its host time shows the GPU's.
 
-    python benchmarks/layer_host_time.py [--model regnet_y_400mf] [--batches 8 128]
+    python benchmarks/layer_host_time.py [--model regnet_y_400mf] [--batches 8 128] [--rows "fused module" ...]
 """
 
 from __future__ import annotations
@@ -139,6 +139,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="regnet_y_400mf")
     parser.add_argument("--batches", type=int, nargs="+", default=[8, 128])
+    parser.add_argument("--rows", nargs="+", default=ROWS, choices=ROWS, metavar="ROW", help="a subset of the rows")
     args = parser.parse_args()
     plain, x, _, variants = setup(args.model, max(args.batches))
     eager, fused = variants["eager"](), variants["fused"]()
@@ -152,16 +153,19 @@ def main() -> None:
     for batch in args.batches:
         inputs = layer_inputs(eager, names, x[:batch])
         print(f"\nbatch {batch}\n{'what':<44}{'hot':>8}{'in turn':>9}")
-        for row in ROWS:
-            fns = calls(row, names, eager_modules, fused_modules, inputs)
-            for fn in fns:  # a changed batch is decided (and recorded) anew, and plans are built, here
+        fns = {row: calls(row, names, eager_modules, fused_modules, inputs) for row in args.rows}
+        for row, row_fns in fns.items():
+            for fn in row_fns:  # a changed batch is decided (and recorded) anew, and plans are built, here
                 fn()
                 assert fn() is not None, (row, "the record declined the call: nothing would be timed")
-            hot, in_turn = [], []
-            for _ in range(5):
-                hot.append(sum(seconds([fn], 20) for fn in fns) / (20 * len(fns)) * 1e6)
-                in_turn.append(seconds(fns, 20) / (20 * len(fns)) * 1e6)
-            print(f"{row:<44}{statistics.median(hot):>8.1f}{statistics.median(in_turn):>9.1f}", flush=True)
+        # the rows take turns within each round, so that a drift of the host's speed moves them alike
+        hot, in_turn = {row: [] for row in fns}, {row: [] for row in fns}
+        for _ in range(5):
+            for row, row_fns in fns.items():
+                hot[row].append(sum(seconds([fn], 20) for fn in row_fns) / (20 * len(row_fns)) * 1e6)
+                in_turn[row].append(seconds(row_fns, 20) / (20 * len(row_fns)) * 1e6)
+        for row in fns:
+            print(f"{row:<44}{statistics.median(hot[row]):>8.1f}{statistics.median(in_turn[row]):>9.1f}", flush=True)
 
 
 if __name__ == "__main__":
