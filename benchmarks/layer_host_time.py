@@ -1,7 +1,8 @@
 """Where a training conv + BatchNorm + ReLU layer's host time goes: untraced host microseconds a call, for each of a
 model's Conv2dBNReLU layers, called one layer at a time ("hot": 20 calls of the same layer) and in the model's order
-("in turn": every layer once, 20 times over), eager's modules beside the fused layer and its pieces. bf16 autocast,
-channels_last, cudnn.benchmark on (profile_by_kind.setup), after three training steps of each variant.
+("in turn": every layer once, 20 times over), eager's modules beside the fused layer and its pieces. Every row times
+the layers that have a C++ record (all but a space-to-depth stem). bf16 autocast, channels_last, cudnn.benchmark on
+(profile_by_kind.setup), after three training steps of each variant.
 
 Rows (each the mean over the layers, a median over 5 rounds; the rows take turns within a round):
 - eager modules: nn.Conv2d + nn.BatchNorm2d + nn.ReLU, with grad;
@@ -82,8 +83,6 @@ def calls(row: str, names, eager_modules, fused_modules, inputs) -> list:
                 with autocast:
                     return module(xg)
         elif row == "fused, C++ record":
-            if fused._call.recorded is None:  # the stem's space-to-depth form has no record
-                continue
             fbn = fused.bn
 
             def fn(fused=fused, fbn=fbn, xg=xg):
@@ -152,8 +151,14 @@ def main() -> None:
           f"{args.model}: {len(names)} Conv2dBNReLU layers; host us a call, mean over the layers, median of 5 rounds")
     for batch in args.batches:
         inputs = layer_inputs(eager, names, x[:batch])
-        print(f"\nbatch {batch}\n{'what':<44}{'hot':>8}{'in turn':>9}")
-        fns = {row: calls(row, names, eager_modules, fused_modules, inputs) for row in args.rows}
+        for fn in calls("fused module", names, eager_modules, fused_modules, inputs):
+            fn()  # decided and recorded anew at this batch
+        # every row times the same layers: those with a C++ record (the stem's space-to-depth form has none, and runs
+        # the module's Python path on each call, which would weigh on the module row's mean alone)
+        timed = [n for n in names if fused_modules[n + ".0"]._call.recorded is not None]
+        print(f"\nbatch {batch}: the {len(timed)} of {len(names)} layers with a C++ record"
+              f"\n{'what':<44}{'hot':>8}{'in turn':>9}")
+        fns = {row: calls(row, timed, eager_modules, fused_modules, inputs) for row in args.rows}
         for row, row_fns in fns.items():
             for fn in row_fns:  # a changed batch is decided (and recorded) anew, and plans are built, here
                 fn()
