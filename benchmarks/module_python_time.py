@@ -25,6 +25,7 @@ import sys
 import time
 
 import torch
+from torch import nn
 
 import torch_cudnn_fusion as tcf
 from torch_cudnn_fusion.ops import decide
@@ -46,7 +47,6 @@ class StubRecord:
 
 def conv_bn_layer(cls) -> tuple:
     """A training conv + BatchNorm layer (fuse()'s layout: the BatchNorm kept in __dict__) with a stubbed record."""
-    from torch import nn
     module = cls.from_modules(nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16),
                               bn_registered_elsewhere=True).train()
     call = module._call
@@ -105,6 +105,7 @@ def main() -> None:
         for src, dst in buffers.values():
             row.append(cold_us(fn, lambda src=src, dst=dst: dst.copy_(src), args.calls // 4))
         print(f"{name:<36}{row[0]:>13.2f}" + "".join(f"{us:>14.2f}" for us in row[1:]), flush=True)
+
 
 if __name__ == "__main__":
     main()
