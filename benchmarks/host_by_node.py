@@ -6,12 +6,15 @@ the launch queue holds still waits, and the node it waits in then takes about th
 warm-up step, then the mean of 3.
 The hooks add their own host time per module and node, so compare the variants by type, not with untraced step times.
 
-    python benchmarks/host_by_node.py regnet_y_400mf [mobilenet_v3_small efficientnet_b0 ...]
+    python benchmarks/host_by_node.py regnet_y_400mf [mobilenet_v3_small efficientnet_b0 ...] [--inference]
+
+--inference times the models in eval under torch.no_grad instead (the forward's modules only; no nodes, no step).
 
 Models: torchvision names, or mobilenet_v1 (profile_by_kind.load_model).
 
 Writes $OUT/nodes.json (or ./nodes.json).
 """
+import argparse
 import collections
 import json
 import os
@@ -31,8 +34,8 @@ def short(name: str) -> str:
         "torch::autograd::", "")
 
 
-def measure(model, x, t, asleep, steps=3):
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+def measure(model, x, t, asleep, steps=3, inference=False):
+    opt = None if inference else torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     fwd = collections.defaultdict(float); fwd_n = collections.Counter()
     bwd = collections.defaultdict(float); bwd_n = collections.Counter()
     phases = collections.defaultdict(float)
@@ -53,14 +56,20 @@ def measure(model, x, t, asleep, steps=3):
                 d.clear()
             fwd_n.clear(); bwd_n.clear()
             longest = (0, "")
-        opt.zero_grad(set_to_none=True)
+        if opt is not None:
+            opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         if asleep:
             torch.cuda._sleep(2_000_000_000)
         t0 = pc()
-        with torch.autocast("cuda", torch.bfloat16):
-            loss = F.cross_entropy(model(x), t)
+        with torch.autocast("cuda", torch.bfloat16), torch.set_grad_enabled(not inference):
+            y = model(x)
+            loss = None if inference else F.cross_entropy(y, t)
         t1 = pc()
+        if inference:
+            torch.cuda.synchronize()
+            phases["forward"] += t1 - t0
+            continue
         seen, todo, nodes = set(), [loss.grad_fn], []
         while todo:
             n = todo.pop()
@@ -97,21 +106,26 @@ def measure(model, x, t, asleep, steps=3):
 
 
 def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("models", nargs="+")
+    parser.add_argument("--inference", action="store_true", help="eval under torch.no_grad: the forward only")
+    args = parser.parse_args()
     out = {}
-    for name in sys.argv[1:]:
+    for name in args.models:
         _, x, t, variants = setup(name, 128)
-        models = {v: make().train() for v, make in variants.items()}
+        models = {v: make().train(not args.inference) for v, make in variants.items()}
         res = {}
         for cond in ("asleep", "idle"):
             for v, m in models.items():
-                res[(v, cond)] = measure(m, x, t, cond == "asleep")
+                res[(v, cond)] = measure(m, x, t, cond == "asleep", inference=args.inference)
         out[name] = {f"{v} {c}": r for (v, c), r in res.items()}
         for cond in ("asleep", "idle"):
             e, f = res[("eager", cond)], res[("fused", cond)]
-            print(f"\n=== {name} {cond}: phases ms eager {({p: round(v, 2) for p, v in e[2].items()})} fused "
+            title = f"{name} inference" if args.inference else name
+            print(f"\n=== {title} {cond}: phases ms eager {({p: round(v, 2) for p, v in e[2].items()})} fused "
                   f"{({p: round(v, 2) for p, v in f[2].items()})}; longest node eager {e[3][0]*1e3:.1f} ms "
                   f"{e[3][1]}, fused {f[3][0]*1e3:.1f} ms {f[3][1]}")
-            for part, idx in (("forward module", 0), ("backward node", 1)):
+            for part, idx in (("forward module", 0),) + ((("backward node", 1),) if not args.inference else ()):
                 print(f"  {part:<44}{'eager ms':>9}{'n':>5}{'fused ms':>10}{'n':>5}")
                 keys = sorted(set(e[idx]) | set(f[idx]), key=lambda n: -max(e[idx].get(n, (0, 0))[0],
                                                                              f[idx].get(n, (0, 0))[0]))
