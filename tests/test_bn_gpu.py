@@ -639,6 +639,65 @@ def test_conv_batch_norm_act_op_counts_steps_and_names_bad_counters(extension):
         op(x, w, None, *args, rm, rv, count.float(), None, 0.1, 1e-5, 1, 0)
 
 
+def test_batch_norm_act_update_op_counts_steps_and_names_bad_counters(extension):
+    """The BatchNorm op that follows no conv writes both running statistics and counts the step in one launch, as the
+    conv + BatchNorm op does: y, its gradients and the running statistics as F.batch_norm's, the count +1; a count that
+    is not an int64 scalar is refused by name."""
+    torch.manual_seed(0)
+    op = torch.ops.cudnn_fusion.batch_norm_act_update.default
+    x = torch.randn(4, 32, 9, 9, device="cuda").to(memory_format=torch.channels_last)
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    scale, shift = torch.rand(32, device="cuda") + 0.5, torch.randn(32, device="cuda")
+    scale1, shift1 = scale.clone().requires_grad_(), shift.clone().requires_grad_()
+    scale2, shift2 = scale.clone().requires_grad_(), shift.clone().requires_grad_()
+    rm, rv = torch.randn(32, device="cuda"), torch.rand(32, device="cuda") + 0.5
+    rm_e, rv_e = rm.clone(), rv.clone()
+    count = torch.tensor(41, device="cuda")
+    y = op(x1, scale1, shift1, rm, rv, count, None, 0.1, 1e-5, 1, 0)[0]
+    y_e = F.relu(F.batch_norm(x2, rm_e, rv_e, scale2, shift2, True, 0.1, 1e-5))
+    torch.testing.assert_close(y, y_e, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(rm, rm_e, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(rv, rv_e, rtol=1e-5, atol=1e-6)
+    assert count.item() == 42
+    grad = torch.randn_like(y)
+    y.backward(grad), y_e.backward(grad)
+    for name, got, expected in (("x", x1, x2), ("weight", scale1, scale2), ("bias", shift1, shift2)):
+        torch.testing.assert_close(got.grad, expected.grad, rtol=1e-4, atol=1e-4, msg=lambda m: f"{name}: {m}")
+    y = op(x, scale, shift, rm, rv, None, None, 0.1, 1e-5, 1, 0)[0]  # no count: the statistics alone
+    F.batch_norm(x, rm_e, rv_e, scale, shift, True, 0.1, 1e-5)
+    torch.testing.assert_close(rm, rm_e, rtol=1e-5, atol=1e-6)
+    assert count.item() == 42
+    with pytest.raises(RuntimeError, match="num_batches_tracked must be a one-element int64 tensor"):
+        op(x, scale, shift, rm, rv, count.float(), None, 0.1, 1e-5, 1, 0)
+
+
+@pytest.mark.parametrize("momentum", [0.1, None], ids=["fixed", "cumulative"])
+def test_batch_norm_relu_module_updates_its_statistics_in_the_op(extension, momentum):
+    """A training BatchNorm2dReLU with float32 running statistics runs the op that writes them and counts the step
+    (with a fixed momentum) in one launch: no copy of the statistics and no separate count after it. Its outputs,
+    gradients, running statistics and count match eager's over three steps."""
+    torch.manual_seed(0)
+    bn = nn.BatchNorm2d(32, momentum=momentum).cuda()
+    bn_e = copy.deepcopy(bn)
+    fused = tcf.BatchNorm2dReLU.from_bn(bn)
+    for step in range(3):
+        x = torch.randn(4, 32, 9, 9, device="cuda").to(memory_format=torch.channels_last)
+        x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            y = fused(x1)
+        ops = [e.key for e in prof.key_averages()]
+        assert "cudnn_fusion::batch_norm_act_update" in ops, ops
+        assert "aten::copy_" not in ops and ("aten::add_" in ops) == (momentum is None), ops
+        y_e = F.relu(bn_e(x2))
+        torch.testing.assert_close(y, y_e, rtol=1e-4, atol=1e-4)
+        grad = torch.randn_like(y)
+        y.backward(grad), y_e.backward(grad)
+        assert_grads_match_then_clear([x1, bn.weight, bn.bias], [x2, bn_e.weight, bn_e.bias], (bn, bn_e), tol=1e-4)
+        assert_running_stats_match(bn, bn_e)
+        assert bn.num_batches_tracked.item() == bn_e.num_batches_tracked.item() == step + 1
+    assert fused.fusion_status.fused, fused.fusion_status
+
+
 def test_recorded_conv_bn_call_runs_repeated_calls_and_steps_aside_when_the_call_changes(extension, no_tf32):
     """A layer's repeated training calls run through the call recorded in C++; a call that differs in a tensor's
     metadata (x's requires_grad, its layout) or in the conv's settings (stride) goes back to Python's decision.

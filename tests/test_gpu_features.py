@@ -90,8 +90,11 @@ def test_opcheck_every_op(extension):
     for image in (torch.randn(2, 3, 9, 10, device="cuda", requires_grad=True),
                   _input(2, 3, 9, 10, requires_grad=True)):
         torch.library.opcheck(ops.space_to_depth.default, (image, [1, 1], [5, 6], torch.bfloat16))
-    # the one training op, which updates the running statistics and the step count in place
+    # the training ops that update the running statistics and the step count in place
     count = torch.zeros((), dtype=torch.long, device="cuda")
+    for activation, residual in ((1, None), (0, _input(2, c, 9, 9))):
+        torch.library.opcheck(ops.batch_norm_act_update.default,
+                              (z, scale, shift, *stats(), count, residual, 0.1, 1e-5, activation, 0))
     for conv_dtype in (None, torch.bfloat16):
         x32 = x.detach().float().requires_grad_() if conv_dtype else x
         w32 = w.detach().float().requires_grad_() if conv_dtype else w

@@ -398,6 +398,10 @@ TORCH_LIBRARY(cudnn_fusion, m) {
       "Tensor? residual, float momentum, float eps, int activation, int implementation, int policy=0) -> "
       "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
+      "batch_norm_act_update(Tensor x, Tensor weight, Tensor bias, Tensor(a!) running_mean, Tensor(b!) running_var, "
+      "Tensor(c!)? num_batches_tracked, Tensor? residual, float momentum, float eps, int activation, "
+      "int implementation, int policy=0) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def(
       "batch_norm_act_backward(Tensor grad_y, Tensor x, Tensor? y, Tensor weight, Tensor bias, Tensor save_mean, "
       "Tensor save_invstd, Tensor reserve, float eps, int activation, bool has_residual, int implementation, "
       "int policy=0) -> "
@@ -429,6 +433,7 @@ TORCH_LIBRARY_IMPL(cudnn_fusion, CUDA, m) {
   m.impl("conv_dgrad", &tcf::conv_dgrad);
   m.impl("conv_wgrad", &tcf::conv_wgrad);
   m.impl("batch_norm_act", &tcf::batch_norm_act_forward);
+  m.impl("batch_norm_act_update", &tcf::batch_norm_act_update_forward);
   m.impl("batch_norm_act_backward", &tcf::batch_norm_act_backward);
   m.impl("batch_norm_act_backward_reduce", &tcf::batch_norm_act_backward_reduce);
   m.impl("batch_norm_act_backward_reduce_", &tcf::batch_norm_act_backward_reduce_);

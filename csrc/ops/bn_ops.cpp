@@ -555,6 +555,42 @@ at::Tensor batch_norm_backward_dx(const at::Tensor& grad_z, const at::Tensor& x,
   return dx;
 }
 
+namespace {
+
+// num_batches_tracked, where given: a one-element int64 tensor on x's device, counted only with running statistics.
+void check_step_counter(const std::optional<at::Tensor>& num_batches_tracked, bool has_stats, const at::Tensor& x) {
+  if (!num_batches_tracked.has_value() || !num_batches_tracked->defined()) return;
+  TORCH_CHECK(has_stats, "cudnn_fusion: num_batches_tracked is counted only with running statistics, got "
+              "num_batches_tracked without running_mean and running_var");
+  TORCH_CHECK(num_batches_tracked->scalar_type() == at::kLong && num_batches_tracked->numel() == 1 &&
+                  num_batches_tracked->device() == x.device(),
+              "cudnn_fusion: num_batches_tracked must be a one-element int64 tensor on x's device (", x.device(),
+              "), got ", num_batches_tracked->scalar_type(), " of shape ", num_batches_tracked->sizes(), " on ",
+              num_batches_tracked->device());
+}
+
+// In place, as nn.BatchNorm2d: one launch writes both statistics and counts the step (batch_norm_act_forward checked
+// that they are float32, contiguous and on x's device).
+void commit_running_stats(const at::Tensor& x, const at::Tensor& running_mean, const at::Tensor& running_var,
+                          const std::optional<at::Tensor>& num_batches_tracked, const at::Tensor& next_mean,
+                          const at::Tensor& next_var) {
+  bool counts = num_batches_tracked.has_value() && num_batches_tracked->defined();
+  c10::DeviceGuard guard(x.device());
+  auto status = launch_commit_running_stats(
+      running_mean.data_ptr<float>(), running_var.data_ptr<float>(), next_mean.data_ptr<float>(),
+      next_var.data_ptr<float>(), counts ? num_batches_tracked->data_ptr<int64_t>() : nullptr, next_mean.numel(),
+      current_stream());
+  TORCH_CHECK(status == cudaSuccess, "cudnn_fusion: the running statistics kernel failed to launch: ",
+              cudaGetErrorString(status));
+  // The writes run below autograd's in-place bookkeeping: move the version counters here, as the in-place ops would
+  // (the folded eval weights are cached on them).
+  for (const auto* t : {&running_mean, &running_var, counts ? &*num_batches_tracked : nullptr}) {
+    if (t != nullptr && !t->is_inference()) torch::autograd::impl::bump_version(*t);
+  }
+}
+
+}  // namespace
+
 std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>> cast_conv_operands(
     const at::Tensor& x, const at::Tensor& conv_weight, const std::optional<at::Tensor>& conv_bias,
     at::ScalarType dtype) {
@@ -576,37 +612,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_batc
   auto [x_cast, weight_cast, bias_cast] =
       cast_conv_operands(x, conv_weight, conv_bias, conv_dtype.value_or(x.scalar_type()));
   bool has_stats = running_mean.has_value() && running_mean->defined();
-  bool counts = num_batches_tracked.has_value() && num_batches_tracked->defined();
-  TORCH_CHECK(!counts || has_stats, "cudnn_fusion: num_batches_tracked is counted only with running statistics, "
-              "got num_batches_tracked without running_mean and running_var");
-  if (counts) {
-    TORCH_CHECK(num_batches_tracked->scalar_type() == at::kLong && num_batches_tracked->numel() == 1 &&
-                    num_batches_tracked->device() == x.device(),
-                "cudnn_fusion: num_batches_tracked must be a one-element int64 tensor on x's device (", x.device(),
-                "), got ", num_batches_tracked->scalar_type(), " of shape ", num_batches_tracked->sizes(), " on ",
-                num_batches_tracked->device());
-  }
+  check_step_counter(num_batches_tracked, has_stats, x);
   auto z = batch_norm_conv_forward(x_cast, weight_cast, bias_cast.has_value() ? *bias_cast : at::Tensor(), stride,
                                    padding, dilation, groups);
   auto [y, save_mean, save_invstd, next_mean, next_var, reserve] = batch_norm_act_forward(
       z, weight, bias, running_mean, running_var, residual, momentum, eps, activation, implementation, policy);
-  if (has_stats) {
-    // In place, as nn.BatchNorm2d: one launch writes both statistics and counts the step (batch_norm_act_forward
-    // checked that they are float32, contiguous and on x's device).
-    c10::DeviceGuard guard(x.device());
-    auto status = launch_commit_running_stats(
-        running_mean->data_ptr<float>(), running_var->data_ptr<float>(), next_mean.data_ptr<float>(),
-        next_var.data_ptr<float>(), counts ? num_batches_tracked->data_ptr<int64_t>() : nullptr, next_mean.numel(),
-        current_stream());
-    TORCH_CHECK(status == cudaSuccess, "cudnn_fusion: the running statistics kernel failed to launch: ",
-                cudaGetErrorString(status));
-    // The writes run below autograd's in-place bookkeeping: move the version counters here, as the in-place ops
-    // would (the folded eval weights are cached on them).
-    for (const auto* t : {&*running_mean, &*running_var, counts ? &*num_batches_tracked : nullptr}) {
-      if (t != nullptr && !t->is_inference()) torch::autograd::impl::bump_version(*t);
-    }
-  }
+  if (has_stats) commit_running_stats(x, *running_mean, *running_var, num_batches_tracked, next_mean, next_var);
   return {y, z, save_mean, save_invstd, reserve};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_update_forward(
+    const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& running_mean,
+    const at::Tensor& running_var, const std::optional<at::Tensor>& num_batches_tracked,
+    const std::optional<at::Tensor>& residual, double momentum, double eps, int64_t activation, int64_t implementation,
+    int64_t policy) {
+  TORCH_CHECK(running_mean.defined() && running_var.defined(), "cudnn_fusion: batch_norm_act_update updates "
+              "running_mean and running_var: both must be tensors");
+  check_step_counter(num_batches_tracked, true, x);
+  auto [y, save_mean, save_invstd, next_mean, next_var, reserve] = batch_norm_act_forward(
+      x, weight, bias, running_mean, running_var, residual, momentum, eps, activation, implementation, policy);
+  commit_running_stats(x, running_mean, running_var, num_batches_tracked, next_mean, next_var);
+  return {y, save_mean, save_invstd, reserve};
 }
 
 std::unordered_map<std::string, std::string> check_batch_norm_layer(const BatchNormProblem& problem, double eps) {

@@ -85,6 +85,16 @@ at::Tensor batch_norm_backward_dx(const at::Tensor& grad_z, const at::Tensor& x,
                                   const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd,
                                   const at::Tensor& grad_weight, const at::Tensor& grad_bias);
 
+// batch_norm_act_forward with the running statistics updated in place and the step counted in num_batches_tracked
+// when given, in one kernel launch, as conv_batch_norm_act_forward does (for a training BatchNorm2d that follows no
+// conv: one launch where batch_norm_act's caller copied both statistics back and counted the step itself). running_mean
+// and running_var: float32, contiguous, on x's device. Returns y, save_mean, save_invstd and the legacy API's reserve.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_update_forward(
+    const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& running_mean,
+    const at::Tensor& running_var, const std::optional<at::Tensor>& num_batches_tracked,
+    const std::optional<at::Tensor>& residual, double momentum, double eps, int64_t activation, int64_t implementation,
+    int64_t policy);
+
 // The training Conv2d + BatchNorm2d (+ residual) (+ activation) layer as one op, for the host time of one call
 // instead of several: z = conv2d(x, conv_weight, conv_bias) as ATen computes it (at::convolution: PyTorch's own
 // cuDNN call, so the same numbers as F.conv2d), in `conv_dtype` when given (x, conv_weight and conv_bias cast to it

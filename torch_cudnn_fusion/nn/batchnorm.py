@@ -86,9 +86,12 @@ class BatchNorm2dReLU(nn.BatchNorm2d):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(x)
-        weight, bias, running_mean, running_var, batch_stats, momentum, _ = batch_norm_arguments(self)
+        # in training with a fixed momentum, batch_norm_act counts the step (`uncounted`): in the op's launch that
+        # writes the running statistics
+        weight, bias, running_mean, running_var, batch_stats, momentum, uncounted = batch_norm_arguments(self, False)
         return batch_norm_act(x, running_mean, running_var, weight, bias, batch_stats, momentum, self.eps,
-                              self.activation, strict=self.strict, policy=self.policy, call=self._call)
+                              self.activation, strict=self.strict, policy=self.policy, call=self._call,
+                              num_batches_tracked=uncounted)
 
 
 class BatchNorm2dFused(nn.BatchNorm2d):

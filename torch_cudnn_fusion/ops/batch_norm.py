@@ -79,6 +79,7 @@ def _where(channels, x_size) -> str:
 
 
 _bn_op = None  # torch.ops.cudnn_fusion.batch_norm_act.default, looked up once
+_bn_update_op = None  # torch.ops.cudnn_fusion.batch_norm_act_update.default, looked up once
 
 
 def batch_norm_act(
@@ -96,6 +97,7 @@ def batch_norm_act(
     strict: Optional[bool] = None,
     policy: Optional[EnginePolicy] = None,
     call: Optional[LayerCall] = None,
+    num_batches_tracked: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """activation(F.batch_norm(x, ...) + residual), arguments as F.batch_norm's; activation "relu", "relu6" or None.
 
@@ -103,6 +105,10 @@ def batch_norm_act(
     BatchNorm API, where cuDNN refuses the graph), running statistics updated as F.batch_norm updates them; with
     running statistics (inference) it runs eager — fold it into the conv before it instead (Conv2dBNReLU does).
     policy: the EnginePolicy for its cuDNN graphs (None: the global one). call: the calling layer's LayerCall.
+
+    num_batches_tracked: when given, this call counts the step in it (+1), as nn.BatchNorm2d's forward does — the
+    caller passes a fixed `momentum`, not one derived from the count. Where the op updates float32 running statistics,
+    it counts the step in the launch that writes them.
     """
     policy = resolve(policy)
     signature = None
@@ -113,7 +119,7 @@ def batch_norm_act(
                      torch.are_deterministic_algorithms_enabled())
         if call.signature == signature:
             return _run_batch_norm(call.run, x, running_mean, running_var, weight, bias, momentum, eps, activation,
-                                   residual)
+                                   residual, num_batches_tracked)
 
     act = _check_activation(activation)
     if not isinstance(x, torch.Tensor):
@@ -127,6 +133,8 @@ def batch_norm_act(
             call.remember(Decision.eager(eager_reason))
         if batch_stats:
             decide.raise_if_strict(Decision.eager(eager_reason), strict, _where(x.shape[1], x.shape))
+        if num_batches_tracked is not None:
+            num_batches_tracked.add_(1)
         return _eager_batch_norm_act(x, running_mean, running_var, weight, bias, batch_stats, momentum, eps,
                                      activation, residual)
     if x.dim() >= 2 and weight is not None and x.shape[1] != weight.shape[0]:
@@ -140,17 +148,28 @@ def batch_norm_act(
            identity)
     if call is not None:
         call.remember(decision, config, signature, run)
-    return _run_batch_norm(run, x, running_mean, running_var, weight, bias, momentum, eps, activation, residual)
+    return _run_batch_norm(run, x, running_mean, running_var, weight, bias, momentum, eps, activation, residual,
+                           num_batches_tracked)
 
 
-def _run_batch_norm(run: tuple, x, running_mean, running_var, weight, bias, momentum, eps, activation, residual):
+def _run_batch_norm(run: tuple, x, running_mean, running_var, weight, bias, momentum, eps, activation, residual,
+                    num_batches_tracked=None):
     """Batch-statistics BatchNorm (+ residual) (+ activation) as decided: (fused, implementation, update, policy id,
-    activation code, identity scale and shift or None)."""
+    activation code, identity scale and shift or None). With float32 running statistics the one op writes them and
+    counts the step in num_batches_tracked (when given); otherwise they are copied back and the step counted here."""
+    global _bn_op, _bn_update_op
     fused, implementation, update, policy, activation_code, identity = run
+    if fused and update and running_mean.dtype == torch.float32 and running_var.dtype == torch.float32:
+        if _bn_update_op is None:
+            _bn_update_op = torch.ops.cudnn_fusion.batch_norm_act_update.default
+        scale, shift = _affine_or_identity(weight, bias, identity)
+        return _bn_update_op(x, scale, shift, running_mean, running_var, num_batches_tracked, residual,
+                             float(momentum), float(eps), activation_code, implementation, policy)[0]
+    if num_batches_tracked is not None:
+        num_batches_tracked.add_(1)
     if not fused:
         return _eager_batch_norm_act(x, running_mean, running_var, weight, bias, True, momentum, eps, activation,
                                      residual)
-    global _bn_op
     if _bn_op is None:
         _bn_op = torch.ops.cudnn_fusion.batch_norm_act.default
     scale, shift = _affine_or_identity(weight, bias, identity)
@@ -202,10 +221,9 @@ def conv2d_batch_norm_act(
     launch that writes the running statistics.
     """
     if conv.padding_mode != "zeros" or isinstance(conv.padding, str):
-        if num_batches_tracked is not None:
-            num_batches_tracked.add_(1)
         return batch_norm_act(conv._conv_forward(x, conv.weight, conv.bias), running_mean, running_var, weight, bias,
-                              True, momentum, eps, activation, residual, strict=strict, policy=policy, call=call)
+                              True, momentum, eps, activation, residual, strict=strict, policy=policy, call=call,
+                              num_batches_tracked=num_batches_tracked)
     conv_weight, conv_bias = module_attributes(conv, ("weight", "bias"))  # once per call, past __getattr__
     policy = resolve(policy)
     signature = None

@@ -81,6 +81,14 @@ def _fake_batch_norm_act(x, weight, bias, running_mean, running_var, residual, m
     )
 
 
+def _fake_batch_norm_act_update(x, weight, bias, running_mean, running_var, num_batches_tracked, residual, momentum,
+                                eps, activation, implementation, policy=0):
+    y, save_mean, save_invstd, _, _, reserve = _fake_batch_norm_act(x, weight, bias, running_mean, running_var,
+                                                                    residual, momentum, eps, activation,
+                                                                    implementation)
+    return y, save_mean, save_invstd, reserve  # the running statistics and the count are updated in place
+
+
 def _fake_batch_norm_act_backward(grad_y, x, y, weight, bias, save_mean, save_invstd, reserve, eps, activation,
                                   has_residual, implementation, policy=0):
     memory_format = suggest_memory_format(x)
@@ -142,6 +150,7 @@ def register_python_parts() -> None:
     torch.library.register_fake("cudnn_fusion::conv_dgrad")(_fake_conv_dgrad)
     torch.library.register_fake("cudnn_fusion::conv_wgrad")(_fake_conv_wgrad)
     torch.library.register_fake("cudnn_fusion::batch_norm_act")(_fake_batch_norm_act)
+    torch.library.register_fake("cudnn_fusion::batch_norm_act_update")(_fake_batch_norm_act_update)
     torch.library.register_fake("cudnn_fusion::batch_norm_act_backward")(_fake_batch_norm_act_backward)
     torch.library.register_fake("cudnn_fusion::batch_norm_act_backward_reduce")(_fake_batch_norm_act_backward_reduce)
     torch.library.register_fake("cudnn_fusion::batch_norm_act_backward_reduce_")(
