@@ -1,8 +1,9 @@
 """Host time of a training BatchNorm2dReLU that follows no conv (densenet121's norm1 layers: BatchNorm, ReLU, then
 the conv), against eager's BatchNorm2d + ReLU modules: microseconds a call, with grad, bfloat16 input, channels_last,
-on densenet121's four norm1 shapes of its dense blocks' third layers. Rows take turns within each round; a row's
-figure is the median over the rounds. At batch 8 the GPU finishes first, so the figures are the host's; at batch 128
-the larger layers' kernels take longer than their calls, and the figure is the GPU's.
+on four of densenet121's norm1 shapes, one from each dense block. Rows take turns within each round; a row's
+figure is the median over the rounds. A sample times issuing its calls and waits for the GPU only after them
+(timing.host_us), so the figures are the host's; at batch 128 the kernels take longer than the calls, and a sample
+waits too wherever the GPU's launch queue fills.
 
 Run it once with each package on the same machine for an A/B (the package is whichever `torch_cudnn_fusion` imports).
 
@@ -25,7 +26,9 @@ import torch_cudnn_fusion as tcf
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import host_us  # noqa: E402
 
-SHAPES = ((192, 56), (352, 28), (640, 14), (992, 7))  # (channels, height = width) of denseblock1-4.denselayer3.norm1
+# (channels, height = width) of the norm1 of denseblock1.denselayer5, denseblock2.denselayer8, denseblock3.denselayer13
+# and denseblock4.denselayer16
+SHAPES = ((192, 56), (352, 28), (640, 14), (992, 7))
 
 
 def main() -> None:
