@@ -133,6 +133,39 @@ def test_batchnorm2d_relu_matches_eager(activation):
     assert int(fused.num_batches_tracked) == 2
 
 
+def test_batchnorm2d_relu_in_eval_runs_eager_without_deciding_and_keeps_its_training_path(monkeypatch):
+    """In eval a BatchNorm2dReLU runs eager's composition on its running statistics and says so, without building the
+    signature a training call is compared by (that costs host time on every call); back in training it decides and
+    counts its steps again, and every phase matches eager's modules."""
+    from torch_cudnn_fusion.ops import batch_norm as ops_batch_norm
+
+    torch.manual_seed(0)
+    bn = nn.BatchNorm2d(8)
+    fused = tcf.BatchNorm2dReLU.from_bn(copy.deepcopy(bn))
+    signature = ops_batch_norm.tensor_signature
+    for phase, training in (("train", True), ("eval", False), ("train again", True)):
+        bn.train(training), fused.train(training)
+        if not training:  # a signature built in eval fails the call
+            monkeypatch.setattr(ops_batch_norm, "tensor_signature", lambda t: 1 / 0)
+        for _ in range(2):
+            x = torch.randn(3, 8, 4, 4) * 4
+            torch.testing.assert_close(fused(x), F.relu(bn(x)), msg=lambda m: f"{phase}: {m}")
+        monkeypatch.setattr(ops_batch_norm, "tensor_signature", signature)
+        status = fused.fusion_status
+        assert ("inference with running statistics" in status.reason) == (not training), (phase, status)
+        torch.testing.assert_close(fused.running_mean, bn.running_mean)
+        torch.testing.assert_close(fused.running_var, bn.running_var)
+        assert int(fused.num_batches_tracked) == int(bn.num_batches_tracked) == (2 if phase != "train again" else 4)
+    fused.eval()  # and it traces whole under torch.compile
+    x = torch.randn(3, 8, 4, 4)
+    compiled = torch.compile(fused, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x), F.relu(bn.eval()(x)))
+    with pytest.raises(ValueError, match="activation must be"):
+        tcf.batch_norm_act(torch.randn(2, 8, 3, 3), torch.zeros(8), torch.ones(8), activation="tanh")
+    with pytest.raises(ValueError, match="running_mean and running_var must be given together"):
+        tcf.batch_norm_act(torch.randn(2, 8, 3, 3), torch.zeros(8), None)
+
+
 def test_functional_errors_name_the_argument():
     x = torch.randn(2, 8, 4, 4)
     with pytest.raises(ValueError, match="running_mean and running_var must be given together"):

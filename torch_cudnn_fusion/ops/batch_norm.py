@@ -28,11 +28,12 @@ def _eager_batch_norm_act(x, running_mean, running_var, weight, bias, training, 
     return eager_activation(y, Activation.from_name(activation))
 
 
-def _eager_reason(x_size, dtype, device, residual: Optional[torch.Tensor], batch_stats: bool) -> str:
-    """Why a BatchNorm (+ residual) call runs as eager's composition whatever the extension says ('' when it need
-    not): inference, an empty batch, or a residual eager would broadcast or promote."""
-    if not batch_stats:
-        return "inference with running statistics: eager BatchNorm (Conv2dBN* fold it into the conv)"
+_INFERENCE = Decision.eager("inference with running statistics: eager BatchNorm (Conv2dBN* fold it into the conv)")
+
+
+def _eager_reason(x_size, dtype, device, residual: Optional[torch.Tensor]) -> str:
+    """Why a batch-statistics BatchNorm (+ residual) call runs as eager's composition whatever the extension says (''
+    when it need not): an empty batch, or a residual eager would broadcast or promote (inference is _INFERENCE)."""
     if len(x_size) > 0 and 0 in tuple(x_size):
         return "an empty batch: eager (it leaves the running statistics as they are)"
     if residual is not None:
@@ -111,6 +112,20 @@ def batch_norm_act(
     it counts the step in the launch that writes them.
     """
     policy = resolve(policy)
+    if not training and running_mean is not None:
+        # inference with running statistics: eager's composition whatever the tensors are, so nothing to decide and no
+        # signature to build (the layer remembers the one decision once)
+        _check_activation(activation)
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x must be a tensor, got {type(x).__name__}")
+        if running_var is None:
+            raise ValueError("running_mean and running_var must be given together (or both None)")
+        if call is not None and call.decision is not _INFERENCE:
+            call.remember(_INFERENCE)
+        if num_batches_tracked is not None:
+            num_batches_tracked.add_(1)
+        return _eager_batch_norm_act(x, running_mean, running_var, weight, bias, False, momentum, eps, activation,
+                                     residual)
     signature = None
     if call is not None and not torch.compiler.is_compiling() and isinstance(x, torch.Tensor):
         signature = (tensor_signature(x), tensor_signature(weight), tensor_signature(bias),
@@ -126,17 +141,15 @@ def batch_norm_act(
         raise TypeError(f"x must be a tensor, got {type(x).__name__}")
     if (running_mean is None) != (running_var is None):
         raise ValueError("running_mean and running_var must be given together (or both None)")
-    batch_stats = training or running_mean is None
-    eager_reason = _eager_reason(x.shape, x.dtype, x.device, residual, batch_stats)
+    eager_reason = _eager_reason(x.shape, x.dtype, x.device, residual)  # batch statistics from here on
     if eager_reason:
         if call is not None:
             call.remember(Decision.eager(eager_reason))
-        if batch_stats:
-            decide.raise_if_strict(Decision.eager(eager_reason), strict, _where(x.shape[1], x.shape))
+        decide.raise_if_strict(Decision.eager(eager_reason), strict, _where(x.shape[1], x.shape))
         if num_batches_tracked is not None:
             num_batches_tracked.add_(1)
-        return _eager_batch_norm_act(x, running_mean, running_var, weight, bias, batch_stats, momentum, eps,
-                                     activation, residual)
+        return _eager_batch_norm_act(x, running_mean, running_var, weight, bias, True, momentum, eps, activation,
+                                     residual)
     if x.dim() >= 2 and weight is not None and x.shape[1] != weight.shape[0]:
         raise ValueError(f"weight must have shape [{x.shape[1]}] (x's channels), got {list(weight.shape)}")
     update = training and running_mean is not None
@@ -278,7 +291,7 @@ def _decide_conv_batch_norm(x, conv, conv_weight, conv_bias, running_mean, weigh
     z_size = conv_output_size(x.shape, conv_weight.shape, conv.stride, conv.padding, conv.padding, conv.dilation)
     update = running_mean is not None
     where = _where(conv_weight.shape[0], z_size)
-    reason = _eager_reason(z_size, z_dtype, x.device, residual, True)
+    reason = _eager_reason(z_size, z_dtype, x.device, residual)
     if reason:
         decision, config = Decision.eager(reason), None
     else:
