@@ -18,18 +18,18 @@ _ACTIVATIONS = ("relu", "relu6", None)
 _BATCH_NORM_TENSORS = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
 
 
-def batch_norm_arguments(bn: nn.BatchNorm2d, count: bool = True) -> tuple:
+def batch_norm_arguments(bn: nn.BatchNorm2d) -> tuple:
     """(weight, bias, running_mean, running_var, use batch statistics, momentum, uncounted) as nn.BatchNorm2d.forward
-    computes them, with its side effect: num_batches_tracked counts this training step. With count=False and a fixed
-    momentum the caller counts it instead: `uncounted` is then num_batches_tracked (None when it is counted here or not
-    at all)."""
+    computes them. In training, num_batches_tracked counts the step: with a fixed momentum the caller counts it (in the
+    op's launch that writes the running statistics), and `uncounted` is num_batches_tracked; with momentum=None, which
+    is derived from the count, it is counted here and `uncounted` is None (as it is where nothing is counted)."""
     weight, bias, running_mean, running_var, counter = module_attributes(bn, _BATCH_NORM_TENSORS)
     training, momentum = bn.training, bn.momentum
     uncounted = None
     if training and bn.track_running_stats and counter is not None:
-        if count or momentum is None:  # momentum=None is derived from the count: count now
+        if momentum is None:  # derived from the count: count now
             counter.add_(1)
-            momentum = 1.0 / float(counter) if momentum is None else momentum
+            momentum = 1.0 / float(counter)
         else:
             uncounted = counter
     momentum = 0.0 if momentum is None else momentum
@@ -86,9 +86,7 @@ class BatchNorm2dReLU(nn.BatchNorm2d):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(x)
-        # in training with a fixed momentum, batch_norm_act counts the step (`uncounted`): in the op's launch that
-        # writes the running statistics
-        weight, bias, running_mean, running_var, batch_stats, momentum, uncounted = batch_norm_arguments(self, False)
+        weight, bias, running_mean, running_var, batch_stats, momentum, uncounted = batch_norm_arguments(self)
         return batch_norm_act(x, running_mean, running_var, weight, bias, batch_stats, momentum, self.eps,
                               self.activation, strict=self.strict, policy=self.policy, call=self._call,
                               num_batches_tracked=uncounted)

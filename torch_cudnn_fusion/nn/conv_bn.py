@@ -95,9 +95,7 @@ class Conv2dBN(FusedConv2d):
         if x.dim() != 4:  # what nn.BatchNorm2d raises after the conv (nn.Conv2d alone also takes [C, H, W])
             raise ValueError(f"expected 4D input (got {x.dim()}D input)")
         bn = self.bn  # a child, or in __dict__ where fuse() left it registered elsewhere (read past __getattr__)
-        # in training with a fixed momentum, conv2d_batch_norm_act counts the step (`uncounted`): in the one op's
-        # launch that writes the running statistics
-        weight, bias, running_mean, running_var, batch_stats, momentum, uncounted = batch_norm_arguments(bn, False)
+        weight, bias, running_mean, running_var, batch_stats, momentum, uncounted = batch_norm_arguments(bn)
         call = self._call
         if batch_stats:
             if call.mode != "batch statistics":
