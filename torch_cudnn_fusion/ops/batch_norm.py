@@ -47,6 +47,17 @@ def _check_activation(activation) -> Activation:
     return Activation.from_name(activation)
 
 
+def _check_call(x, running_mean, running_var, activation) -> Activation:
+    """The checks batch_norm_act makes before it runs a call, in training and inference; returns the activation's
+    code."""
+    act = _check_activation(activation)
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a tensor, got {type(x).__name__}")
+    if (running_mean is None) != (running_var is None):
+        raise ValueError("running_mean and running_var must be given together (or both None)")
+    return act
+
+
 def _float32_affine(weight, bias) -> bool:
     """Whether the op can take the BatchNorm scale and shift as they are (float32, contiguous)."""
     return (weight is not None and bias is not None and weight.dtype == torch.float32 and bias.dtype == torch.float32
@@ -115,11 +126,7 @@ def batch_norm_act(
     if not training and running_mean is not None:
         # inference with running statistics: eager's composition whatever the tensors are, so nothing to decide and no
         # signature to build (the layer remembers the one decision once)
-        _check_activation(activation)
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"x must be a tensor, got {type(x).__name__}")
-        if running_var is None:
-            raise ValueError("running_mean and running_var must be given together (or both None)")
+        _check_call(x, running_mean, running_var, activation)
         if call is not None and call.decision is not _INFERENCE:
             call.remember(_INFERENCE)
         if num_batches_tracked is not None:
@@ -136,11 +143,7 @@ def batch_norm_act(
             return _run_batch_norm(call.run, x, running_mean, running_var, weight, bias, momentum, eps, activation,
                                    residual, num_batches_tracked)
 
-    act = _check_activation(activation)
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a tensor, got {type(x).__name__}")
-    if (running_mean is None) != (running_var is None):
-        raise ValueError("running_mean and running_var must be given together (or both None)")
+    act = _check_call(x, running_mean, running_var, activation)
     eager_reason = _eager_reason(x.shape, x.dtype, x.device, residual)  # batch statistics from here on
     if eager_reason:
         if call is not None:
