@@ -2,18 +2,23 @@
 224x224, bf16 autocast, channels_last, SGD with momentum, as profile_by_kind.py runs it. torch.cuda's allocator
 statistics (memory_allocated, max_memory_allocated; the caching allocator's reserve is not counted), in MiB:
 
+- build: the peak over building the variant alone (fuse()'s copy of the model included), everything allocated
+  included (the plain model, the input batch);
 - first step: the peak over building the variant and its first step (plans built and tuned, algorithms searched,
-  compilation), everything allocated included (the plain model, the input batch);
+  compilation), everything allocated included;
 - resident: allocated at the start of a later step, after zero_grad (parameters, optimizer state, input);
 - then, above resident: the forward's peak, what the forward leaves allocated (the tensors saved for backward and
   the loss), the peak of backward and the SGD step, and the step's peak in all (also absolute).
 
     python benchmarks/memory_by_phase.py [--model resnet50|mobilenet_v1|mobilenet_v2] [--batch 256] [--no-compile]
-                                         [--json out.json]
+                                         [--inference] [--json out.json]
+
+--inference measures an eval forward under torch.no_grad instead (bench_mobilenet.inference_fn): its "fwd peak" is
+the call's peak above resident, "after fwd" what the call leaves allocated; it has no backward.
 
 With --peak-tensors, instead: the caching allocator's trace of one training step of eager and of fused, the tensors
 live at each one's peak of requested bytes, and those that only one of them holds (by size), with where each was
-allocated.
+allocated (with --inference, of one eval forward).
 """
 
 from __future__ import annotations
@@ -27,16 +32,16 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_mobilenet import train_step_fn  # noqa: E402
+from bench_mobilenet import inference_fn, train_step_fn  # noqa: E402
 from profile_by_kind import model_arguments, run_header, setup  # noqa: E402
 
 MIB = 2**20
-COLUMNS = (("first_step_peak", "first step"), ("resident", "resident"), ("forward_peak", "fwd peak"),
-           ("after_forward", "after fwd"), ("backward_peak", "bwd peak"), ("step_peak", "step peak"),
-           ("step_peak_absolute", "step peak abs"))
+COLUMNS = (("build_peak", "build"), ("first_step_peak", "first step"), ("resident", "resident"),
+           ("forward_peak", "fwd peak"), ("after_forward", "after fwd"), ("backward_peak", "bwd peak"),
+           ("step_peak", "step peak"), ("step_peak_absolute", "step peak abs"))
 
 
-def measure(make, x, target, warmup: int) -> dict:
+def measure(make, x, target, warmup: int, inference: bool = False) -> dict:
     marks: dict[str, int] = {}
 
     def between(phase: str) -> None:
@@ -47,32 +52,44 @@ def measure(make, x, target, warmup: int) -> dict:
 
     torch.cuda.reset_peak_memory_stats()
     model = make()
-    model.train()
-    step = train_step_fn(model, x, target, between)
+    torch.cuda.synchronize()
+    build = torch.cuda.max_memory_allocated()
+    model.train(not inference)
+    if inference:
+        forward = inference_fn(model, x)
+
+        def step():
+            between("start")
+            forward()
+            between("forward")
+    else:
+        step = train_step_fn(model, x, target, between)
     step()
     torch.cuda.synchronize()
-    first = max(torch.cuda.max_memory_allocated(), *(v for k, v in marks.items() if k.endswith("_peak")))
+    first = max(build, torch.cuda.max_memory_allocated(), *(v for k, v in marks.items() if k.endswith("_peak")))
     for _ in range(warmup):
         step()
     step()  # the measured step
     torch.cuda.synchronize()
     resident = marks["start"]
-    row = {"first_step_peak": first, "resident": resident, "forward_peak": marks["forward_peak"] - resident,
-           "after_forward": marks["forward"] - resident, "backward_peak": marks["backward_peak"] - resident,
-           "step_peak": max(marks["forward_peak"], marks["backward_peak"], torch.cuda.max_memory_allocated()) - resident}
+    row = {"build_peak": build, "first_step_peak": first, "resident": resident,
+           "forward_peak": marks["forward_peak"] - resident, "after_forward": marks["forward"] - resident,
+           "backward_peak": marks.get("backward_peak", resident) - resident,
+           "step_peak": max(marks["forward_peak"], marks.get("backward_peak", 0),
+                            torch.cuda.max_memory_allocated()) - resident}
     row["step_peak_absolute"] = row["step_peak"] + resident
     del model, step
     return {k: v / MIB for k, v in row.items()}
 
 
-def tensors_at_peak(make, x, target, warmup: int) -> dict:
+def tensors_at_peak(make, x, target, warmup: int, inference: bool = False) -> dict:
     """The requested bytes resident before a step (after warm-up) and the tensors live at the step's peak of requested
     bytes, from the caching allocator's trace of that step: {"base": bytes, "peak": bytes above base, "live": [(size,
     where it was allocated)]} ("where": the Python frames outside torch's internals; none for an allocation made in
     C++ with no Python caller, such as autograd's backward thread)."""
     model = make()
-    model.train()
-    step = train_step_fn(model, x, target)
+    model.train(not inference)
+    step = inference_fn(model, x) if inference else train_step_fn(model, x, target)
     for _ in range(1 + warmup):
         step()
     torch.cuda.synchronize()
@@ -127,18 +144,20 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2, help="steps between the first and the measured one")
     p.add_argument("--peak-tensors", action="store_true",
                    help="instead: the tensors live at eager's and fused's peak, and those only one of them holds")
+    p.add_argument("--inference", action="store_true", help="an eval forward under torch.no_grad, not a training step")
     args = p.parse_args()
+    what = "eval forward" if args.inference else "training step"
     if args.peak_tensors:
         _, x, target, variants = setup(args.model, args.batch)
         rows = {}
         for variant in ("eager", "fused"):
-            rows[variant] = tensors_at_peak(variants[variant], x, target, args.warmup)
+            rows[variant] = tensors_at_peak(variants[variant], x, target, args.warmup, args.inference)
             torch.cuda.empty_cache()
         header = run_header(args)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({**header, "rows": rows}, f, indent=1)
-        print(f"{args.model}, batch {args.batch}, training step, bf16 autocast, channels_last ({header['gpu']}, torch "
+        print(f"{args.model}, batch {args.batch}, {what}, bf16 autocast, channels_last ({header['gpu']}, torch "
               f"{header['torch']}, cuDNN {header['cudnn']})")
         print_peak_difference(rows)
         return
@@ -146,7 +165,7 @@ def main() -> None:
     out = {**run_header(args), "rows": []}
     for variant, make in variants.items():
         try:
-            row = {"variant": variant, **measure(make, x, target, args.warmup)}
+            row = {"variant": variant, **measure(make, x, target, args.warmup, args.inference)}
         except Exception as error:  # noqa: BLE001 — a variant that fails is reported, not fatal
             row = {"variant": variant, "error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
         out["rows"].append(row)
@@ -154,9 +173,9 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
-    print(f"\n{args.model}, batch {args.batch}, training step, bf16 autocast, channels_last ({out['gpu']}, torch "
+    print(f"\n{args.model}, batch {args.batch}, {what}, bf16 autocast, channels_last ({out['gpu']}, torch "
           f"{out['torch']}, cuDNN {out['cudnn']}); MiB, torch.cuda.memory_allocated; 'first step' and 'step peak abs' "
-          "absolute, the others above 'resident'")
+          "absolute, the others above 'resident'" + ("; no backward" if args.inference else ""))
     print(f"{'variant':<15}" + "".join(f"{title:>15}" for _, title in COLUMNS))
     for row in out["rows"]:
         if "error" in row:
