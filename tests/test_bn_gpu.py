@@ -932,3 +932,50 @@ def test_a_training_conv_bn_layer_peaks_no_higher_than_eager(extension, no_tf32,
     allowance = 1 << 20
     assert fused_peak <= eager_peak + allowance, (f"fused peak {fused_peak / activation_bytes:.2f} activations, eager's "
                                       f"{eager_peak / activation_bytes:.2f} ({activation_bytes} bytes each)")
+
+
+@pytest.mark.parametrize("layer", ["batch_norm_eval", "batch_norm_nchw_training", "conv_decided_eager"])
+def test_a_layer_that_runs_eager_s_composition_peaks_no_higher_than_an_in_place_relu(extension, layer):
+    """A fused layer that runs eager's composition applies its activation in place, as the models' nn.ReLU(inplace=
+    True) does, so its forward's peak above its input is one output, not two: an eval BatchNorm2dReLU (densenet121's
+    norm1 layers; an out-of-place ReLU there raised the model's eval peak 82 MiB above eager's), a training one on an
+    NCHW input (decided eager), and a conv decided eager (26 output channels under bfloat16 autocast, regnet_y's
+    squeeze-excitation convs). Eager: the plain modules with ReLU(inplace=True)."""
+    torch.manual_seed(0)
+    relu = nn.ReLU(inplace=True)
+    if layer == "conv_decided_eager":
+        plain = nn.Conv2d(104, 26, 1).cuda().to(memory_format=torch.channels_last)
+        fused = tcf.Conv2dReLU.from_conv(copy.deepcopy(plain))
+        x = torch.randn(32, 104, 56, 56, device="cuda").to(torch.bfloat16).to(memory_format=torch.channels_last)
+    else:
+        plain = nn.BatchNorm2d(64).cuda()
+        plain.running_mean.normal_(), plain.running_var.uniform_(0.5, 2.0)
+        fused = tcf.BatchNorm2dReLU.from_bn(copy.deepcopy(plain))
+        x = torch.randn(32, 64, 56, 56, device="cuda").to(torch.bfloat16)
+        if layer == "batch_norm_eval":
+            x = x.to(memory_format=torch.channels_last)
+            plain.eval(), fused.eval()
+    grad = layer == "batch_norm_nchw_training"
+
+    def peak_above_start(forward) -> tuple[int, torch.Tensor]:
+        torch.cuda.synchronize()
+        start = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        with torch.set_grad_enabled(grad), torch.autocast("cuda", torch.bfloat16):
+            y = forward(x)
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - start, y.detach()
+
+    for _ in range(2):  # the first calls decide and pick cuDNN's algorithms
+        fused_peak, y = peak_above_start(fused)
+        eager_peak, y_e = peak_above_start(lambda t: relu(plain(t)))
+        del y, y_e
+    status = fused.fusion_status
+    assert not status.fused, status
+    fused_peak, y = peak_above_start(fused)
+    eager_peak, y_e = peak_above_start(lambda t: relu(plain(t)))
+    assert torch.equal(y, y_e)
+    output_bytes = y.numel() * y.element_size()
+    # an out-of-place activation costs a whole output (5 MiB for the conv's, 12 MiB for the BatchNorm's)
+    assert fused_peak <= eager_peak + (1 << 20), (f"fused peak {fused_peak / output_bytes:.2f} outputs, eager's "
+                                                  f"{eager_peak / output_bytes:.2f} ({output_bytes} bytes each)")
