@@ -86,8 +86,8 @@ def reference_conv_bias_act(x, weight, bias, residual, stride, padding, dilation
 
 
 class CountingCall:
-    """Stands in for a layer's call recorded in C++ (ConvBiasActCall, ConvBatchNormCall): counts the calls it ran (or,
-    for a layer that runs eager, found matching) and those it handed back to Python."""
+    """Stands in for a layer's call recorded in C++ (ConvBiasActCall, ConvBatchNormCall, BatchNormCall): counts the
+    calls it ran (or, for a layer that runs eager, found matching) and those it handed back to Python."""
 
     def __init__(self, inner):
         self.inner, self.ran, self.declined = inner, 0, 0

@@ -735,6 +735,52 @@ def test_recorded_conv_bn_call_runs_repeated_calls_and_steps_aside_when_the_call
         assert bn.num_batches_tracked.item() == bn_e.num_batches_tracked.item() == i + 1
 
 
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "no_affine"])
+def test_recorded_batch_norm_call_runs_repeated_calls_and_steps_aside_when_the_call_changes(extension, affine):
+    """A training BatchNorm2dReLU's repeated calls run through the call recorded in C++ (csrc/ops/bn_call.h), a new
+    momentum included (an argument of each call, not of the record); a call that differs in a tensor's metadata (x's
+    requires_grad, its batch), in a setting (eps) or that has no running statistics (track_running_stats turned off)
+    goes back to Python's decision. Every call's output, gradients, running statistics and count match eager's."""
+    torch.manual_seed(0)
+    bn = nn.BatchNorm2d(32, affine=affine).cuda()
+    bn_e = copy.deepcopy(bn)
+    fused = tcf.BatchNorm2dReLU.from_bn(bn)
+    counting = None
+    # (x requires grad, batch, eps, momentum, track_running_stats), and whether the recorded call runs it (None: the
+    # first call, or no record)
+    calls = [((True, 4, 1e-5, 0.1, True), None), ((True, 4, 1e-5, 0.1, True), True),
+             ((True, 4, 1e-5, 0.3, True), True), ((False, 4, 1e-5, 0.3, True), False),
+             ((False, 4, 1e-5, 0.3, True), True), ((False, 6, 1e-5, 0.3, True), False),
+             ((False, 6, 1e-3, 0.3, True), False), ((False, 6, 1e-3, 0.3, True), True),
+             ((True, 6, 1e-3, 0.3, False), False), ((True, 6, 1e-3, 0.3, False), None)]
+    counted = 0
+    for i, ((needs_grad, batch, eps, momentum, track), expect_ran) in enumerate(calls):
+        fused.eps = bn_e.eps = eps
+        fused.momentum = bn_e.momentum = momentum
+        fused.track_running_stats = bn_e.track_running_stats = track
+        x = torch.randn(batch, 32, 9, 9, device="cuda").to(memory_format=torch.channels_last)
+        x1, x2 = x.clone().requires_grad_(needs_grad), x.clone().requires_grad_(needs_grad)
+        recorded = fused._call.recorded
+        if recorded is not None and not isinstance(recorded, CountingCall):
+            counting = fused._call.recorded = CountingCall(recorded)
+        ran_before = counting.ran if counting is not None else 0
+        y, y_e = fused(x1), F.relu(bn_e(x2))
+        if expect_ran is not None:
+            assert counting.ran == ran_before + expect_ran, (i, counting.ran, counting.declined)
+        assert fused.fusion_status.fused, (i, fused.fusion_status)
+        assert (fused._call.recorded is None) == (not track), i  # no record without running statistics to write
+        torch.testing.assert_close(y, y_e, rtol=1e-4, atol=1e-4)
+        grad = torch.randn_like(y)
+        y.backward(grad), y_e.backward(grad)
+        leaves, leaves_e = ([bn.weight, bn.bias], [bn_e.weight, bn_e.bias]) if affine else ([], [])
+        if needs_grad:
+            leaves, leaves_e = leaves + [x1], leaves_e + [x2]
+        assert_grads_match_then_clear(leaves, leaves_e, (bn, bn_e), tol=1e-4)
+        assert_running_stats_match(bn, bn_e)
+        counted += track
+        assert bn.num_batches_tracked.item() == bn_e.num_batches_tracked.item() == counted, i
+
+
 class _GraphRefused:
     """The compiled module, except that check_batch_norm_layer reports cuDNN's graph as refused, as cuDNN does for
     configurations it has no batchnorm engine for: the legacy API must then take the layer. Everything else,

@@ -289,7 +289,7 @@ def _run_layer(layer, inputs, dy, dtype, eager_twin: bool):
 def test_each_fused_layer_is_as_accurate_as_eager_against_float64(model_id, dtype, extension, no_tf32):
     """Every fused layer of the model, in training, fed the input it received in the fused model: output, input
     gradients, Parameter gradients and running statistics against the layer in float64, fused error <= 2 x eager
-    error + floor; a fused conv layer on its first call and on its second (the call recorded in C++)."""
+    error + floor; a fused conv or BatchNorm layer on its first call and on its second (the call recorded in C++)."""
     build, size = builder(model_id)
     torch.manual_seed(0)
     model = build().cuda().to(memory_format=CL)
@@ -334,9 +334,10 @@ def test_each_fused_layer_is_as_accurate_as_eager_against_float64(model_id, dtyp
             for name, r in ref.items():
                 if r.is_floating_point():
                     eager_errors.setdefault(name, []).append(_rel(eager[name], r))
-            # a fused conv layer runs a repeated call through its call recorded in C++ (csrc/ops/conv_call.h,
-            # conv_bn_call.h): the second of two like calls is checked too, and must have run there
-            for call in (1, 2) if isinstance(layer, tcf.nn.FusedConv2d) else (1,):
+            # a fused conv or BatchNorm layer runs a repeated call through its call recorded in C++
+            # (csrc/ops/conv_call.h, conv_bn_call.h, bn_call.h): the second of two like calls is checked too, and
+            # must have run there
+            for call in (1, 2) if isinstance(layer, (tcf.nn.FusedConv2d, tcf.nn.BatchNorm2dReLU)) else (1,):
                 fused_layer, counting = _copy(layer), None
                 if call == 2:
                     _run_layer(fused_layer, inputs, dy, dtype, eager_twin=False)

@@ -6,6 +6,7 @@
 #include <cudnn.h>
 #include <cudnn_frontend_version.h>
 
+#include "ops/bn_call.h"
 #include "ops/bn_ops.h"
 #include "ops/conv_bn_call.h"
 #include "ops/conv_call.h"
@@ -459,6 +460,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("activation"), py::arg("implementation"), py::arg("policy"))
       .def("run", &tcf::ConvBatchNormCall::run,
            "y of cudnn_fusion::conv_batch_norm_act for this call, or None when it differs from the recorded one");
+  py::class_<tcf::BatchNormCall>(m, "BatchNormCall",
+                                 "A training BatchNorm layer's call recorded for the op "
+                                 "cudnn_fusion::batch_norm_act_update (see csrc/ops/bn_call.h)")
+      .def(py::init<const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                    const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                    const std::optional<at::Tensor>&, double, int64_t, int64_t, int64_t>(),
+           py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("running_mean"), py::arg("running_var"),
+           py::arg("num_batches_tracked"), py::arg("residual"), py::arg("eps"), py::arg("activation"),
+           py::arg("implementation"), py::arg("policy"))
+      .def("run", &tcf::BatchNormCall::run,
+           "y of cudnn_fusion::batch_norm_act_update for this call, or None when it differs from the recorded one");
   py::class_<tcf::ConvBiasActCall>(m, "ConvBiasActCall",
                                    "A conv + bias (+ residual) + activation layer's call recorded for the op "
                                    "cudnn_fusion::conv_bias_act (see csrc/ops/conv_call.h)")

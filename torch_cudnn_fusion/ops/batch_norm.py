@@ -116,7 +116,9 @@ def batch_norm_act(
     With batch statistics (training, or no running statistics) it runs as one cuDNN graph (or the legacy cuDNN
     BatchNorm API, where cuDNN refuses the graph), running statistics updated as F.batch_norm updates them; with
     running statistics (inference) it runs eager — fold it into the conv before it instead (Conv2dBNReLU does).
-    policy: the EnginePolicy for its cuDNN graphs (None: the global one). call: the calling layer's LayerCall.
+    policy: the EnginePolicy for its cuDNN graphs (None: the global one). call: the calling layer's LayerCall, which
+    keeps the decision; where the call runs the op that writes float32 running statistics, its C++ record
+    (csrc/ops/bn_call.h) runs a repeated call without returning to Python.
 
     num_batches_tracked: when given, this call counts the step in it (+1), as nn.BatchNorm2d's forward does — the
     caller passes a fixed `momentum`, not one derived from the count. Where the op updates float32 running statistics,
@@ -135,10 +137,16 @@ def batch_norm_act(
                                      residual)
     signature = None
     if call is not None and not torch.compiler.is_compiling() and isinstance(x, torch.Tensor):
-        signature = (tensor_signature(x), tensor_signature(weight), tensor_signature(bias),
+        settings = ("batch_norm", training, eps, activation, strict, decide.is_strict(), policy)
+        if call.recorded is not None and call.signature[0] == settings:
+            # C++ compares the tensors and the global state with the record and runs the op when they match
+            y = call.recorded.run(x, weight, bias, running_mean, running_var, num_batches_tracked, residual,
+                                  float(momentum))
+            if y is not None:
+                return y
+        signature = (settings, tensor_signature(x), tensor_signature(weight), tensor_signature(bias),
                      tensor_signature(running_mean), tensor_signature(running_var), tensor_signature(residual),
-                     training, eps, activation, strict, decide.is_strict(), torch.is_grad_enabled(), policy,
-                     torch.are_deterministic_algorithms_enabled())
+                     torch.is_grad_enabled(), torch.are_deterministic_algorithms_enabled())
         if call.signature == signature:
             return _run_batch_norm(call.run, x, running_mean, running_var, weight, bias, momentum, eps, activation,
                                    residual, num_batches_tracked)
@@ -163,9 +171,23 @@ def batch_norm_act(
     run = (decision.fused, _implementation(decision), update, policy_id(policy.key) if decision.fused else 0, int(act),
            identity)
     if call is not None:
-        call.remember(decision, config, signature, run)
+        recorded = None
+        if signature is not None and _batch_norm_recordable(run, x, weight, bias, running_mean, running_var):
+            recorded = _extension.require().BatchNormCall(x, weight, bias, running_mean, running_var,
+                                                          num_batches_tracked, residual, float(eps), run[4], run[1],
+                                                          run[3])
+        call.remember(decision, config, signature, run, recorded)
     return _run_batch_norm(run, x, running_mean, running_var, weight, bias, momentum, eps, activation, residual,
                            num_batches_tracked)
+
+
+def _batch_norm_recordable(run: tuple, x, weight, bias, running_mean, running_var) -> bool:
+    """Whether C++ can check and run a repeat of this call: BatchNormCall runs the op that writes the running
+    statistics (fused, with float32 ones) and hands it the scale and shift as they are (float32, or neither)."""
+    fused, _, update = run[:3]
+    return (fused and update and x.is_cuda and running_mean.dtype == torch.float32
+            and running_var.dtype == torch.float32
+            and ((weight is None and bias is None) or _float32_affine(weight, bias)))
 
 
 def _run_batch_norm(run: tuple, x, running_mean, running_var, weight, bias, momentum, eps, activation, residual,
