@@ -5,9 +5,11 @@ figure is the median over the rounds. A sample times issuing its calls and waits
 (timing.host_us), so the figures are the host's; at batch 128 the kernels take longer than the calls, and a sample
 waits too wherever the GPU's launch queue fills.
 
+--eval times both in eval under torch.no_grad instead (running statistics: the fused module runs eager's composition).
+
 Run it once with each package on the same machine for an A/B (the package is whichever `torch_cudnn_fusion` imports).
 
-    python benchmarks/bn_module_host_time.py [--batches 8 128] [--rounds 9] [--calls 200]
+    python benchmarks/bn_module_host_time.py [--batches 8 128] [--rounds 9] [--calls 200] [--eval]
 """
 
 from __future__ import annotations
@@ -36,19 +38,23 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[8, 128])
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--eval", action="store_true", help="both modules in eval, under torch.no_grad")
     args = parser.parse_args()
     torch.manual_seed(0)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, "
           f"package {os.path.dirname(tcf.__file__)}; host us a call, median of {args.rounds} rounds of "
-          f"{args.calls} calls")
+          f"{args.calls} calls, {'eval, no_grad' if args.eval else 'training, with grad'}")
     print(f"{'batch':>5} {'layer':>8} {'eager modules':>14} {'BatchNorm2dReLU':>16}  status")
     for batch in args.batches:
         for channels, size in SHAPES:
             bn, relu = nn.BatchNorm2d(channels).cuda(), nn.ReLU(inplace=True)
             fused = tcf.BatchNorm2dReLU.from_bn(copy.deepcopy(bn))
             x = torch.randn(batch, channels, size, size, device="cuda", dtype=torch.bfloat16)
-            x = x.to(memory_format=torch.channels_last).requires_grad_()
+            x = x.to(memory_format=torch.channels_last).requires_grad_(not args.eval)
+            bn.train(not args.eval), fused.train(not args.eval)
             rows = {"eager": lambda: relu(bn(x)), "fused": lambda: fused(x)}
+            if args.eval:
+                rows = {name: torch.no_grad()(fn) for name, fn in rows.items()}
             samples = {name: [] for name in rows}
             for fn in rows.values():
                 fn(), fn()
