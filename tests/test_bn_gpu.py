@@ -770,8 +770,10 @@ def test_recorded_batch_norm_call_runs_repeated_calls_and_steps_aside_when_the_c
         assert fused.fusion_status.fused, (i, fused.fusion_status)
         assert (fused._call.recorded is None) == (not track), i  # no record without running statistics to write
         torch.testing.assert_close(y, y_e, rtol=1e-4, atol=1e-4)
-        grad = torch.randn_like(y)
-        y.backward(grad), y_e.backward(grad)
+        assert y.requires_grad == y_e.requires_grad == (needs_grad or affine), i
+        if y.requires_grad:  # without a scale and shift, only x can need a gradient
+            grad = torch.randn_like(y)
+            y.backward(grad), y_e.backward(grad)
         leaves, leaves_e = ([bn.weight, bn.bias], [bn_e.weight, bn_e.bias]) if affine else ([], [])
         if needs_grad:
             leaves, leaves_e = leaves + [x1], leaves_e + [x2]
