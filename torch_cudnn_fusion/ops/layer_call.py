@@ -15,8 +15,8 @@ class LayerCall:
     the decision and the configuration it was made for (what `fusion_status` and `explain` report). run: the op's
     arguments for a repeated call. recorded: the call recorded in C++ (csrc/ops/conv_call.h, conv_bn_call.h,
     bn_call.h), which checks a repeat and runs it without returning to Python; for a conv layer decided eager, it only
-    checks the repeat (Python then runs eager's composition). fold: Conv2dBN's folded eval weight and bias with the key and the tensors
-    they were computed from. mode: Conv2dBN's last forward, "batch statistics" or "folded".
+    checks the repeat (Python then runs eager's composition). fold: Conv2dBN's folded eval weight and bias with the
+    key and the tensors they were computed from. mode: Conv2dBN's last forward, "batch statistics" or "folded".
 
     A module holds one (`module._call`); a functional call without one decides anew. A copy of a module (deepcopy,
     pickle) starts with a fresh record: it is another layer, with other tensors.
