@@ -17,22 +17,13 @@ BatchNormCall::BatchNormCall(const at::Tensor& x, const std::optional<at::Tensor
       eps_(eps),
       activation_(activation),
       implementation_(implementation),
-      policy_(policy) {
+      policy_(policy),
+      affine_(weight, bias, x.dim() >= 2 ? x.size(1) : 0, x.options(), "BatchNormCall") {
   TORCH_CHECK(x.is_cuda(), "cudnn_fusion: BatchNormCall records CUDA calls, got x on ", x.device());
   TORCH_CHECK(x.dim() >= 2, "cudnn_fusion: BatchNormCall records x with a channel dimension, got ", x.dim(), "D");
-  bool no_affine = pointer(weight) == nullptr && pointer(bias) == nullptr;
-  bool float_affine = pointer(weight) != nullptr && pointer(bias) != nullptr && weight->scalar_type() == at::kFloat &&
-                      bias->scalar_type() == at::kFloat && weight->is_contiguous() && bias->is_contiguous();
-  TORCH_CHECK(no_affine || float_affine,
-              "cudnn_fusion: BatchNormCall takes a float32 contiguous BatchNorm weight and bias, or neither");
   TORCH_CHECK(running_mean.scalar_type() == at::kFloat && running_var.scalar_type() == at::kFloat,
               "cudnn_fusion: BatchNormCall takes float32 running statistics, got ", running_mean.scalar_type(),
               " and ", running_var.scalar_type());
-  if (no_affine) {
-    int64_t channels = x.size(1);
-    ones_ = at::ones({channels}, x.options().dtype(at::kFloat));
-    zeros_ = at::zeros({channels}, x.options().dtype(at::kFloat));
-  }
 }
 
 std::optional<at::Tensor> BatchNormCall::run(const at::Tensor& x, const std::optional<at::Tensor>& weight,
@@ -48,8 +39,7 @@ std::optional<at::Tensor> BatchNormCall::run(const at::Tensor& x, const std::opt
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("cudnn_fusion::batch_norm_act_update", "")
                        .typed<decltype(batch_norm_act_update_forward)>();
-  bool affine = pointer(weight) != nullptr;
-  auto out = op.call(x, affine ? *weight : ones_, affine ? *bias : zeros_, *running_mean, *running_var,
+  auto out = op.call(x, affine_.scale(weight), affine_.shift(bias), *running_mean, *running_var,
                      num_batches_tracked, residual, momentum, eps_, activation_, implementation_, policy_);
   return std::get<0>(out);
 }

@@ -38,7 +38,7 @@ class BatchNormCall {
   CallRecord record_;  // x, weight, bias, running_mean, running_var, num_batches_tracked, residual
   double eps_;
   int64_t activation_, implementation_, policy_;
-  at::Tensor ones_, zeros_;  // the scale and shift of affine=False
+  RecordedAffine affine_;
 };
 
 }  // namespace tcf

@@ -23,23 +23,14 @@ ConvBatchNormCall::ConvBatchNormCall(
       eps_(eps),
       activation_(activation),
       implementation_(implementation),
-      policy_(policy) {
+      policy_(policy),
+      affine_(weight, bias, conv_weight.size(0), x.options(), "ConvBatchNormCall") {
   TORCH_CHECK(x.is_cuda(), "cudnn_fusion: ConvBatchNormCall records CUDA calls, got x on ", x.device());
   TORCH_CHECK(stride_.size() == 2 && padding_.size() == 2 && dilation_.size() == 2,
               "cudnn_fusion: stride, padding and dilation must have 2 values each, got ", stride_, ", ", padding_,
               ", ", dilation_);
-  bool no_affine = pointer(weight) == nullptr && pointer(bias) == nullptr;
-  bool float_affine = pointer(weight) != nullptr && pointer(bias) != nullptr && weight->scalar_type() == at::kFloat &&
-                      bias->scalar_type() == at::kFloat && weight->is_contiguous() && bias->is_contiguous();
-  TORCH_CHECK(no_affine || float_affine,
-              "cudnn_fusion: ConvBatchNormCall takes a float32 contiguous BatchNorm weight and bias, or neither");
   TORCH_CHECK(pointer(num_batches_tracked) == nullptr || pointer(running_mean) != nullptr,
               "cudnn_fusion: ConvBatchNormCall counts num_batches_tracked only with running statistics");
-  if (pointer(weight) == nullptr) {
-    int64_t channels = conv_weight.size(0);
-    ones_ = at::ones({channels}, x.options().dtype(at::kFloat));
-    zeros_ = at::zeros({channels}, x.options().dtype(at::kFloat));
-  }
 }
 
 std::optional<at::Tensor> ConvBatchNormCall::run(
@@ -58,9 +49,8 @@ std::optional<at::Tensor> ConvBatchNormCall::run(
                        .typed<decltype(conv_batch_norm_act_forward)>();
   std::optional<at::ScalarType> conv_dtype;
   if (state.autocast) conv_dtype = state.autocast_dtype;
-  bool affine = pointer(weight) != nullptr;
-  auto out = op.call(x, conv_weight, conv_bias, stride_, padding_, dilation_, groups_, affine ? *weight : ones_,
-                     affine ? *bias : zeros_, running_mean, running_var, num_batches_tracked, residual, momentum, eps_,
+  auto out = op.call(x, conv_weight, conv_bias, stride_, padding_, dilation_, groups_, affine_.scale(weight),
+                     affine_.shift(bias), running_mean, running_var, num_batches_tracked, residual, momentum, eps_,
                      activation_, implementation_, conv_dtype, policy_);
   return std::get<0>(out);
 }

@@ -44,7 +44,7 @@ class ConvBatchNormCall {
   int64_t groups_;
   double eps_;
   int64_t activation_, implementation_, policy_;
-  at::Tensor ones_, zeros_;  // the scale and shift of affine=False
+  RecordedAffine affine_;
 };
 
 }  // namespace tcf

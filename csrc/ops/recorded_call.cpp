@@ -47,6 +47,19 @@ CallRecord::CallRecord(std::initializer_list<const at::Tensor*> tensors, bool wi
   for (const at::Tensor* t : tensors) metadata_.push_back(TensorMetadata::of(t, with_alignment));
 }
 
+RecordedAffine::RecordedAffine(const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                               int64_t channels, const at::TensorOptions& options, const char* who) {
+  bool no_affine = pointer(weight) == nullptr && pointer(bias) == nullptr;
+  bool float_affine = pointer(weight) != nullptr && pointer(bias) != nullptr && weight->scalar_type() == at::kFloat &&
+                      bias->scalar_type() == at::kFloat && weight->is_contiguous() && bias->is_contiguous();
+  TORCH_CHECK(no_affine || float_affine, "cudnn_fusion: ", who,
+              " takes a float32 contiguous BatchNorm weight and bias, or neither");
+  if (no_affine) {
+    ones_ = at::ones({channels}, options.dtype(at::kFloat));
+    zeros_ = at::zeros({channels}, options.dtype(at::kFloat));
+  }
+}
+
 std::optional<CallState> CallRecord::check(std::initializer_list<const at::Tensor*> tensors) const {
   if (tensors.size() != metadata_.size()) return std::nullopt;
   size_t i = 0;

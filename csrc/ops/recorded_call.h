@@ -54,4 +54,19 @@ inline const at::Tensor* pointer(const std::optional<at::Tensor>& t) {
   return t.has_value() && t->defined() ? &*t : nullptr;
 }
 
+// A recorded BatchNorm's scale and shift as its op takes them (conv_bn_call.h, bn_call.h): the layer's own weight and
+// bias, float32 and contiguous, handed over as they are; or, where the layer has neither (affine=False), 1 and 0 made
+// once with the record. `who` names the record in the error.
+class RecordedAffine {
+ public:
+  RecordedAffine(const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, int64_t channels,
+                 const at::TensorOptions& options, const char* who);
+  // The call's scale and shift: a call that matched the record has a weight and bias exactly where it had them.
+  const at::Tensor& scale(const std::optional<at::Tensor>& weight) const { return pointer(weight) ? *weight : ones_; }
+  const at::Tensor& shift(const std::optional<at::Tensor>& bias) const { return pointer(bias) ? *bias : zeros_; }
+
+ private:
+  at::Tensor ones_, zeros_;
+};
+
 }  // namespace tcf

@@ -64,6 +64,12 @@ def _float32_affine(weight, bias) -> bool:
             and weight.is_contiguous() and bias.is_contiguous())
 
 
+def _affine_as_is(weight, bias) -> bool:
+    """Whether a C++ record can hand the op the BatchNorm's scale and shift as they are: float32 and contiguous, or
+    neither (csrc/ops/recorded_call.h, RecordedAffine)."""
+    return (weight is None and bias is None) or _float32_affine(weight, bias)
+
+
 def _identity_affine(weight, bias, channels: int, device) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
     """1 and 0 per channel where the BatchNorm has no scale or shift (affine=False), made once per decision and
     kept with the recorded run, so a repeated call allocates nothing; None where it has both."""
@@ -186,8 +192,7 @@ def _batch_norm_recordable(run: tuple, x, weight, bias, running_mean, running_va
     statistics (fused, with float32 ones) and hands it the scale and shift as they are (float32, or neither)."""
     fused, _, update = run[:3]
     return (fused and update and x.is_cuda and running_mean.dtype == torch.float32
-            and running_var.dtype == torch.float32
-            and ((weight is None and bias is None) or _float32_affine(weight, bias)))
+            and running_var.dtype == torch.float32 and _affine_as_is(weight, bias))
 
 
 def _run_batch_norm(run: tuple, x, running_mean, running_var, weight, bias, momentum, eps, activation, residual,
@@ -387,9 +392,8 @@ def _recordable(run: tuple, weight, bias, running_mean, num_batches_tracked, x) 
     update = run[2]
     if run[7] is not None:  # the space-to-depth form: the record would run the op on x as given
         return False
-    affine_as_is = (weight is None and bias is None) or _float32_affine(weight, bias)
     stats_as_is = running_mean.dtype == torch.float32 if update else num_batches_tracked is None
-    return x.is_cuda and affine_as_is and stats_as_is
+    return x.is_cuda and _affine_as_is(weight, bias) and stats_as_is
 
 
 def _run_conv_batch_norm(run: tuple, x, conv, conv_weight, conv_bias, running_mean, running_var, num_batches_tracked,
