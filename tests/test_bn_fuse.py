@@ -112,7 +112,7 @@ def test_standalone_module_state_dict_and_constructor():
     assert "activation=relu6" in repr(fused)
     bn = tcf.BatchNorm2dReLU(16)
     assert list(bn.state_dict()) == list(nn.BatchNorm2d(16).state_dict())
-    with pytest.raises(ValueError, match="activation must be 'relu', 'relu6' or None, got 'gelu'"):
+    with pytest.raises(ValueError, match="activation must be 'relu', 'relu6', 'silu', 'hardswish' or None, got 'gelu'"):
         tcf.Conv2dBNReLU(8, 16, 3, activation="gelu")
     with pytest.raises(ValueError, match=r"bn.num_features \(8\) must equal conv.out_channels \(16\)"):
         tcf.Conv2dBN.from_modules(nn.Conv2d(8, 16, 1), nn.BatchNorm2d(8))
@@ -170,7 +170,7 @@ def test_functional_errors_name_the_argument():
     x = torch.randn(2, 8, 4, 4)
     with pytest.raises(ValueError, match="running_mean and running_var must be given together"):
         tcf.batch_norm_act(x, torch.zeros(8), None, training=True)
-    with pytest.raises(ValueError, match="activation must be 'relu', 'relu6', 'identity' or None, got 'tanh'"):
+    with pytest.raises(ValueError, match="activation must be 'relu', 'relu6', 'silu', 'hardswish', 'identity' or None, got 'tanh'"):
         tcf.batch_norm_act(x, None, None, training=True, activation="tanh")
 
 
@@ -382,20 +382,76 @@ def test_fuse_relu6_and_other_activations():
     torch.manual_seed(0)
     plain = nn.Sequential(
         nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU6(),  # fused, clipped ReLU
-        nn.Conv2d(16, 16, 1), nn.BatchNorm2d(16), nn.SiLU(inplace=True),  # Conv + BN fused, SiLU after it
+        nn.Conv2d(16, 16, 1), nn.BatchNorm2d(16), nn.Mish(inplace=True),  # Conv + BN fused, Mish after it
         nn.Conv2d(16, 16, 1), nn.ReLU6(),  # no BN: the conv graph has no clipped ReLU
         nn.BatchNorm2d(16), nn.ReLU(),  # BN + ReLU without a conv
+        nn.Conv2d(16, 16, 1), nn.BatchNorm2d(16), nn.SiLU(inplace=True),  # fused, SiLU included
+        nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.BatchNorm2d(16), nn.Hardswish(),  # fused, Hardswish included
+        nn.Conv2d(16, 16, 1), nn.SiLU(),  # no BN: the conv graphs have no SiLU
+        nn.BatchNorm2d(16), nn.Hardswish(),  # Hardswish is fused after a conv + BatchNorm only
     )
     eager = copy.deepcopy(plain)
     model, report = tcf.fuse(plain)
     rows = rows_by_path(report)
     assert rows["0"].module == "Conv2dBNReLU" and model.get_submodule("0").activation == "relu6"
-    assert rows["3"].module == "Conv2dBN" and "SiLU after it applied as before" in rows["3"].reason
+    assert rows["3"].module == "Conv2dBN" and "Mish after it applied as before" in rows["3"].reason
+    assert model.get_submodule("3").activation is None and type(model.get_submodule("5")) is nn.Mish
     assert not rows["6"].replaced and "ReLU6 without a BatchNorm" in rows["6"].reason
     assert rows["8"].module == "BatchNorm2dReLU"
-    x = torch.randn(2, 8, 6, 6) * 3
-    torch.testing.assert_close(model(x), eager(x), rtol=0, atol=0)
-    model(x).sum().backward()  # the in-place SiLU after the fused Conv2dBN: its output is saved by nothing
+    for path, name, activation in (("10", "SiLU", "silu"), ("13", "Hardswish", "hardswish")):
+        assert rows[path].module == "Conv2dBN" and rows[path].reason == "", rows[path]
+        assert rows[path].pattern == f"Conv2d -> BatchNorm2d -> {name}"
+        assert model.get_submodule(path).activation == activation
+    assert not rows["16"].replaced and "SiLU without a BatchNorm" in rows["16"].reason
+    assert "18" not in rows and type(model.get_submodule("18")) is nn.BatchNorm2d
+    for mode in (True, False):
+        model.train(mode), eager.train(mode)
+        x = torch.randn(2, 8, 6, 6) * 3
+        torch.testing.assert_close(model(x), eager(x), rtol=0, atol=0)
+    model.train()
+    model(x).sum().backward()  # the in-place Mish after the fused Conv2dBN: its output is saved by nothing
+
+
+def test_fuse_traced_silu_and_hardswish_functions_and_modules():
+    """In a traced graph, F.silu / F.hardswish calls and nn.SiLU / nn.Hardswish modules after a conv + BatchNorm are
+    fused into Conv2dBN (activation "silu" / "hardswish"); the fused model computes what the plain one does on the
+    CPU (eager's composition), in training and eval."""
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.bn1 = nn.Conv2d(4, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
+            self.conv2, self.bn2 = nn.Conv2d(8, 8, 1, bias=False), nn.BatchNorm2d(8)
+            self.conv3, self.bn3, self.act3 = nn.Conv2d(8, 8, 1, bias=False), nn.BatchNorm2d(8), nn.Hardswish()
+
+        def forward(self, x):
+            x = F.silu(self.bn1(self.conv1(x)), inplace=True)
+            x = F.hardswish(self.bn2(self.conv2(x)))
+            return self.act3(self.bn3(self.conv3(x)))
+
+    torch.manual_seed(0)
+    plain = Block()
+    eager = copy.deepcopy(plain)
+    model, report = tcf.fuse(plain)
+    rows = rows_by_path(report)
+    assert [(rows[p].module, model.get_submodule(p).activation) for p in ("conv1", "conv2", "conv3")] == [
+        ("Conv2dBN", "silu"), ("Conv2dBN", "hardswish"), ("Conv2dBN", "hardswish")]
+    assert rows["conv1"].pattern == "Conv2d -> BatchNorm2d -> silu"
+    for mode in (True, False):
+        model.train(mode), eager.train(mode)
+        x = torch.randn(2, 4, 6, 6) * 3
+        torch.testing.assert_close(model(x), eager(x), rtol=0, atol=0)
+    torch.testing.assert_close(model.state_dict(), eager.state_dict(), rtol=0, atol=0)
+
+
+def test_conv_bn_modules_take_silu_and_hardswish_and_name_bad_activations():
+    conv, bn = nn.Conv2d(4, 8, 1), nn.BatchNorm2d(8)
+    assert tcf.Conv2dBN.from_modules(conv, bn, activation="silu").activation == "silu"
+    assert tcf.Conv2dBN(4, 8, 1, activation="hardswish").activation == "hardswish"
+    with pytest.raises(ValueError, match="activation must be 'relu', 'relu6', 'silu', 'hardswish' or None, got 'gelu'"):
+        tcf.Conv2dBN(4, 8, 1, activation="gelu")
+    with pytest.raises(ValueError, match="activation must be 'relu', 'relu6', 'identity' or None, got 'silu'"):
+        tcf.conv2d_bias_act(torch.randn(1, 4, 4, 4), torch.randn(8, 4, 1, 1), None, activation="silu")
 
 
 def test_fuse_odd_channel_counts_fuses_modules_and_they_fall_back_at_run_time():
@@ -485,7 +541,7 @@ def test_fuse_keeps_training_and_eval_behaviour_of_a_forward_that_reads_self_tra
 
 def test_fuse_timm_style_batchnorm_act_and_identity_in_the_chain():
     """timm's BatchNormAct2d is recognized by its class name and module (this stand-in has both), with its
-    activation fused (ReLU) or applied after the fused conv + BatchNorm (SiLU)."""
+    activation fused (ReLU, SiLU) or applied after the fused conv + BatchNorm (GELU)."""
 
     class BatchNormAct2d(nn.BatchNorm2d):
         def __init__(self, channels, act):
@@ -498,15 +554,18 @@ def test_fuse_timm_style_batchnorm_act_and_identity_in_the_chain():
 
     BatchNormAct2d.__module__ = "timm.layers.norm_act"
     plain = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1, bias=False), BatchNormAct2d(16, nn.ReLU(inplace=True)),
-                          nn.Conv2d(16, 16, 1, bias=False), BatchNormAct2d(16, nn.SiLU()),
-                          nn.Conv2d(16, 16, 1), nn.Identity(), nn.ReLU())
+                          nn.Conv2d(16, 16, 1, bias=False), BatchNormAct2d(16, nn.GELU()),
+                          nn.Conv2d(16, 16, 1), nn.Identity(), nn.ReLU(),
+                          nn.Conv2d(16, 16, 1, bias=False), BatchNormAct2d(16, nn.SiLU()))
     eager = copy.deepcopy(plain)
     for use_fx in (True, False):
         model, report = tcf.fuse(plain, use_fx=use_fx)
         rows = rows_by_path(report)
         assert rows["0"].module == "Conv2dBNReLU" and rows["0"].pattern == "Conv2d -> BatchNormAct2d(ReLU)"
-        assert rows["2"].module == "Conv2dBN" and "SiLU after it applied as before" in rows["2"].reason
+        assert rows["2"].module == "Conv2dBN" and "GELU after it applied as before" in rows["2"].reason
         assert rows["4"].module == "Conv2dReLU" if use_fx else not rows["4"].replaced
+        assert rows["7"].module == "Conv2dBN" and rows["7"].pattern == "Conv2d -> BatchNormAct2d(SiLU)"
+        assert model.get_submodule("7").activation == "silu" and rows["7"].reason == ""
         assert set(model.state_dict()) == set(plain.state_dict())
         x = torch.randn(2, 8, 6, 6)
         for mode in (True, False):

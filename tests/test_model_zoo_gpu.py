@@ -253,11 +253,9 @@ def _eager_twin(module, x, residual):
             y = torch.nn.BatchNorm2d.forward(module.bn, y)
     if residual is not None:
         y = y + residual
-    if module.activation == "relu":
-        y = torch.relu(y)
-    elif module.activation == "relu6":
-        y = torch.nn.functional.relu6(y)
-    return y
+    activation = {"relu": torch.relu, "relu6": torch.nn.functional.relu6, "silu": torch.nn.functional.silu,
+                  "hardswish": torch.nn.functional.hardswish}.get(module.activation)
+    return y if activation is None else activation(y)
 
 
 def _copy(layer, dtype=None):

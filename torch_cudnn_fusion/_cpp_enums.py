@@ -11,21 +11,28 @@ import enum
 
 
 class Activation(enum.IntEnum):
-    """The activation argument of the BatchNorm ops (csrc/core/graph_key.h)."""
+    """The activation argument of the conv ops (IDENTITY, RELU, RELU6) and the BatchNorm ops (all five)
+    (csrc/core/graph_key.h)."""
 
     IDENTITY = 0
     RELU = 1
     RELU6 = 2
+    SILU = 3
+    HARDSWISH = 4
 
     @classmethod
     def from_name(cls, name: str | None) -> "Activation":
-        """None / "identity", "relu" or "relu6" (the modules' and functions' spelling)."""
+        """None / "identity", "relu", "relu6", "silu" or "hardswish" (the modules' and functions' spelling)."""
         return _ACTIVATION_NAMES[name]
 
 
 _ACTIVATION_NAMES = {None: Activation.IDENTITY, "identity": Activation.IDENTITY, "relu": Activation.RELU,
-                     "relu6": Activation.RELU6}
+                     "relu6": Activation.RELU6, "silu": Activation.SILU, "hardswish": Activation.HARDSWISH}
+# What the BatchNorm ops and the conv + BatchNorm modules take: SiLU and Hardswish are applied to the BatchNorm's
+# output, their backward folded into our BatchNorm backward kernel.
 ACTIVATION_NAMES = tuple(_ACTIVATION_NAMES)
+# What the conv ops (conv + bias (+ residual) + activation graphs) take.
+CONV_ACTIVATION_NAMES = (None, "identity", "relu", "relu6")
 
 
 class BatchNormImplementation(enum.IntEnum):

@@ -1,6 +1,7 @@
 // BatchNorm's training backward with its activation's backward folded in, for dense NHWC tensors. With
 // xc = x - mean (the saved batch mean), a = invstd * weight and M the rows (N*H*W):
-//   g        = dy where the activation passed, else 0   (ReLU: v > 0; ReLU6: 0 < v < 6)
+//   g        = dy where the activation passed, else 0   (ReLU: v > 0; ReLU6: 0 < v < 6);
+//              dy * silu'(v) or dy * hardswish'(v) after SiLU or Hardswish
 //   dbias    = sum of g over the rows;  dweight = invstd * sum of g * xc
 //   dx       = a * (g - dbias / M - xc * invstd * dweight / M)
 // v is the forward output y (read) when a residual was added before the activation, else the pre-activation
@@ -50,17 +51,34 @@ struct Channels {
   }
 };
 
-__device__ inline bool passes(float v, int activation) {
-  return activation == kActivationRelu6 ? (v > 0.f && v < 6.f) : v > 0.f;
+// The activation's derivative at v, its input (the BatchNorm output rounded to the storage type, as eager's
+// activation reads it), computed as PyTorch's silu_backward and hardswish_backward compute it in float32.
+// Explicit roundings, no contraction: the first and last pass must reach the same value bit for bit.
+__device__ inline float derivative(float v, int activation) {
+  if (activation == kActivationSilu) {
+    const float sigmoid = __frcp_rn(__fadd_rn(1.f, expf(-v)));
+    return __fmul_rn(sigmoid, __fadd_rn(1.f, __fmul_rn(v, __fsub_rn(1.f, sigmoid))));
+  }
+  if (activation == kActivationHardswish) {  // 0 at -3 and 1 at 3, as PyTorch's: half-precision outputs hit both
+    if (v <= -3.f) return 0.f;
+    return v < 3.f ? __fadd_rn(__fdiv_rn(v, 3.f), 0.5f) : 1.f;
+  }
+  const bool passed = activation == kActivationRelu6 ? (v > 0.f && v < 6.f) : v > 0.f;
+  return passed ? 1.f : 0.f;
 }
 
-// g for one element. Explicit roundings, no contraction: both passes must reach the same mask bit for bit.
+// g for one element: dy through the activation (ReLU, ReLU6: its mask; SiLU, Hardswish: dy times the derivative).
+// With kFromY, v is the forward output y, read where a residual was added before a ReLU or ReLU6 (SiLU and
+// Hardswish never take a residual: their derivative needs the input, which is not kept).
 template <typename T, bool kFromY>
 __device__ inline float masked_grad(float dy, float xc, float y, float invstd, float weight, float bias,
                                     int activation) {
   float v = y;
   if (!kFromY) v = to_float(from_float<T>(__fadd_rn(__fmul_rn(__fmul_rn(xc, invstd), weight), bias)));
-  return passes(v, activation) ? dy : 0.f;
+  if (activation == kActivationSilu || activation == kActivationHardswish) {
+    return __fmul_rn(dy, derivative(v, activation));
+  }
+  return derivative(v, activation) != 0.f ? dy : 0.f;
 }
 
 // Blocks of the first and last launch per multiprocessor: their occupancy (at most 128 registers a thread), and

@@ -30,7 +30,7 @@ struct BatchNormActBackwardArgs {
   float* partial;            // batch_norm_act_backward_partial_rows(...) * channels floats of scratch (not kBackwardDx)
   int64_t rows;
   int64_t channels;
-  int activation;            // kActivationRelu or kActivationRelu6
+  int activation;            // kActivationRelu, kActivationRelu6, kActivationSilu or kActivationHardswish
   int passes = kBackwardAllPasses;  // kBackwardReduce needs dz; kBackwardDx reads g from dz (dy, y unused)
 };
 

@@ -160,7 +160,7 @@ std::unordered_map<std::string, std::string> check_batch_norm_layer_py(const std
   p.x_size = fixed<4>(x_size, "x_size");
   p.running_stats = running_stats;
   p.has_residual = has_residual;
-  p.activation = activation_from(activation);
+  p.activation = batch_norm_activation_from(activation);
   return check_batch_norm_layer(p, eps);
 }
 

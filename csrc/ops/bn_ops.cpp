@@ -133,6 +133,15 @@ at::Tensor dy_into(const at::Tensor& grad_y, const at::Tensor& output) {
   return output;
 }
 
+// BatchNorm's output before its activation, recomputed from x and the saved statistics and rounded to x's dtype, as
+// the forward wrote it: what eager's SiLU or Hardswish backward reads.
+at::Tensor batch_norm_output(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                             const at::Tensor& save_mean, const at::Tensor& save_invstd) {
+  auto scale = save_invstd * weight;
+  auto shift = bias - save_mean * scale;
+  return (x.to(at::kFloat) * scale.view({1, -1, 1, 1}) + shift.view({1, -1, 1, 1})).to(x.scalar_type());
+}
+
 // ---- the legacy cuDNN BatchNorm API ----
 
 cudnnDataType_t cudnn_dtype(at::ScalarType dtype) {
@@ -295,7 +304,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& residual, double momentum,
     double eps, int64_t activation_value, int64_t implementation_value, int64_t policy) {
   check_4d_cuda(x, "x");
-  auto activation = activation_from(activation_value);
+  auto activation = batch_norm_activation_from(activation_value);
   auto implementation = implementation_from(implementation_value);
   check_per_channel(weight, "weight", x);
   check_per_channel(bias, "bias", x);
@@ -307,13 +316,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     check_per_channel(*running_var, "running_var", x);
   }
   if (residual.has_value()) check_same_as(*residual, "residual", x);
+  TORCH_CHECK(!(residual.has_value() && applied_after_cudnn(activation)), "cudnn_fusion: SiLU and Hardswish take no "
+              "residual here (their backward reads the sum before the activation, which is not kept), got a residual "
+              "with activation ", activation_value);
   TORCH_CHECK(x.numel() / x.size(1) > 1, "cudnn_fusion: expected more than 1 value per channel when training, got x "
               "of shape ", x.sizes());
 
   c10::DeviceGuard guard(x.device());
   bool channels_last = x.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
   auto format = memory_format(channels_last);
-  auto p = problem_of(x, channels_last, running_stats, residual.has_value(), activation, policy);
+  // cuDNN runs BatchNorm (+ add) (+ ReLU / ReLU6); SiLU and Hardswish are applied to its output here, in place
+  auto p = problem_of(x, channels_last, running_stats, residual.has_value(), graph_activation(activation), policy);
+  auto after_cudnn = [&](at::Tensor& out) {
+    if (applied_after_cudnn(activation)) apply_activation_(out, activation);
+  };
   auto x_dense = x.contiguous(format);
   auto residual_dense = residual.has_value() ? residual->contiguous(format) : at::Tensor();
   auto y = at::empty(x.sizes(), x.options().memory_format(format));
@@ -346,7 +362,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
       auto var = running_stats ? running_var->clone() : at::Tensor();
       auto out = std::get<0>(at::native_batch_norm(x_dense, weight, bias, mean, var, true, momentum, eps));
       if (p.has_residual) out.add_(residual_dense);
-      apply_activation_(out, activation);
+      apply_activation_(out, p.activation);
     };
     done = run_batch_norm_graph(GraphKind::kBatchNormForward, p,
                                 {alignment_of(x_dense), alignment_of(residual_dense), alignment_of(y)},
@@ -359,7 +375,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     done = legacy_forward(p, x_dense, residual_dense, y, weight, bias, next_mean, next_var, momentum, eps, save_mean,
                           save_invstd, reserve);
   }
-  if (done) return {y, save_mean, save_invstd, next_mean, next_var, reserve};
+  if (done) {
+    after_cudnn(y);
+    return {y, save_mean, save_invstd, next_mean, next_var, reserve};
+  }
 
   // ATen: what nn.BatchNorm2d computes, on copies of the running statistics.
   at::Tensor mean_copy, var_copy;
@@ -375,7 +394,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 }
 
 bool batch_norm_backward_reads_y(int64_t activation, bool has_residual, int64_t implementation, bool channels_last) {
-  if (activation_from(activation) == Activation::kNone) return false;
+  auto act = batch_norm_activation_from(activation);
+  // SiLU's and Hardswish's derivative comes from their input, recomputed from x: never from y
+  if (act == Activation::kNone || applied_after_cudnn(act)) return false;
   return implementation_from(implementation) == BatchNormImplementation::kLegacy || has_residual || !channels_last;
 }
 
@@ -385,8 +406,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
     double eps, int64_t activation_value, bool has_residual, int64_t implementation_value, int64_t policy) {
   check_4d_cuda(x, "x");
   check_same_as(grad_y, "grad_y", x);
-  auto activation = activation_from(activation_value);
+  auto activation = batch_norm_activation_from(activation_value);
   auto implementation = implementation_from(implementation_value);
+  TORCH_CHECK(!(has_residual && applied_after_cudnn(activation)), "cudnn_fusion: SiLU and Hardswish take no residual "
+              "here, got has_residual with activation ", activation_value);
   bool channels_last = x.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
   bool has_y = y.has_value() && y->defined();
   TORCH_CHECK(has_y || !batch_norm_backward_reads_y(activation_value, has_residual, implementation_value,
@@ -401,9 +424,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
 
   c10::DeviceGuard guard(x.device());
   auto format = memory_format(channels_last);
-  auto p = problem_of(x, channels_last, false, has_residual, activation, policy);
   auto x_dense = x.contiguous(format);
   auto y_dense = has_y ? y->contiguous(format) : at::Tensor();
+  at::Tensor grad = grad_y;
+  if (applied_after_cudnn(activation) &&
+      !(implementation == BatchNormImplementation::kGraph && channels_last && x.numel() > 0)) {
+    // Where our NHWC kernel does not run (the legacy API, NCHW): SiLU's or Hardswish's backward in ATen from its
+    // input recomputed, then BatchNorm's alone
+    grad = activation_backward_from_input(grad_y.contiguous(format),
+                                          batch_norm_output(x_dense, weight, bias, save_mean, save_invstd), activation);
+    activation = Activation::kNone;
+  }
+  auto p = problem_of(x, channels_last, false, has_residual, activation, policy);
   int64_t c = x.size(1);
   auto stats_options = x.options().dtype(at::kFloat);
   auto dx = at::empty(x.sizes(), x.options().memory_format(format));
@@ -412,7 +444,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
 
   if (implementation == BatchNormImplementation::kLegacy) {
     auto dresidual = has_residual ? at::empty(x.sizes(), x.options().memory_format(format)) : at::Tensor();
-    if (legacy_backward(p, x_dense, y_dense, grad_y.contiguous(format), dresidual, dx, weight, bias, dweight, dbias,
+    if (legacy_backward(p, x_dense, y_dense, grad.contiguous(format), dresidual, dx, weight, bias, dweight, dbias,
                         eps, save_mean, save_invstd, reserve)) {
       return {dx, has_residual ? dresidual : at::empty({0}, x.options()), dweight, dbias};
     }
@@ -421,7 +453,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
     // Our kernel: the activation's mask applied as dy is read, no separate ReLU-backward pass (see
     // kernels/batch_norm_backward_kernel.cu). The mask comes from y only where a residual was added before it.
     auto dresidual = has_residual ? at::empty(x.sizes(), x.options().memory_format(format)) : at::Tensor();
-    batch_norm_act_backward_with_kernel(dy_into(grad_y, has_residual ? dresidual : dx), x_dense,
+    batch_norm_act_backward_with_kernel(dy_into(grad, has_residual ? dresidual : dx), x_dense,
                                         has_residual ? y_dense : at::Tensor(), weight, bias, save_mean, save_invstd,
                                         dresidual, dx, dweight, dbias, activation);
     return {dx, has_residual ? dresidual : at::empty({0}, x.options()), dweight, dbias};
@@ -430,7 +462,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
   // non-virtual tensor, and BN-inference -> ReLU backward -> BN backward with half-precision gradients.)
   TORCH_CHECK(has_y || activation == Activation::kNone, "cudnn_fusion: y (the forward output) is needed for the "
               "activation's backward of an empty x, got none");
-  auto dz = activation_backward(grad_y.contiguous(format), y_dense, activation).contiguous(format);
+  auto dz = activation_backward(grad.contiguous(format), y_dense, activation).contiguous(format);
   auto dresidual = has_residual ? dz : at::empty({0}, x.options());
   auto aten_backward = [&]() {
     return at::native_batch_norm_backward(dz, x_dense, weight, std::nullopt, std::nullopt, save_mean, save_invstd,
@@ -453,7 +485,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
 }
 
 bool batch_norm_backward_in_our_kernel(int64_t activation, int64_t implementation, bool channels_last) {
-  return activation_from(activation) != Activation::kNone && channels_last &&
+  return batch_norm_activation_from(activation) != Activation::kNone && channels_last &&
          implementation_from(implementation) == BatchNormImplementation::kGraph;
 }
 
@@ -479,11 +511,14 @@ std::tuple<at::Tensor, at::Tensor> backward_reduce_into(const at::Tensor& grad_y
                                                         const at::Tensor& save_mean, const at::Tensor& save_invstd,
                                                         int64_t activation_value, const char* op) {
   check_two_step_arguments(op, grad_y, "grad_y", x, weight, bias, save_mean, save_invstd);
-  auto activation = activation_from(activation_value);
-  TORCH_CHECK(activation != Activation::kNone, "cudnn_fusion: ", op, " needs an activation (1 ReLU or 2 ReLU6), "
-              "got 0");
+  auto activation = batch_norm_activation_from(activation_value);
+  TORCH_CHECK(activation != Activation::kNone, "cudnn_fusion: ", op, " needs an activation (1 ReLU, 2 ReLU6, 3 SiLU "
+              "or 4 Hardswish), got 0");
   bool has_y = y.has_value() && y->defined();
   if (has_y) check_same_as(*y, "y", x);
+  TORCH_CHECK(!(has_y && applied_after_cudnn(activation)), "cudnn_fusion: ", op, " takes SiLU's and Hardswish's "
+              "derivative from x, not from y (their backward reads their input): got y with activation ",
+              activation_value);
   c10::DeviceGuard guard(x.device());
   const auto format = at::MemoryFormat::ChannelsLast;
   auto stats_options = x.options().dtype(at::kFloat);
@@ -526,9 +561,9 @@ std::tuple<at::Tensor, at::Tensor> batch_norm_act_backward_(const at::Tensor& gr
                                                             const at::Tensor& save_invstd, int64_t activation_value) {
   check_two_step_arguments("batch_norm_act_backward_", grad_y, "grad_y", x, weight, bias, save_mean, save_invstd);
   check_overwritable(grad_y, x, "batch_norm_act_backward_");
-  auto activation = activation_from(activation_value);
-  TORCH_CHECK(activation != Activation::kNone, "cudnn_fusion: batch_norm_act_backward_ needs an activation (1 ReLU "
-              "or 2 ReLU6), got 0");
+  auto activation = batch_norm_activation_from(activation_value);
+  TORCH_CHECK(activation != Activation::kNone, "cudnn_fusion: batch_norm_act_backward_ needs an activation (1 ReLU, "
+              "2 ReLU6, 3 SiLU or 4 Hardswish), got 0");
   c10::DeviceGuard guard(x.device());
   auto stats_options = x.options().dtype(at::kFloat);
   auto dweight = at::empty({x.size(1)}, stats_options);
@@ -639,14 +674,22 @@ std::unordered_map<std::string, std::string> check_batch_norm_layer(const BatchN
   c10::DeviceGuard guard(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(problem.device)));
   const int8_t fresh = 16;  // BatchNorm's input and output are fresh allocations from the caching allocator
   std::unordered_map<std::string, std::string> refusals;
+  if (problem.has_residual && applied_after_cudnn(problem.activation)) {
+    const std::string why = "SiLU and Hardswish after a residual add are not fused (their backward reads the sum "
+                            "before the activation, which the op does not keep)";
+    return {{"graph_forward", why}, {"legacy", why}};
+  }
+  // what cuDNN runs: BatchNorm (+ add) (+ ReLU / ReLU6); the op applies SiLU and Hardswish to its output
+  BatchNormProblem cudnn_problem = problem;
+  cudnn_problem.activation = graph_activation(problem.activation);
   refusals["graph_forward"] =
-      get_plan(make_batch_norm_key(GraphKind::kBatchNormForward, problem, {fresh, fresh, fresh}))->refusal;
+      get_plan(make_batch_norm_key(GraphKind::kBatchNormForward, cudnn_problem, {fresh, fresh, fresh}))->refusal;
   // With an activation, NHWC, the backward runs in our kernel (batch_norm_act_backward_with_kernel): no graph.
   if (problem.activation == Activation::kNone || !problem.channels_last) {
     refusals["graph_backward"] =
-        get_plan(make_batch_norm_key(GraphKind::kBatchNormBackward, problem, {fresh, fresh, fresh}))->refusal;
+        get_plan(make_batch_norm_key(GraphKind::kBatchNormBackward, cudnn_problem, {fresh, fresh, fresh}))->refusal;
   }
-  refusals["legacy"] = legacy_refusal(at::native::getCudnnHandle(), problem, eps);
+  refusals["legacy"] = legacy_refusal(at::native::getCudnnHandle(), cudnn_problem, eps);
   return refusals;
 }
 

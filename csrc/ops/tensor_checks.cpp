@@ -6,7 +6,9 @@
 namespace tcf {
 
 static_assert(kActivationRelu == static_cast<int>(Activation::kRelu) &&
-              kActivationRelu6 == static_cast<int>(Activation::kRelu6));
+              kActivationRelu6 == static_cast<int>(Activation::kRelu6) &&
+              kActivationSilu == static_cast<int>(Activation::kSilu) &&
+              kActivationHardswish == static_cast<int>(Activation::kHardswish));
 
 Activation activation_from(int64_t value) {
   TORCH_CHECK(value >= 0 && value <= 2, "cudnn_fusion: activation must be 0 (none), 1 (ReLU) or 2 (ReLU6), got ",
@@ -14,9 +16,23 @@ Activation activation_from(int64_t value) {
   return static_cast<Activation>(value);
 }
 
+Activation batch_norm_activation_from(int64_t value) {
+  TORCH_CHECK(value >= 0 && value <= 4, "cudnn_fusion: activation must be 0 (none), 1 (ReLU), 2 (ReLU6), 3 (SiLU) "
+              "or 4 (Hardswish), got ", value);
+  return static_cast<Activation>(value);
+}
+
 void apply_activation_(at::Tensor& y, Activation activation) {
   if (activation == Activation::kRelu) y.relu_();
   if (activation == Activation::kRelu6) y.clamp_(0, 6);
+  if (activation == Activation::kSilu) at::silu_(y);
+  if (activation == Activation::kHardswish) at::hardswish_(y);
+}
+
+at::Tensor activation_backward_from_input(const at::Tensor& grad_y, const at::Tensor& input, Activation activation) {
+  TORCH_CHECK(applied_after_cudnn(activation), "cudnn_fusion: activation_backward_from_input takes SiLU (3) or "
+              "Hardswish (4), got ", static_cast<int64_t>(activation));
+  return activation == Activation::kSilu ? at::silu_backward(grad_y, input) : at::hardswish_backward(grad_y, input);
 }
 
 at::Tensor activation_backward(const at::Tensor& grad_y, const at::Tensor& y, Activation activation) {

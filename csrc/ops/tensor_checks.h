@@ -10,12 +10,18 @@
 
 namespace tcf {
 
-// The activation argument of the ops: 0 (none), 1 (ReLU) or 2 (ReLU6), else an error naming it.
+// The activation argument of the conv ops: 0 (none), 1 (ReLU) or 2 (ReLU6), else an error naming it.
 Activation activation_from(int64_t value);
-// y = activation(y) in place, and the gradient through it from its output y, as eager computes them (F.relu:
-// threshold_backward; F.relu6: hardtanh_backward, whose mask on the output is the one on the input).
+// The activation argument of the BatchNorm ops: those, 3 (SiLU) or 4 (Hardswish).
+Activation batch_norm_activation_from(int64_t value);
+// y = activation(y) in place, as eager computes it (F.relu, F.relu6, F.silu, F.hardswish).
 void apply_activation_(at::Tensor& y, Activation activation);
+// The gradient through ReLU or ReLU6 from its output y (F.relu: threshold_backward; F.relu6: hardtanh_backward,
+// whose mask on the output is the one on the input); grad_y itself without an activation.
 at::Tensor activation_backward(const at::Tensor& grad_y, const at::Tensor& y, Activation activation);
+// The gradient through SiLU or Hardswish from its input, as eager's backward computes it (silu_backward,
+// hardswish_backward).
+at::Tensor activation_backward_from_input(const at::Tensor& grad_y, const at::Tensor& input, Activation activation);
 
 // float16, bfloat16 or float32.
 void check_supported_dtype(const at::Tensor& t, const char* name);

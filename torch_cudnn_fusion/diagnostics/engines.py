@@ -12,7 +12,7 @@ from typing import Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
-from .._cpp_enums import ACTIVATION_NAMES, Activation
+from .._cpp_enums import CONV_ACTIVATION_NAMES, Activation
 from .. import _extension
 from ..ops.conv import conv_padding, eager_activation, int_pair
 from ..ops.decide import SUPPORTED_DTYPES
@@ -143,7 +143,7 @@ def engines(
     if x_shape[1] != weight_shape[1] * groups:
         raise ValueError(f"x has {x_shape[1]} channels but weight of shape {list(weight_shape)} with groups={groups} "
                          f"expects {weight_shape[1] * groups}")
-    if activation not in ACTIVATION_NAMES:
+    if activation not in CONV_ACTIVATION_NAMES:
         raise ValueError(f"activation must be 'relu', 'relu6', 'identity' or None, got {activation!r}")
     stride_, dilation_ = int_pair(stride, "stride", 1), int_pair(dilation, "dilation", 1)
     pre, post = conv_padding(padding, weight_shape[2:], dilation_, stride_)

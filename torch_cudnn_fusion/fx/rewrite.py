@@ -45,7 +45,9 @@ from ..nn.pool import global_avg_pool2d, is_global
 PATTERNS: dict[tuple[bool, bool, Optional[str]], type] = {
     (True, False, "relu"): Conv2dBNReLU,
     (True, False, "relu6"): Conv2dBNReLU,  # activation="relu6"
-    (True, False, None): Conv2dBN,  # an activation after it that is not ReLU/ReLU6 stays where it is
+    (True, False, "silu"): Conv2dBN,  # activation="silu"
+    (True, False, "hardswish"): Conv2dBN,  # activation="hardswish"
+    (True, False, None): Conv2dBN,  # an activation after it that none of these fuses stays where it is
     (True, True, "relu"): Conv2dBNAddReLU,
     (False, False, "relu"): Conv2dReLU,
     (False, True, "relu"): Conv2dAddReLU,
@@ -53,8 +55,16 @@ PATTERNS: dict[tuple[bool, bool, Optional[str]], type] = {
 # Chains that match no pattern, and why.
 NOT_FUSED: dict[tuple[bool, bool, Optional[str]], str] = {
     (False, False, "relu6"): "Conv2d -> ReLU6 without a BatchNorm: Conv2dReLU applies ReLU only",
+    (False, False, "silu"): "Conv2d -> SiLU without a BatchNorm: the conv graphs express ReLU only (SiLU is fused "
+                            "after a BatchNorm)",
+    (False, False, "hardswish"): "Conv2d -> Hardswish without a BatchNorm: the conv graphs express ReLU only "
+                                 "(Hardswish is fused after a BatchNorm)",
     (False, False, None): "nothing fusable follows it (patterns: Conv2d -> BatchNorm2d / ReLU / add -> ReLU)",
 }
+# The activations a BatchNorm without a conv before it fuses (BatchNorm2dReLU).
+_BATCH_NORM_ALONE_ACTIVATIONS = ("relu", "relu6")
+# What the report says of an activation after a fused layer that it does not fuse.
+_NOT_EXPRESSED = "the fused layers express ReLU and ReLU6, and after a BatchNorm SiLU and Hardswish, only"
 
 # Why each eligibility condition exists; every refusal below quotes one of these.
 WHY = {
@@ -68,12 +78,13 @@ WHY = {
     "add_relu": "a residual add is fused only when a ReLU follows it (cuDNN 9.19 refuses BatchNorm + add alone)",
 }
 
-_OTHER_ACTIVATIONS = (nn.SiLU, nn.GELU, nn.Hardswish, nn.Hardsigmoid, nn.LeakyReLU, nn.ELU, nn.SELU, nn.Sigmoid,
+_OTHER_ACTIVATIONS = (nn.GELU, nn.Hardsigmoid, nn.LeakyReLU, nn.ELU, nn.SELU, nn.Sigmoid,
                       nn.Tanh, nn.Mish, nn.PReLU, nn.Hardtanh)
-_OTHER_ACTIVATION_FUNCTIONS = {F.silu, F.gelu, F.hardswish, F.hardsigmoid, F.leaky_relu, F.elu, F.selu, torch.sigmoid,
+_OTHER_ACTIVATION_FUNCTIONS = {F.gelu, F.hardsigmoid, F.leaky_relu, F.elu, F.selu, torch.sigmoid,
                                torch.tanh, F.mish, F.hardtanh}
 _OTHER_ACTIVATION_METHODS = {"sigmoid", "sigmoid_", "tanh", "tanh_"}
 _RELU_FUNCTIONS = {F.relu, torch.relu, torch.relu_}
+_FUSED_ACTIVATION_FUNCTIONS = {F.relu6: "relu6", F.silu: "silu", F.hardswish: "hardswish"}
 _ADD_FUNCTIONS = {operator.add, operator.iadd, torch.add}
 _FUSED_TYPES = (FusedConv2d, BatchNorm2dReLU)  # already fused: leaves, reported as such
 _PLACEHOLDERS = (BatchNorm2dFused, ActivationFused)
@@ -181,11 +192,12 @@ def _batch_norm_problem(bn: nn.Module) -> str:
 
 
 def _activation_of_module(m: nn.Module) -> Optional[str]:
+    """The fusable activation `m` is ("relu", "relu6", "silu", "hardswish"), or None."""
     if type(m) is nn.ReLU:
         return "relu"
     if type(m) is nn.ReLU6 or (type(m) is nn.Hardtanh and m.min_val == 0.0 and m.max_val == 6.0):
         return "relu6"
-    return None
+    return {nn.SiLU: "silu", nn.Hardswish: "hardswish"}.get(type(m))
 
 
 def _inner_activation(bn: nn.Module) -> tuple[Optional[str], Optional[nn.Module]]:
@@ -340,8 +352,9 @@ def _node_activation(node: fx.Node, value: fx.Node, modules: dict) -> tuple[Opti
         rest = node.args[1:] + tuple(v for k, v in node.kwargs.items() if k != "inplace")
         if node.target in _RELU_FUNCTIONS and all(isinstance(v, bool) for v in rest):
             return "relu", "relu"
-        if node.target is F.relu6 and all(isinstance(v, bool) for v in rest):
-            return "relu6", "relu6"
+        if node.target in _FUSED_ACTIVATION_FUNCTIONS and all(isinstance(v, bool) for v in rest):
+            name = _FUSED_ACTIVATION_FUNCTIONS[node.target]
+            return name, name
         if node.target in _OTHER_ACTIVATION_FUNCTIONS:
             return None, getattr(node.target, "__name__", str(node.target))
     if node.op == "call_method" and node.target in ("relu", "relu_") and len(node.args) == 1 and not node.kwargs:
@@ -462,8 +475,7 @@ class _GraphRewrite:
                     trailing = name
         if len(chain) == 1:
             if trailing:
-                return self.refuse(path, f"Conv2d -> {trailing}",
-                                   f"{trailing}: the fused graphs express ReLU and ReLU6 (clipped ReLU) only")
+                return self.refuse(path, f"Conv2d -> {trailing}", f"{trailing}: {_NOT_EXPRESSED}")
             users = len(node.users)
             why = (f"its output goes to {users} operations ({_describe_users(node, self.modules)}): "
                    f"{WHY['shared_output']}" if users > 1 else
@@ -482,7 +494,7 @@ class _GraphRewrite:
         self.replace(node, chain, fused, residual, inner_after, bn_node)
         note = ""
         if trailing:
-            note = f"{trailing} after it applied as before (the fused graphs express ReLU and ReLU6 only)"
+            note = f"{trailing} after it applied as before ({_NOT_EXPRESSED})"
         self.rows.append(FuseRow(path, pattern, True, type(fused).__name__, "", note))
 
     def replace(self, node, chain, fused, residual, inner_after, bn_node) -> None:
@@ -517,6 +529,8 @@ class _GraphRewrite:
                 return
         else:
             name = type(bn.act).__name__
+        if act not in _BATCH_NORM_ALONE_ACTIVATIONS:
+            return  # SiLU and Hardswish are fused after a conv + BatchNorm only
         pattern = f"{type(bn).__name__} -> {name}"
         problem = _batch_norm_problem(bn)
         if not problem and self.calls[node.target] > 1:
@@ -551,10 +565,10 @@ def _fuse_sequential(seq: nn.Sequential, prefix: str, uses: collections.Counter,
             follower = children[i + 1][1] if i + 1 < len(children) else None
             if act is None and follower is not None and _inner_activation(m)[1] is None:
                 act = _activation_of_module(follower)
-                if act is not None:
+                if act in _BATCH_NORM_ALONE_ACTIVATIONS:
                     seq._modules[children[i + 1][0]] = ActivationFused(follower, path)
                     i += 1
-            if act is not None:
+            if act in _BATCH_NORM_ALONE_ACTIVATIONS:
                 seq._modules[name] = BatchNorm2dReLU.from_bn(m, activation=act)
                 rows.append(FuseRow(path, f"{type(m).__name__} -> {act}", True, "BatchNorm2dReLU", "", ""))
         i += 1
@@ -591,8 +605,7 @@ def _sequential_conv(seq, prefix, children, i, uses, rows) -> int:
         trailing = type(inner_after).__name__
     if not absorbed:
         rows.append(FuseRow(path, "Conv2d", False, "", "",
-                            f"{trailing}: the fused graphs express ReLU and ReLU6 (clipped ReLU) only" if trailing
-                            else NOT_FUSED[(False, False, None)]))
+                            f"{trailing}: {_NOT_EXPRESSED}" if trailing else NOT_FUSED[(False, False, None)]))
         return 1
     pattern = _pattern_name(parts)
     if any(uses[id(m)] > 1 for m in [conv] + [m for _, m in absorbed]):
@@ -612,7 +625,7 @@ def _sequential_conv(seq, prefix, children, i, uses, rows) -> int:
             seq._modules[child_name] = ActivationFused(child, path)
     note = ""
     if trailing:
-        note = f"{trailing} after it applied as before (the fused graphs express ReLU and ReLU6 only)"
+        note = f"{trailing} after it applied as before ({_NOT_EXPRESSED})"
     rows.append(FuseRow(path, pattern, True, type(fused).__name__, "", note))
     return j - i
 

@@ -14,7 +14,7 @@ from ..ops.decide import FusionStatus
 from ..ops.layer_call import LayerCall
 from ..policy import EnginePolicy
 
-_ACTIVATIONS = ("relu", "relu6", None)
+_ACTIVATIONS = ("relu", "relu6", "silu", "hardswish", None)
 _BATCH_NORM_TENSORS = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
 
 
@@ -40,8 +40,9 @@ def batch_norm_arguments(bn: nn.BatchNorm2d) -> tuple:
 
 
 def check_activation(activation: Optional[str]) -> Optional[str]:
+    """A BatchNorm module's activation: "relu", "relu6", "silu", "hardswish" or None."""
     if activation not in _ACTIVATIONS:
-        raise ValueError(f"activation must be 'relu', 'relu6' or None, got {activation!r}")
+        raise ValueError(f"activation must be 'relu', 'relu6', 'silu', 'hardswish' or None, got {activation!r}")
     return activation
 
 

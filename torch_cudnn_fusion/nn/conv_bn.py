@@ -1,4 +1,4 @@
-"""Conv2d + BatchNorm2d (+ residual add) (+ ReLU / ReLU6) as drop-in modules.
+"""Conv2d + BatchNorm2d (+ residual add) (+ ReLU / ReLU6) as drop-in modules; Conv2dBN also with SiLU or Hardswish.
 
 Training (batch statistics): conv and BatchNorm (+ add + activation) run as one op with two autograd nodes from the
 first call on (ops.batch_norm.conv2d_batch_norm_act): inside it the conv is PyTorch's own cuDNN call, or for a
@@ -8,7 +8,8 @@ float32 at stride 2) — BatchNorm needs the whole conv output for its statistic
 BatchNorm + add + activation run fused (the cuDNN graph, or the legacy cuDNN BatchNorm API where the graph is
 refused).
 Eval (running statistics): BatchNorm folds into the conv's weight and bias and the layer runs as one fused
-conv + bias (+ residual) + ReLU graph; the fold is recomputed whenever a parameter or statistic changes.
+conv + bias (+ residual) + ReLU graph (SiLU and Hardswish, which the conv graphs do not express, are applied to its
+output in place); the fold is recomputed whenever a parameter or statistic changes.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import torch
 from torch import nn
 from torch._prims_common import suggest_memory_format
 
+from .._cpp_enums import CONV_ACTIVATION_NAMES, Activation
 from .._module_state import module_attributes
 from ..ops import decide
 from ..ops.batch_norm import _eager_batch_norm_act, conv2d_batch_norm_act
-from ..ops.conv import autocast_dtype, conv2d_bias_act
+from ..ops.conv import autocast_dtype, conv2d_bias_act, eager_activation
 from ..ops.decide import Decision, FusionStatus
 from ..policy import EnginePolicy
 from .batchnorm import batch_norm_arguments, check_activation
@@ -33,7 +35,9 @@ _FOLDED_BN_TENSORS = ("weight", "bias", "running_mean", "running_var")
 
 
 class Conv2dBN(FusedConv2d):
-    """batch_norm(conv2d(x)) — nn.Conv2d followed by nn.BatchNorm2d (no activation).
+    """batch_norm(conv2d(x)) — nn.Conv2d followed by nn.BatchNorm2d (no activation); with activation="silu" or
+    "hardswish", followed by nn.SiLU or nn.Hardswish too (in training the op applies them to the BatchNorm's output
+    and our BatchNorm backward kernel takes their backward: no module and no autograd node of their own).
 
     Constructor: nn.Conv2d's arguments (bias defaults to False, as before a BatchNorm) and nn.BatchNorm2d's (eps,
     momentum, affine, track_running_stats). The BatchNorm is the child `bn`: state_dict keys are the conv's
@@ -118,9 +122,12 @@ class Conv2dBN(FusedConv2d):
                                          self.activation, residual)
         tensors = (conv_weight, conv_bias, weight, bias, running_mean, running_var)
         folded_weight, folded_bias = self._fold(tensors, bn.eps, autocast_dtype(conv_weight, x.device.type))
-        return conv2d_bias_act(x, folded_weight, folded_bias, residual, self.stride, self.padding, self.dilation,
-                               self.groups, self.activation, padding_mode=self.padding_mode, strict=self.strict,
-                               policy=self.policy, call=call)
+        activation = self.activation
+        in_graph = activation in CONV_ACTIVATION_NAMES  # SiLU and Hardswish: applied to the conv's output after it
+        y = conv2d_bias_act(x, folded_weight, folded_bias, residual, self.stride, self.padding, self.dilation,
+                            self.groups, activation if in_graph else None, padding_mode=self.padding_mode,
+                            strict=self.strict, policy=self.policy, call=call)
+        return y if in_graph else eager_activation(y, Activation.from_name(activation))
 
     def _folded_weight_and_bias(self, dtype: Optional[torch.dtype] = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The conv's weight and bias with the BatchNorm's running statistics, scale and shift folded in, in `dtype`

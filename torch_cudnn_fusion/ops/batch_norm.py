@@ -43,7 +43,8 @@ def _eager_reason(x_size, dtype, device, residual: Optional[torch.Tensor]) -> st
 
 def _check_activation(activation) -> Activation:
     if activation not in ACTIVATION_NAMES:
-        raise ValueError(f"activation must be 'relu', 'relu6', 'identity' or None, got {activation!r}")
+        raise ValueError(f"activation must be 'relu', 'relu6', 'silu', 'hardswish', 'identity' or None, got "
+                         f"{activation!r}")
     return Activation.from_name(activation)
 
 
@@ -117,7 +118,8 @@ def batch_norm_act(
     call: Optional[LayerCall] = None,
     num_batches_tracked: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """activation(F.batch_norm(x, ...) + residual), arguments as F.batch_norm's; activation "relu", "relu6" or None.
+    """activation(F.batch_norm(x, ...) + residual), arguments as F.batch_norm's; activation "relu", "relu6", "silu",
+    "hardswish" (SiLU and Hardswish without a residual: with one the call runs eager) or None.
 
     With batch statistics (training, or no running statistics) it runs as one cuDNN graph (or the legacy cuDNN
     BatchNorm API, where cuDNN refuses the graph), running statistics updated as F.batch_norm updates them; with

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _extension
-from .._cpp_enums import ACTIVATION_NAMES, Activation
+from .._cpp_enums import CONV_ACTIVATION_NAMES, Activation
 from ..policy import EnginePolicy, policy_id, resolve
 from . import decide
 from .decide import Decision
@@ -113,14 +113,18 @@ def _eager(x, weight, bias, residual, stride, padding_pre, padding_post, dilatio
     return eager_activation(y, activation)
 
 
+_IN_PLACE_ACTIVATIONS = {Activation.RELU: F.relu, Activation.RELU6: F.relu6, Activation.SILU: F.silu,
+                         Activation.HARDSWISH: F.hardswish}
+
+
 def eager_activation(y: torch.Tensor, activation: int) -> torch.Tensor:
-    """F.relu or F.relu6 of y in place, or y, by an Activation value: the activation of every eager composition here.
-    y is always the composition's own fresh output (of a conv, a BatchNorm or an add, none of whose backwards reads
-    it), as behind the models' nn.ReLU(inplace=True): an out-of-place activation would hold a second tensor of y's
-    size while y is alive, which raised densenet121's eval peak above eager's."""
-    if activation == Activation.RELU:
-        return F.relu(y, inplace=True)
-    return F.relu6(y, inplace=True) if activation == Activation.RELU6 else y
+    """F.relu, F.relu6, F.silu or F.hardswish of y in place, or y, by an Activation value: the activation of every
+    eager composition here. y is always the composition's own fresh output (of a conv, a BatchNorm or an add, none of
+    whose backwards reads it), as behind the models' nn.ReLU(inplace=True) and nn.SiLU(inplace=True): an out-of-place
+    activation would hold a second tensor of y's size while y is alive, which raised densenet121's eval peak above
+    eager's."""
+    function = _IN_PLACE_ACTIVATIONS.get(activation)
+    return y if function is None else function(y, inplace=True)
 
 
 def odd_residual(residual: torch.Tensor, shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> str:
@@ -209,7 +213,7 @@ def conv2d_bias_act(
             return _run(call.run, x, weight, bias, residual, padding_mode)
     passed = (x, weight, bias)  # as the caller passed them: what a record compares a repeat with
 
-    if activation not in ACTIVATION_NAMES:
+    if activation not in CONV_ACTIVATION_NAMES:
         raise ValueError(f"activation must be 'relu', 'relu6', 'identity' or None, got {activation!r}")
     act = int(Activation.from_name(activation))
     if autocast:

@@ -333,6 +333,8 @@ def _decide_batch_norm(values: tuple) -> Decision:
         return Decision(True, "", (("batch_norm_act_backward", ""),) if folded else (), "cudnn_graph")
     if not refusals["legacy"]:
         return Decision(True, f"the cuDNN graph was refused: {graph_refusal}", (), "cudnn_legacy")
+    if refusals["legacy"] == graph_refusal:  # one reason for both (SiLU or Hardswish after a residual add)
+        return Decision.eager(graph_refusal)
     return Decision.eager(f"{graph_refusal}; and {refusals['legacy']}")
 
 
