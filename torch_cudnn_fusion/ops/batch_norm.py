@@ -176,11 +176,14 @@ def batch_norm_act(
     decision = decide.decide_batch_norm(config)
     decide.raise_if_strict(decision, strict, _where(x.shape[1] if x.dim() > 1 else "?", x.shape))
     identity = _identity_affine(weight, bias, x.shape[1], x.device) if decision.fused else None
+    # the op that writes the running statistics itself runs where they are float32 (the signature keeps their dtype)
+    update_op = (decision.fused and update and running_mean.dtype == torch.float32
+                 and running_var.dtype == torch.float32)
     run = (decision.fused, _implementation(decision), update, policy_id(policy.key) if decision.fused else 0, int(act),
-           identity)
+           identity, update_op)
     if call is not None:
         recorded = None
-        if signature is not None and _batch_norm_recordable(run, x, weight, bias, running_mean, running_var):
+        if signature is not None and _batch_norm_recordable(run, x, weight, bias):
             recorded = _extension.require().BatchNormCall(x, weight, bias, running_mean, running_var,
                                                           num_batches_tracked, residual, float(eps), run[4], run[1],
                                                           run[3])
@@ -189,22 +192,21 @@ def batch_norm_act(
                            num_batches_tracked)
 
 
-def _batch_norm_recordable(run: tuple, x, weight, bias, running_mean, running_var) -> bool:
+def _batch_norm_recordable(run: tuple, x, weight, bias) -> bool:
     """Whether C++ can check and run a repeat of this call: BatchNormCall runs the op that writes the running
-    statistics (fused, with float32 ones) and hands it the scale and shift as they are (float32, or neither)."""
-    fused, _, update = run[:3]
-    return (fused and update and x.is_cuda and running_mean.dtype == torch.float32
-            and running_var.dtype == torch.float32 and _affine_as_is(weight, bias))
+    statistics (run's update_op) and hands it the scale and shift as they are (float32, or neither)."""
+    return run[6] and x.is_cuda and _affine_as_is(weight, bias)
 
 
 def _run_batch_norm(run: tuple, x, running_mean, running_var, weight, bias, momentum, eps, activation, residual,
                     num_batches_tracked=None):
     """Batch-statistics BatchNorm (+ residual) (+ activation) as decided: (fused, implementation, update, policy id,
-    activation code, identity scale and shift or None). With float32 running statistics the one op writes them and
-    counts the step in num_batches_tracked (when given); otherwise they are copied back and the step counted here."""
+    activation code, identity scale and shift or None, update_op). With update_op (fused, float32 running
+    statistics) the one op writes them and counts the step in num_batches_tracked (when given); otherwise they are
+    copied back and the step counted here."""
     global _bn_op, _bn_update_op
-    fused, implementation, update, policy, activation_code, identity = run
-    if fused and update and running_mean.dtype == torch.float32 and running_var.dtype == torch.float32:
+    fused, implementation, update, policy, activation_code, identity, update_op = run
+    if update_op:
         if _bn_update_op is None:
             _bn_update_op = torch.ops.cudnn_fusion.batch_norm_act_update.default
         scale, shift = _affine_or_identity(weight, bias, identity)
