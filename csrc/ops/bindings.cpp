@@ -578,7 +578,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::enum_<tcf::Activation>(m, "Activation")
       .value("IDENTITY", tcf::Activation::kNone)
       .value("RELU", tcf::Activation::kRelu)
-      .value("RELU6", tcf::Activation::kRelu6);
+      .value("RELU6", tcf::Activation::kRelu6)
+      .value("SILU", tcf::Activation::kSilu)
+      .value("HARDSWISH", tcf::Activation::kHardswish);
   py::enum_<tcf::BatchNormImplementation>(m, "BatchNormImplementation")
       .value("CUDNN_GRAPH", tcf::BatchNormImplementation::kGraph)
       .value("CUDNN_LEGACY", tcf::BatchNormImplementation::kLegacy);
