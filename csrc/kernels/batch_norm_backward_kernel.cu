@@ -51,7 +51,11 @@ struct Channels {
   }
 };
 
-// The activation's derivative at v, its input (the BatchNorm output rounded to the storage type, as eager's
+__device__ inline bool passes(float v, int activation) {
+  return activation == kActivationRelu6 ? (v > 0.f && v < 6.f) : v > 0.f;
+}
+
+// SiLU's or Hardswish's derivative at v, its input (the BatchNorm output rounded to the storage type, as eager's
 // activation reads it), computed as PyTorch's silu_backward and hardswish_backward compute it in float32.
 // Explicit roundings, no contraction: the first and last pass must reach the same value bit for bit.
 __device__ inline float derivative(float v, int activation) {
@@ -59,12 +63,9 @@ __device__ inline float derivative(float v, int activation) {
     const float sigmoid = __frcp_rn(__fadd_rn(1.f, expf(-v)));
     return __fmul_rn(sigmoid, __fadd_rn(1.f, __fmul_rn(v, __fsub_rn(1.f, sigmoid))));
   }
-  if (activation == kActivationHardswish) {  // 0 at -3 and 1 at 3, as PyTorch's: half-precision outputs hit both
-    if (v <= -3.f) return 0.f;
-    return v < 3.f ? __fadd_rn(__fdiv_rn(v, 3.f), 0.5f) : 1.f;
-  }
-  const bool passed = activation == kActivationRelu6 ? (v > 0.f && v < 6.f) : v > 0.f;
-  return passed ? 1.f : 0.f;
+  // Hardswish: 0 at -3 and 1 at 3, as PyTorch's (half-precision outputs hit both)
+  if (v <= -3.f) return 0.f;
+  return v < 3.f ? __fadd_rn(__fdiv_rn(v, 3.f), 0.5f) : 1.f;
 }
 
 // g for one element: dy through the activation (ReLU, ReLU6: its mask; SiLU, Hardswish: dy times the derivative).
@@ -75,10 +76,8 @@ __device__ inline float masked_grad(float dy, float xc, float y, float invstd, f
                                     int activation) {
   float v = y;
   if (!kFromY) v = to_float(from_float<T>(__fadd_rn(__fmul_rn(__fmul_rn(xc, invstd), weight), bias)));
-  if (activation == kActivationSilu || activation == kActivationHardswish) {
-    return __fmul_rn(dy, derivative(v, activation));
-  }
-  return derivative(v, activation) != 0.f ? dy : 0.f;
+  if (activation == kActivationRelu || activation == kActivationRelu6) return passes(v, activation) ? dy : 0.f;
+  return __fmul_rn(dy, derivative(v, activation));
 }
 
 // Blocks of the first and last launch per multiprocessor: their occupancy (at most 128 registers a thread), and
