@@ -112,7 +112,7 @@ def test_standalone_module_state_dict_and_constructor():
     assert "activation=relu6" in repr(fused)
     bn = tcf.BatchNorm2dReLU(16)
     assert list(bn.state_dict()) == list(nn.BatchNorm2d(16).state_dict())
-    with pytest.raises(ValueError, match="activation must be 'relu', 'relu6', 'silu', 'hardswish' or None, got 'gelu'"):
+    with pytest.raises(ValueError, match="Conv2dBNReLU: activation must be 'relu', 'relu6' or None, got 'gelu'"):
         tcf.Conv2dBNReLU(8, 16, 3, activation="gelu")
     with pytest.raises(ValueError, match=r"bn.num_features \(8\) must equal conv.out_channels \(16\)"):
         tcf.Conv2dBN.from_modules(nn.Conv2d(8, 16, 1), nn.BatchNorm2d(8))
@@ -444,12 +444,22 @@ def test_fuse_traced_silu_and_hardswish_functions_and_modules():
     torch.testing.assert_close(model.state_dict(), eager.state_dict(), rtol=0, atol=0)
 
 
-def test_conv_bn_modules_take_silu_and_hardswish_and_name_bad_activations():
+def test_conv_bn_takes_silu_and_hardswish_the_relu_modules_do_not_and_bad_activations_are_named():
     conv, bn = nn.Conv2d(4, 8, 1), nn.BatchNorm2d(8)
     assert tcf.Conv2dBN.from_modules(conv, bn, activation="silu").activation == "silu"
     assert tcf.Conv2dBN(4, 8, 1, activation="hardswish").activation == "hardswish"
-    with pytest.raises(ValueError, match="activation must be 'relu', 'relu6', 'silu', 'hardswish' or None, got 'gelu'"):
+    with pytest.raises(ValueError, match="Conv2dBN: activation must be 'relu', 'relu6', 'silu', 'hardswish' or None, "
+                                         "got 'gelu'"):
         tcf.Conv2dBN(4, 8, 1, activation="gelu")
+    # the ReLU modules take what their names say: SiLU and Hardswish are Conv2dBN's (as fuse() makes them)
+    for make, name in ((lambda a: tcf.Conv2dBNReLU(4, 8, 1, activation=a), "Conv2dBNReLU"),
+                       (lambda a: tcf.Conv2dBNAddReLU.from_modules(conv, bn, activation=a), "Conv2dBNAddReLU"),
+                       (lambda a: tcf.BatchNorm2dReLU.from_bn(bn, activation=a), "BatchNorm2dReLU")):
+        assert make("relu6").activation == "relu6"
+        for activation in ("silu", "hardswish"):
+            with pytest.raises(ValueError, match=f"{name}: activation must be 'relu', 'relu6' or None, "
+                                                 f"got '{activation}'"):
+                make(activation)
     with pytest.raises(ValueError, match="activation must be 'relu', 'relu6', 'identity' or None, got 'silu'"):
         tcf.conv2d_bias_act(torch.randn(1, 4, 4, 4), torch.randn(8, 4, 1, 1), None, activation="silu")
 

@@ -14,7 +14,10 @@ from ..ops.decide import FusionStatus
 from ..ops.layer_call import LayerCall
 from ..policy import EnginePolicy
 
-_ACTIVATIONS = ("relu", "relu6", "silu", "hardswish", None)
+# What each module accepts: Conv2dBN every activation its op fuses; the *ReLU modules what they took before SiLU and
+# Hardswish were fused (fuse() gives those to Conv2dBN only).
+ANY_ACTIVATION = ("relu", "relu6", "silu", "hardswish", None)
+RELU_ACTIVATIONS = ("relu", "relu6", None)
 _BATCH_NORM_TENSORS = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
 
 
@@ -39,10 +42,11 @@ def batch_norm_arguments(bn: nn.BatchNorm2d) -> tuple:
     return weight, bias, running_mean, running_var, batch_stats, momentum, uncounted
 
 
-def check_activation(activation: Optional[str]) -> Optional[str]:
-    """A BatchNorm module's activation: "relu", "relu6", "silu", "hardswish" or None."""
-    if activation not in _ACTIVATIONS:
-        raise ValueError(f"activation must be 'relu', 'relu6', 'silu', 'hardswish' or None, got {activation!r}")
+def check_activation(activation: Optional[str], accepted: tuple, module: str) -> Optional[str]:
+    """`activation` if it is one of `accepted` (the module's), else a ValueError that names them."""
+    if activation not in accepted:
+        names = ", ".join(repr(a) for a in accepted[:-1]) + f" or {accepted[-1]!r}"
+        raise ValueError(f"{module}: activation must be {names}, got {activation!r}")
     return activation
 
 
@@ -58,7 +62,7 @@ class BatchNorm2dReLU(nn.BatchNorm2d):
                  track_running_stats: bool = True, device=None, dtype=None, *, activation: Optional[str] = "relu",
                  strict: Optional[bool] = None, policy: Optional[EnginePolicy] = None) -> None:
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype)
-        self.activation = check_activation(activation)
+        self.activation = check_activation(activation, RELU_ACTIVATIONS, type(self).__name__)
         self.strict = strict
         self.policy = policy
         self._call = LayerCall()

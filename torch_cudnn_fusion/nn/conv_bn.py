@@ -27,7 +27,7 @@ from ..ops.batch_norm import _eager_batch_norm_act, conv2d_batch_norm_act
 from ..ops.conv import autocast_dtype, conv2d_bias_act, eager_activation
 from ..ops.decide import Decision, FusionStatus
 from ..policy import EnginePolicy
-from .batchnorm import batch_norm_arguments, check_activation
+from .batchnorm import ANY_ACTIVATION, RELU_ACTIVATIONS, batch_norm_arguments, check_activation
 from .conv import FusedConv2d
 
 _CONV_TENSORS = ("weight", "bias")
@@ -45,6 +45,7 @@ class Conv2dBN(FusedConv2d):
     """
 
     activation: Optional[str] = None
+    accepted_activations: tuple = ANY_ACTIVATION
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1, groups=1,
                  bias: bool = False, padding_mode: str = "zeros", device=None, dtype=None, *, eps: float = 1e-5,
@@ -55,7 +56,7 @@ class Conv2dBN(FusedConv2d):
                          device=device, dtype=dtype, strict=strict, policy=policy)
         self.bn = nn.BatchNorm2d(out_channels, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
         if activation != "default":
-            self.activation = check_activation(activation)
+            self.activation = check_activation(activation, self.accepted_activations, type(self).__name__)
 
     @classmethod
     def from_modules(cls, conv: nn.Conv2d, bn: nn.BatchNorm2d, *, activation: Optional[str] = "default",
@@ -72,7 +73,7 @@ class Conv2dBN(FusedConv2d):
             raise ValueError(f"bn.num_features ({bn.num_features}) must equal conv.out_channels ({conv.out_channels})")
         module = cls.from_conv(conv, strict=strict, policy=policy)
         if activation != "default":
-            module.activation = check_activation(activation)
+            module.activation = check_activation(activation, cls.accepted_activations, cls.__name__)
         if bn_registered_elsewhere:
             del module._modules["bn"]
             module.__dict__["bn"] = bn  # applied here, registered (and saved) at its own place in the model
@@ -179,6 +180,7 @@ class Conv2dBNReLU(Conv2dBN):
     """relu(batch_norm(conv2d(x))) — nn.Conv2d, nn.BatchNorm2d and nn.ReLU (activation="relu6": nn.ReLU6)."""
 
     activation: Optional[str] = "relu"
+    accepted_activations = RELU_ACTIVATIONS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return super().forward(x)
@@ -188,6 +190,7 @@ class Conv2dBNAddReLU(Conv2dBN):
     """relu(batch_norm(conv2d(x)) + residual) — a ResNet block's last conv, its BatchNorm, the add and the ReLU."""
 
     activation: Optional[str] = "relu"
+    accepted_activations = RELU_ACTIVATIONS
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         return super().forward(x, residual)
