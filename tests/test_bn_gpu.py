@@ -161,16 +161,20 @@ def test_batch_norm_backward_kernel_folds_the_activation_in(extension, dtype, sh
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("activation", ["silu", "hardswish"])
-def test_silu_and_hardswish_backward_in_aten_under_the_legacy_api(extension, dtype, activation):
-    """Where the legacy cuDNN BatchNorm API runs the layer (the graph refused), our NHWC kernel does not run the
-    backward: the op takes SiLU's or Hardswish's backward from ATen on the activation's input recomputed from x and
-    the saved statistics, then the legacy API's BatchNorm backward alone. The output, every gradient and the running
-    statistics against eager and float64."""
+@pytest.mark.parametrize("path", ["legacy_api", "nchw"])
+def test_silu_and_hardswish_backward_in_aten_where_our_kernel_does_not_run(extension, dtype, activation, path):
+    """Where our NHWC kernel does not run the backward — the legacy cuDNN BatchNorm API (the graph refused), or an NCHW
+    x passed to the op (the layers decide eager for NCHW, so only a direct call reaches it) — the op takes SiLU's or
+    Hardswish's backward from ATen on the activation's input recomputed from x and the saved statistics, then
+    BatchNorm's backward alone. The output, every gradient and the running statistics against eager and float64."""
     x, w, b, rm, rv, _, grad = make_inputs(dtype, False)
-    impl = 1
-    refusals = extension.check_batch_norm_layer(str(dtype).split(".")[1], True, 0, list(x.shape), True, False,
-                                                ACT_CODE[activation], 1e-5, 0)
-    assert refusals["legacy"] == "", refusals["legacy"]
+    impl = 1 if path == "legacy_api" else 0
+    if path == "nchw":
+        x, grad = x.contiguous(), grad.contiguous()
+    else:
+        refusals = extension.check_batch_norm_layer(str(dtype).split(".")[1], True, 0, list(x.shape), True, False,
+                                                    ACT_CODE[activation], 1e-5, 0)
+        assert refusals["legacy"] == "", refusals["legacy"]
 
     def fused(x, w, b, res, rm, rv):
         out = torch.ops.cudnn_fusion.batch_norm_act(x, w, b, rm, rv, None, 0.1, 1e-5, ACT_CODE[activation], impl)
@@ -183,12 +187,15 @@ def test_silu_and_hardswish_backward_in_aten_under_the_legacy_api(extension, dty
     fallbacks = tcf.plan_cache_stats()["runtime_fallbacks"]
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         y, grads, rm_f, rv_f = run(fused, x, w, b, None, grad, rm, rv)
-    assert tcf.plan_cache_stats()["runtime_fallbacks"] == fallbacks, tcf.plan_cache_stats()["last_runtime_fallback"]
-    assert f"aten::{activation}_backward" in {e.name for e in prof.events()}
+    if path == "legacy_api":
+        assert tcf.plan_cache_stats()["runtime_fallbacks"] == fallbacks, tcf.plan_cache_stats()["last_runtime_fallback"]
+    names = {e.name for e in prof.events()}
+    assert f"aten::{activation}_backward" in names
+    assert not any("batch_norm_act_backward_one_launch" in n for n in names), "our NHWC kernel ran"
     y_e, grads_e, rm_e, rv_e = run(eager, x, w, b, None, grad, rm, rv)
     d = lambda t: t.double()
     y_r, grads_r, rm_r, rv_r = run(eager, d(x), d(w), d(b), None, d(grad), d(rm), d(rv))
-    assert y.is_contiguous(memory_format=torch.channels_last)
+    assert y.is_contiguous(memory_format=torch.channels_last if path == "legacy_api" else torch.contiguous_format)
     assert_as_accurate_as_eager("y", y, y_e, y_r, dtype)
     for name, g, g_e, g_r in zip(["grad_x", "grad_weight", "grad_bias"], grads, grads_e, grads_r, strict=True):
         assert_as_accurate_as_eager(name, g, g_e, g_r, dtype)
