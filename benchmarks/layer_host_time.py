@@ -1,12 +1,13 @@
-"""Where a training conv + BatchNorm + ReLU layer's host time goes: untraced host microseconds a call, for each of a
-model's Conv2dBNReLU layers, called one layer at a time ("hot": 20 calls of the same layer) and in the model's order
+"""Where a training conv + BatchNorm (+ activation) layer's host time goes: untraced host microseconds a call, for each
+of a model's Conv2dBNReLU layers (--module Conv2dBN: its Conv2dBN layers, with SiLU, Hardswish or no activation),
+called one layer at a time ("hot": 20 calls of the same layer) and in the model's order
 ("in turn": every layer once, 20 times over), eager's modules beside the fused layer and its pieces. Every row times
 the layers that have a C++ record (all but a space-to-depth stem). bf16 autocast, channels_last, cudnn.benchmark on
 (profile_by_kind.setup), after three training steps of each variant.
 
 Rows (each the mean over the layers, a median over 5 rounds; the rows take turns within a round):
-- eager modules: nn.Conv2d + nn.BatchNorm2d + nn.ReLU, with grad;
-- fused module: the Conv2dBNReLU fuse() made, with grad;
+- eager modules: nn.Conv2d + nn.BatchNorm2d + the activation module, with grad (torchvision's Conv2dNormActivation);
+- fused module: the Conv2dBNReLU (Conv2dBN) fuse() made, with grad;
 - fused, C++ record: the layer's recorded call (csrc/ops/conv_bn_call.h) run directly, without the module's Python;
 - op via torch.ops, with grad / no grad: cudnn_fusion::conv_batch_norm_act called from Python (its argument parsing
   included); the two differ by the two autograd nodes;
@@ -14,7 +15,8 @@ Rows (each the mean over the layers, a median over 5 rounds; the rows take turns
 At a small batch the GPU finishes first, so the times are the host's; at the model's batch a layer whose kernels take
 longer than its host time shows the GPU's.
 
-    python benchmarks/layer_host_time.py [--model regnet_y_400mf] [--batches 8 128] [--rows "fused module" ...]
+    python benchmarks/layer_host_time.py [--model regnet_y_400mf] [--module Conv2dBNReLU|Conv2dBN] [--batches 8 128]
+                                         [--rows "fused module" ...]
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import time
 
 import torch
 import torch.nn.functional as F
+
+from torch_cudnn_fusion._cpp_enums import Activation
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from profile_by_kind import setup  # noqa: E402
@@ -76,6 +80,7 @@ def calls(row: str, names, eager_modules, fused_modules, inputs) -> list:
         eager, fused, x = eager_modules[n], fused_modules[n + ".0"], inputs[n]
         xg = x.clone().requires_grad_()
         conv, bn = eager[0], eager[1]
+        act = int(Activation.from_name(fused.activation))
         if row in ("eager modules", "fused module"):
             module = eager if row == "eager modules" else fused
 
@@ -99,8 +104,8 @@ def calls(row: str, names, eager_modules, fused_modules, inputs) -> list:
                 with torch.set_grad_enabled(grad):
                     return ops.conv_batch_norm_act(xg, fused.weight, fused.bias, list(fused.stride),
                                                    list(fused.padding), list(fused.dilation), fused.groups,
-                                                   fbn.weight, fbn.bias, mean, var, None, None, 0.1, fbn.eps, 1, 0,
-                                                   torch.bfloat16, 0)
+                                                   fbn.weight, fbn.bias, mean, var, None, None, 0.1, fbn.eps, act,
+                                                   0, torch.bfloat16, 0)
         elif row == "eager conv alone, no grad":
             def fn(conv=conv, x=x):
                 with torch.no_grad(), autocast:
@@ -115,9 +120,9 @@ def calls(row: str, names, eager_modules, fused_modules, inputs) -> list:
             z, stats = conv_output_and_statistics(conv, bn, x)
             implementation = 0 if "graph" in row else 1
 
-            def fn(z=z, stats=stats, implementation=implementation):
+            def fn(z=z, stats=stats, implementation=implementation, act=act):
                 with torch.no_grad():
-                    return ops.batch_norm_act(z, stats[0], stats[1], stats[2], stats[3], None, 0.1, 1e-5, 1,
+                    return ops.batch_norm_act(z, stats[0], stats[1], stats[2], stats[3], None, 0.1, 1e-5, act,
                                               implementation, 0)
         fns.append(fn)
     return fns
@@ -137,6 +142,8 @@ def seconds(fns, repeats: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="regnet_y_400mf")
+    parser.add_argument("--module", default="Conv2dBNReLU", choices=("Conv2dBNReLU", "Conv2dBN"),
+                        help="the fused layers to time (Conv2dBN: those without ReLU)")
     parser.add_argument("--batches", type=int, nargs="+", default=[8, 128])
     parser.add_argument("--rows", nargs="+", default=ROWS, choices=ROWS, metavar="ROW", help="a subset of the rows")
     args = parser.parse_args()
@@ -146,9 +153,11 @@ def main() -> None:
     warm_up(fused, x)
     eager_modules, fused_modules = dict(eager.named_modules()), dict(fused.named_modules())
     names = [n[:-2] for n, m in fused_modules.items()
-             if type(m).__name__ == "Conv2dBNReLU" and n.endswith(".0") and n[:-2] in eager_modules]
+             if type(m).__name__ == args.module and n.endswith(".0") and n[:-2] in eager_modules]
+    activations = sorted({str(fused_modules[n + ".0"].activation) for n in names})
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}; "
-          f"{args.model}: {len(names)} Conv2dBNReLU layers; host us a call, mean over the layers, median of 5 rounds")
+          f"{args.model}: {len(names)} {args.module} layers (activations {', '.join(activations)}); host us a call, "
+          "mean over the layers, median of 5 rounds")
     for batch in args.batches:
         inputs = layer_inputs(eager, names, x[:batch])
         for fn in calls("fused module", names, eager_modules, fused_modules, inputs):
