@@ -43,6 +43,8 @@ def test_engines_rejects_bad_arguments_by_name():
         tcf.engines([8, 64, 14, 14], [64, 64, 3, 3], stride=(1, 0))  # checked before the extension is needed
     with pytest.raises(ValueError, match=r"dilation must be >= 1, got 0"):
         tcf.engines([8, 64, 14, 14], [64, 64, 3, 3], dilation=0)
+    with pytest.raises(ValueError, match=r"activation must be 'relu', 'relu6', 'identity' or None, got 'silu'"):
+        tcf.engines([8, 64, 14, 14], [64, 64, 3, 3], activation="silu")  # the conv graphs' activations only
     out = _cli("engines", "--input", "8,x,14,14", "--weight", "64,64,3,3")
     assert out.returncode == 2 and "expected comma-separated integers" in out.stderr
 

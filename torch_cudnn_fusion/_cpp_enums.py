@@ -21,18 +21,24 @@ class Activation(enum.IntEnum):
     HARDSWISH = 4
 
     @classmethod
-    def from_name(cls, name: str | None) -> "Activation":
-        """None / "identity", "relu", "relu6", "silu" or "hardswish" (the modules' and functions' spelling)."""
+    def from_name(cls, name: str | None, accepted: tuple | None = None, where: str = "") -> "Activation":
+        """The code of `name` ("relu", "relu6", "silu", "hardswish", "identity" or None, the modules' and functions'
+        spelling); a ValueError naming what is accepted when `name` is not one of `accepted` (default: all of them).
+        `where` (a module's name) leads the message."""
+        accepted = ACTIVATION_NAMES if accepted is None else accepted
+        if name not in accepted:
+            names = ", ".join(repr(a) for a in accepted[:-1]) + f" or {accepted[-1]!r}"
+            raise ValueError(f"{where + ': ' if where else ''}activation must be {names}, got {name!r}")
         return _ACTIVATION_NAMES[name]
 
 
-_ACTIVATION_NAMES = {None: Activation.IDENTITY, "identity": Activation.IDENTITY, "relu": Activation.RELU,
-                     "relu6": Activation.RELU6, "silu": Activation.SILU, "hardswish": Activation.HARDSWISH}
+_ACTIVATION_NAMES = {"relu": Activation.RELU, "relu6": Activation.RELU6, "silu": Activation.SILU,
+                     "hardswish": Activation.HARDSWISH, "identity": Activation.IDENTITY, None: Activation.IDENTITY}
 # What the BatchNorm ops and the conv + BatchNorm modules take: SiLU and Hardswish are applied to the BatchNorm's
 # output, their backward folded into our BatchNorm backward kernel.
 ACTIVATION_NAMES = tuple(_ACTIVATION_NAMES)
 # What the conv ops (conv + bias (+ residual) + activation graphs) take.
-CONV_ACTIVATION_NAMES = (None, "identity", "relu", "relu6")
+CONV_ACTIVATION_NAMES = ("relu", "relu6", "identity", None)
 
 
 class BatchNormImplementation(enum.IntEnum):

@@ -143,13 +143,11 @@ def engines(
     if x_shape[1] != weight_shape[1] * groups:
         raise ValueError(f"x has {x_shape[1]} channels but weight of shape {list(weight_shape)} with groups={groups} "
                          f"expects {weight_shape[1] * groups}")
-    if activation not in CONV_ACTIVATION_NAMES:
-        raise ValueError(f"activation must be 'relu', 'relu6', 'identity' or None, got {activation!r}")
+    act = int(Activation.from_name(activation, CONV_ACTIVATION_NAMES))
     stride_, dilation_ = int_pair(stride, "stride", 1), int_pair(dilation, "dilation", 1)
     pre, post = conv_padding(padding, weight_shape[2:], dilation_, stride_)
     module = _extension.require()
     cuda = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-    act = int(Activation.from_name(activation))
     listing = module.list_engines(graph, SUPPORTED_DTYPES[dtype], channels_last, cuda.index, list(x_shape),
                                   list(weight_shape), list(stride_), list(pre), list(post), list(dilation_), groups,
                                   bias, residual, act, time, repeats, policy_id(resolve(policy).key))

@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from .._cpp_enums import Activation
 from .._module_state import module_attributes
 from ..ops.batch_norm import batch_norm_act
 from ..ops.decide import FusionStatus
@@ -44,9 +45,7 @@ def batch_norm_arguments(bn: nn.BatchNorm2d) -> tuple:
 
 def check_activation(activation: Optional[str], accepted: tuple, module: str) -> Optional[str]:
     """`activation` if it is one of `accepted` (the module's), else a ValueError that names them."""
-    if activation not in accepted:
-        names = ", ".join(repr(a) for a in accepted[:-1]) + f" or {accepted[-1]!r}"
-        raise ValueError(f"{module}: activation must be {names}, got {activation!r}")
+    Activation.from_name(activation, accepted, module)
     return activation
 
 

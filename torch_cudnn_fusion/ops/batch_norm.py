@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from .. import _extension
 from .._module_state import module_attributes
-from .._cpp_enums import ACTIVATION_NAMES, Activation, BatchNormImplementation
+from .._cpp_enums import Activation, BatchNormImplementation
 from ..policy import EnginePolicy, policy_id, resolve
 from . import decide
 from .conv import autocast_dtype, eager_activation, odd_residual, tensor_signature
@@ -41,17 +41,10 @@ def _eager_reason(x_size, dtype, device, residual: Optional[torch.Tensor]) -> st
     return ""
 
 
-def _check_activation(activation) -> Activation:
-    if activation not in ACTIVATION_NAMES:
-        raise ValueError(f"activation must be 'relu', 'relu6', 'silu', 'hardswish', 'identity' or None, got "
-                         f"{activation!r}")
-    return Activation.from_name(activation)
-
-
 def _check_call(x, running_mean, running_var, activation) -> Activation:
     """The checks batch_norm_act makes before it runs a call, in training and inference; returns the activation's
     code."""
-    act = _check_activation(activation)
+    act = Activation.from_name(activation)
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a tensor, got {type(x).__name__}")
     if (running_mean is None) != (running_var is None):
@@ -315,7 +308,7 @@ def _decide_conv_batch_norm(x, conv, conv_weight, conv_bias, running_mean, weigh
     dtype (autocast's, where on) and layout (channels_last when x or the weight is, as PyTorch's cuDNN conv) are
     known before it runs. run = (fused, implementation, update running statistics, policy id, conv dtype, activation
     code, identity scale and shift or None, the conv's space-to-depth form (ops/stem.py) or None)."""
-    act = _check_activation(activation)
+    act = Activation.from_name(activation)
     if not isinstance(x, torch.Tensor) or x.dim() != 4:
         raise ValueError(f"expected 4D input (got {x.dim() if isinstance(x, torch.Tensor) else type(x).__name__}D "
                          "input)")

@@ -213,9 +213,7 @@ def conv2d_bias_act(
             return _run(call.run, x, weight, bias, residual, padding_mode)
     passed = (x, weight, bias)  # as the caller passed them: what a record compares a repeat with
 
-    if activation not in CONV_ACTIVATION_NAMES:
-        raise ValueError(f"activation must be 'relu', 'relu6', 'identity' or None, got {activation!r}")
-    act = int(Activation.from_name(activation))
+    act = int(Activation.from_name(activation, CONV_ACTIVATION_NAMES))
     if autocast:
         x, weight, bias = _autocast((x, weight, bias), device_type)
     _check_args(x, weight, bias, groups)
