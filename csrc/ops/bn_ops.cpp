@@ -134,12 +134,13 @@ at::Tensor dy_into(const at::Tensor& grad_y, const at::Tensor& output) {
 }
 
 // BatchNorm's output before its activation, recomputed from x and the saved statistics and rounded to x's dtype, as
-// the forward wrote it: what eager's SiLU or Hardswish backward reads.
+// the forward wrote it: what eager's SiLU or Hardswish backward reads. ((x - mean) * invstd) * weight + bias, each
+// step rounded to float32, in the order our backward kernel (masked_grad) and ATen's forward compute it.
 at::Tensor batch_norm_output(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                              const at::Tensor& save_mean, const at::Tensor& save_invstd) {
-  auto scale = save_invstd * weight;
-  auto shift = bias - save_mean * scale;
-  return (x.to(at::kFloat) * scale.view({1, -1, 1, 1}) + shift.view({1, -1, 1, 1})).to(x.scalar_type());
+  auto per_channel = [](const at::Tensor& t) { return t.to(at::kFloat).view({1, -1, 1, 1}); };
+  auto centred = x.to(at::kFloat) - per_channel(save_mean);
+  return ((centred * per_channel(save_invstd)) * per_channel(weight) + per_channel(bias)).to(x.scalar_type());
 }
 
 // ---- the legacy cuDNN BatchNorm API ----
