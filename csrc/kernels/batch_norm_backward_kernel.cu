@@ -406,6 +406,9 @@ int64_t batch_norm_act_backward_partial_rows(int64_t rows, int64_t channels, boo
 
 cudaError_t launch_batch_norm_act_backward_nhwc(ElementType type, const BatchNormActBackwardArgs& args, bool vectors,
                                                 int multiprocessors, cudaStream_t stream) {
+  // masked_grad takes any code but ReLU's and ReLU6's for SiLU or Hardswish: no activation has no kernel here (the
+  // ops run BatchNorm's backward alone for it)
+  if (args.activation < kActivationRelu || args.activation > kActivationHardswish) return cudaErrorInvalidValue;
   switch (type) {
     case ElementType::kHalf:
       return launch_typed<__half>(args, vectors, multiprocessors, stream);
