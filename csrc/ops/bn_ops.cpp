@@ -139,8 +139,10 @@ at::Tensor dy_into(const at::Tensor& grad_y, const at::Tensor& output) {
 at::Tensor batch_norm_output(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                              const at::Tensor& save_mean, const at::Tensor& save_invstd) {
   auto per_channel = [](const at::Tensor& t) { return t.to(at::kFloat).view({1, -1, 1, 1}); };
-  auto centred = x.to(at::kFloat) - per_channel(save_mean);
-  return ((centred * per_channel(save_invstd)) * per_channel(weight) + per_channel(bias)).to(x.scalar_type());
+  // In place after the first op, so at most two float32 copies of x live at once.
+  auto v = x.to(at::kFloat) - per_channel(save_mean);
+  v.mul_(per_channel(save_invstd)).mul_(per_channel(weight)).add_(per_channel(bias));
+  return v.to(x.scalar_type());
 }
 
 // ---- the legacy cuDNN BatchNorm API ----
