@@ -6,7 +6,8 @@ Parameters and buffers. A training step is SGD with momentum under autocast (bf1
 batch under no_grad. cudnn.benchmark is on for both variants. Eager and fused are timed in turn (one sample of each
 per round, interleaved_samples_ms), each sample `--calls` steps back to back (the host runs ahead, as in a training
 loop); the table gives the medians and fused's ratio to eager. "convs fused" counts the model's Conv2d layers whose
-fused module ran fused in the last training step, of all its Conv2d layers. The default models are the GPU zoo
+fused module ran fused in the last training step, of all its Conv2d layers (a squeeze-and-excitation block's two
+convs count when the block ran as its op, whose GEMMs are ATen's). The default models are the GPU zoo
 tests' families (tests/zoo.py: FAMILIES). A model takes minutes, most of it before the timing (building the
 fused plans, cudnn.benchmark's searches; "seconds" in its row): on an H100 the first six families took 80 s a model
 on average and the next three 200 s (2026-11-27). Pass --models in parts to fit a device call. The model list comes from tests/zoo.py, which imports pytest.
@@ -69,10 +70,9 @@ def inference(model, x, dtype):
 
 
 def convs_fused(fused, report) -> tuple[int, int]:
-    """(Conv2d layers whose fused module ran fused in its last call, Conv2d layers in the model). Every fused module
-    but BatchNorm2dReLU holds one Conv2d."""
+    """(Conv2d layers whose fused module ran fused in its last call, Conv2d layers in the model)."""
     _, total, _ = report.conv_coverage()
-    ran = sum(row.status.fused for row in tcf.fusion_report(fused) if row.module != "BatchNorm2dReLU")
+    ran = sum(row.convs for row in report.replaced if fused.get_submodule(row.path).fusion_status.fused)
     return ran, total
 
 

@@ -101,6 +101,14 @@ def test_opcheck_every_op(extension):
         torch.library.opcheck(ops.conv_batch_norm_act.default,
                               (x32, w32, None, [1, 1], [1, 1], [1, 1], 1, scale, shift, *stats(), count, None, 0.1,
                                1e-5, 1, 0, conv_dtype))
+    # a squeeze-and-excitation block: bfloat16 x with float32 weights (as autocast leaves them), and float32 without
+    # the biases; ReLU and SiLU (codes 1 and 3), sigmoid and hardsigmoid
+    se = _input(2, c, 5, 5, requires_grad=True)
+    w1, w2 = (torch.randn(*size, device="cuda", requires_grad=True) for size in ((8, c, 1, 1), (c, 8, 1, 1)))
+    b1, b2 = torch.randn(8, device="cuda", requires_grad=True), torch.randn(c, device="cuda", requires_grad=True)
+    torch.library.opcheck(ops.squeeze_excite.default, (se, w1, b1, w2, b2, 1, False))
+    torch.library.opcheck(ops.squeeze_excite.default,
+                          (se.detach().float().requires_grad_(), w1, None, w2, None, 3, True))
 
 
 @pytest.mark.parametrize("activation", [1, 2], ids=["relu", "relu6"])

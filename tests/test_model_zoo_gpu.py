@@ -32,6 +32,7 @@ import time
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import torch_cudnn_fusion as tcf
 from conftest import CountingCall, gpu
@@ -89,11 +90,11 @@ def _coverage(fused, report) -> dict:
     replaced, total, why_not = report.conv_coverage()
     ran, eager = 0, {}
     for row in report.replaced:
-        if not row.pattern.startswith("Conv2d"):
+        if not row.convs:
             continue
         status = fused.get_submodule(row.path).fusion_status
         if status.fused:
-            ran += 1
+            ran += row.convs
         else:
             eager[row.path] = status.reason
     return {"convs": total, "replaced": replaced, "ran_fused": ran, "not_replaced": why_not, "ran_eager": eager}
@@ -231,9 +232,10 @@ DY_DRAWS_BFLOAT16 = 4
 
 
 def _layer_tensors(module) -> dict:
-    """The fused layer's Parameters and BatchNorm buffers by name (its BatchNorm may be held outside its children)."""
+    """The fused layer's Parameters and BatchNorm buffers by name (its BatchNorm, or a squeeze-and-excitation block's
+    second conv, may be held outside its children)."""
     found = {}
-    for prefix, owner in (("", module), ("bn.", getattr(module, "bn", None))):
+    for prefix, owner in (("", module), ("bn.", getattr(module, "bn", None)), ("fc2.", getattr(module, "fc2", None))):
         if owner is None:
             continue
         for name in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked"):
@@ -244,7 +246,13 @@ def _layer_tensors(module) -> dict:
 
 
 def _eager_twin(module, x, residual):
-    """What the fused layer stands for, in plain PyTorch: conv / BatchNorm (+ residual) (+ activation)."""
+    """What the fused layer stands for, in plain PyTorch: conv / BatchNorm (+ residual) (+ activation), or a
+    squeeze-and-excitation block as torchvision writes it."""
+    if isinstance(module, tcf.nn.SqueezeExcite):
+        scale = F.conv2d(F.adaptive_avg_pool2d(x, 1), module.weight, module.bias)
+        scale = {"relu": F.relu, "silu": F.silu}[module.activation](scale)
+        scale = F.conv2d(scale, module.fc2.weight, module.fc2.bias)
+        return {"sigmoid": torch.sigmoid, "hardsigmoid": F.hardsigmoid}[module.gate](scale) * x
     if isinstance(module, tcf.nn.BatchNorm2dReLU):
         y = torch.nn.BatchNorm2d.forward(module, x)
     else:
@@ -259,10 +267,10 @@ def _eager_twin(module, x, residual):
 
 
 def _copy(layer, dtype=None):
-    """A copy of the layer (with its BatchNorm where fuse() keeps it outside the layer's children), in `dtype`."""
+    """A copy of the layer (with its BatchNorm, or second conv, where fuse() keeps it outside the layer's children), in
+    `dtype`."""
     layer = copy.deepcopy(layer)
-    bn = layer.__dict__.get("bn")
-    for module in (layer, bn):
+    for module in (layer, layer.__dict__.get("bn"), layer.__dict__.get("fc2")):
         if module is not None and dtype is not None:
             module.to(dtype)
     return layer

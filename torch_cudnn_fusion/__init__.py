@@ -11,7 +11,7 @@ from .ops.decide import FusionError, FusionStatus, is_strict, set_strict, strict
 from .diagnostics.plan_file import PlanFileWarning, load_plan_cache, save_plan_cache
 from .policy import EnginePolicy, engine_policy, get_engine_policy, set_engine_policy
 from .nn import (BatchNorm2dReLU, Conv2dAddReLU, Conv2dBN, Conv2dBNAddReLU, Conv2dBNReLU, Conv2dReLU,
-                 FusedConv2d)
+                 FusedConv2d, SqueezeExcite)
 from .fx.rewrite import FuseReport, FuseRow, fuse
 
 from ._version import __version__
@@ -77,6 +77,7 @@ __all__ = [
     "EngineTable",
     "Conv2dReLU",
     "FusedConv2d",
+    "SqueezeExcite",
     "FusionError",
     "FusionReport",
     "FusionReportRow",

@@ -426,6 +426,9 @@ TORCH_LIBRARY(cudnn_fusion, m) {
       "int implementation, ScalarType? conv_dtype=None, int policy=0) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("space_to_depth(Tensor x, int[2] padding_pre, int[2] out_size, ScalarType? dtype=None) -> Tensor");
   m.def("global_avg_pool(Tensor x) -> Tensor");  // ops/pool_ops.cpp
+  m.def(
+      "squeeze_excite(Tensor x, Tensor w1, Tensor? b1, Tensor w2, Tensor? b2, int activation, bool hard_gate) -> "
+      "Tensor");  // ops/squeeze_excite_ops.cpp
 }
 
 TORCH_LIBRARY_IMPL(cudnn_fusion, CUDA, m) {

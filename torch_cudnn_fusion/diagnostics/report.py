@@ -160,6 +160,14 @@ def _explain_batch_norm(path: str, module: nn.Module, decision: Decision, config
                       reason=reason)
 
 
+def _explain_squeeze_excite(path: str, module: nn.Module) -> ExplainRow:
+    """A squeeze-and-excitation block run as cudnn_fusion::squeeze_excite: its operations, in ATen's kernels."""
+    has_bias = module.bias is not None
+    conv = "1x1 conv as a GEMM" + (" + bias" if has_bias else "")
+    operations = ("mean over H and W", conv, module.activation, conv, module.gate, "multiply x by the gate")
+    return ExplainRow(path, type(module).__name__, True, operations, "ATen's kernels in one op, one autograd node")
+
+
 def explain(model: nn.Module, *example_inputs, time: bool = True, repeats: int = 10) -> Explanation:
     """Runs `model(*example_inputs)` once without gradients and reports, per fused layer: the operations fused in
     its forward graph, the engine and workspace of the plan that ran and (with `time`, on CUDA) the layer's median
@@ -197,8 +205,12 @@ def _explain(model: nn.Module, example_inputs: tuple, time: bool, repeats: int) 
             report.append(ExplainRow(path, type(m).__name__, False, reason="not run by the example input"))
             continue
         fused, reason, _, implementation = decision
-        row = (_explain_fused(path, m, config, implementation) if fused and config is not None
-               else ExplainRow(path, type(m).__name__, False, reason=reason))
+        if fused and implementation == "squeeze_excite_op":
+            row = _explain_squeeze_excite(path, m)
+        elif fused and config is not None:
+            row = _explain_fused(path, m, config, implementation)
+        else:
+            row = ExplainRow(path, type(m).__name__, False, reason=reason)
         if fused and reason:
             row = ExplainRow(**{**row.__dict__, "reason": f"{reason}; {row.reason}" if row.reason else reason})
         if time:

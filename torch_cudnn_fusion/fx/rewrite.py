@@ -37,8 +37,11 @@ from torch import fx, nn
 from ..ops.decide import NOT_RUN
 from ..diagnostics.report import restoring_buffers
 from ..nn import (ActivationFused, BatchNorm2dFused, BatchNorm2dReLU, Conv2dAddReLU, Conv2dBN, Conv2dBNAddReLU,
-                 Conv2dBNReLU, Conv2dReLU, FusedConv2d, GlobalAvgPool2d)
+                 Conv2dBNReLU, Conv2dReLU, FusedConv2d, GlobalAvgPool2d, SqueezeExcite)
+from ..nn.batchnorm import RELU_ACTIVATIONS
 from ..nn.pool import global_avg_pool2d, is_global
+from ..nn.squeeze_excite import block_problem
+from ..ops.squeeze_excite import SQUEEZE_EXCITE_ACTIVATIONS
 
 # ---- the patterns: (BatchNorm, residual add, activation) -> the fused module ----
 
@@ -61,8 +64,17 @@ NOT_FUSED: dict[tuple[bool, bool, Optional[str]], str] = {
                                  "(Hardswish is fused after a BatchNorm)",
     (False, False, None): "nothing fusable follows it (patterns: Conv2d -> BatchNorm2d / ReLU / add -> ReLU)",
 }
+# A squeeze-and-excitation block, matched before the conv patterns (its first conv and ReLU would otherwise make a
+# Conv2dReLU): global average pool -> 1x1 Conv2d -> ReLU or SiLU -> 1x1 Conv2d -> sigmoid or hardsigmoid -> multiply
+# by the pool's input. It becomes SqueezeExcite: one op call and one autograd node for the six modules and (under
+# autocast) ten nodes eager runs, which is most of the block's cost in the small models that carry it.
+_GATE_MODULES = {nn.Sigmoid: "sigmoid", nn.Hardsigmoid: "hardsigmoid"}
+_GATE_FUNCTIONS = {torch.sigmoid: "sigmoid", F.hardsigmoid: "hardsigmoid"}
+_GATE_METHODS = {"sigmoid": "sigmoid", "sigmoid_": "sigmoid"}
+_MUL_FUNCTIONS = {operator.mul, torch.mul}
+_SPATIAL_DIMS = ((2, 3), (3, 2), (-2, -1), (-1, -2))
 # The activations a BatchNorm without a conv before it fuses (BatchNorm2dReLU).
-_BATCH_NORM_ALONE_ACTIVATIONS = ("relu", "relu6")
+_BATCH_NORM_ALONE_ACTIVATIONS = tuple(a for a in RELU_ACTIVATIONS if a is not None)
 # What the report says of an activation after a fused layer that it does not fuse.
 _NOT_EXPRESSED = "the fused layers express ReLU and ReLU6, and after a BatchNorm SiLU and Hardswish, only"
 
@@ -103,6 +115,12 @@ class FuseRow:
     reason: str  # why not replaced, or a note
 
     @property
+    def convs(self) -> int:
+        """The Conv2d layers its pattern holds: one, two in a squeeze-and-excitation block, none in a BatchNorm
+        pattern or a module that was not traced."""
+        return sum(part == "Conv2d" or part.startswith("(Conv2d") for part in self.pattern.split(" -> "))
+
+    @property
     def runs_fused(self) -> Optional[bool]:
         """Whether its last forward ran fused (cuDNN); None when it has not run or was not replaced."""
         if not self.replaced or not self.implementation or self.implementation.startswith("decided on"):
@@ -130,9 +148,8 @@ class FuseReport(list):
 
     def conv_coverage(self) -> tuple[int, int, dict[str, str]]:
         """(Conv2d layers replaced, Conv2d layers in the model, {path: why not} for the others)."""
-        convs = [r for r in self if r.pattern.startswith("Conv2d") or r.pattern.startswith("(Conv2d")]
-        why_not = {r.path: r.reason for r in convs if not r.replaced}
-        return sum(r.replaced for r in convs), len(convs), why_not
+        why_not = {r.path: r.reason for r in self if r.convs and not r.replaced}
+        return sum(r.convs for r in self if r.replaced), sum(r.convs for r in self), why_not
 
     def summary(self) -> str:
         replaced, total, _ = self.conv_coverage()
@@ -377,6 +394,59 @@ def _residual_of_add(node: fx.Node, value: fx.Node) -> Optional[fx.Node]:
     return other if isinstance(other, fx.Node) else None
 
 
+def _pooled_input(node: fx.Node, modules: dict) -> Optional[fx.Node]:
+    """x when `node` is a global average pool of x that keeps its dims (nn.AdaptiveAvgPool2d(1),
+    F.adaptive_avg_pool2d(x, 1), global_avg_pool2d(x), x.mean((2, 3), keepdim=True)), else None."""
+    if not node.args or not isinstance(node.args[0], fx.Node):
+        return None
+    x, rest, kwargs = node.args[0], node.args[1:], node.kwargs
+    if node.op == "call_module":
+        m = modules.get(node.target)
+        global_pool = type(m) in (nn.AdaptiveAvgPool2d, GlobalAvgPool2d) and is_global(m.output_size)
+        return x if global_pool and not rest and not kwargs else None
+    if node.op == "call_function" and node.target is global_avg_pool2d:
+        return x if not rest and not kwargs else None
+    if node.op == "call_function" and node.target is F.adaptive_avg_pool2d:
+        size = rest[0] if len(rest) == 1 and not kwargs else kwargs.get("output_size") if not rest else None
+        return x if size is not None and len(rest) + len(kwargs) == 1 and is_global(size) else None
+    is_mean = ((node.op == "call_method" and node.target == "mean")
+               or (node.op == "call_function" and node.target is torch.mean))
+    if not is_mean:
+        return None
+    dims = rest[0] if rest else kwargs.get("dim")
+    keepdim = rest[1] if len(rest) > 1 else kwargs.get("keepdim", False)
+    known = set(kwargs) <= {"dim", "keepdim"} and len(rest) <= 2
+    return x if known and isinstance(dims, (tuple, list)) and tuple(dims) in _SPATIAL_DIMS and keepdim is True else None
+
+
+def _pool_name(node: fx.Node, modules: dict) -> str:
+    return type(modules[node.target]).__name__ if node.op == "call_module" else "mean"
+
+
+def _gate_of(node: fx.Node, value: fx.Node, modules: dict) -> tuple[Optional[str], str]:
+    """("sigmoid" or "hardsigmoid", a name for the report) when `node` applies that gate to `value` alone, else
+    (None, "")."""
+    if not node.args or node.args[0] is not value:
+        return None, ""
+    rest = node.args[1:] + tuple(v for k, v in node.kwargs.items() if k != "inplace")
+    if node.op == "call_module":
+        m = modules[node.target]
+        gate = _GATE_MODULES.get(type(m))
+        return (gate, type(m).__name__) if gate and not rest else (None, "")
+    if node.op == "call_function" and node.target in _GATE_FUNCTIONS and all(isinstance(v, bool) for v in rest):
+        return _GATE_FUNCTIONS[node.target], node.target.__name__
+    if node.op == "call_method" and node.target in _GATE_METHODS and not rest:
+        return _GATE_METHODS[node.target], node.target
+    return None, ""
+
+
+def _is_product(node: fx.Node, value: fx.Node, x: fx.Node) -> bool:
+    """Whether `node` is value * x or x * value."""
+    is_mul = ((node.op == "call_function" and node.target in _MUL_FUNCTIONS)
+              or (node.op == "call_method" and node.target == "mul"))
+    return is_mul and not node.kwargs and len(node.args) == 2 and set(node.args) == {value, x} and value is not x
+
+
 def _describe_users(node: fx.Node, modules: dict) -> str:
     names = []
     for user in node.users:
@@ -401,7 +471,12 @@ class _GraphRewrite:
     def run(self) -> None:
         called = set()
         for node in list(self.gm.graph.nodes):
-            if node in self.consumed or node.op != "call_module":
+            if node in self.consumed:
+                continue
+            if _pooled_input(node, self.modules) is not None:
+                called.update(self.match_squeeze_excite(node))
+                continue
+            if node.op != "call_module":
                 continue
             called.add(node.target)
             m = self.modules[node.target]
@@ -514,6 +589,55 @@ class _GraphRewrite:
             graph.erase_node(n)
         if bn_node is not None:
             _absorb_bn(self.modules[bn_node.target], _join(self.prefix, node.target))
+
+    def match_squeeze_excite(self, pool: fx.Node) -> list[str]:
+        """pool -> 1x1 Conv2d -> ReLU / SiLU -> 1x1 Conv2d -> sigmoid / hardsigmoid -> * pool's input, replaced by a
+        SqueezeExcite at the first conv's path; the targets of the convs it holds. Anything else is left to the conv
+        patterns ([] is returned)."""
+        x = _pooled_input(pool, self.modules)
+        chain, convs, names = [pool], [], [_pool_name(pool, self.modules)]
+        value, activation, gate = pool, None, None
+        for step in ("conv", "activation", "conv", "gate", "mul"):
+            passed, nxt, read = self.next_step(value)
+            if nxt is None:
+                return []
+            if step == "conv":
+                m = self.modules.get(nxt.target) if nxt.op == "call_module" else None
+                if (type(m) is not nn.Conv2d or nxt.args != (read,) or nxt.kwargs or self.calls[nxt.target] > 1
+                        or (convs and convs[0][1].out_channels != m.in_channels)):
+                    return []
+                convs.append((nxt, m))
+                names.append("Conv2d")
+            elif step == "activation":
+                activation, name = _node_activation(nxt, read, self.modules)
+                if activation not in SQUEEZE_EXCITE_ACTIVATIONS:
+                    return []
+                names.append(name)
+            elif step == "gate":
+                gate, name = _gate_of(nxt, read, self.modules)
+                if gate is None:
+                    return []
+                names.append(name)
+            elif not _is_product(nxt, read, x):
+                return []
+            chain += passed + [nxt]
+            value = nxt
+        (fc1_node, fc1), (fc2_node, fc2) = convs
+        if block_problem(fc1, fc2):
+            return []
+        fused = SqueezeExcite.from_modules(fc1, fc2, activation=activation, gate=gate, fc2_registered_elsewhere=True)
+        graph = self.gm.graph
+        _set_module(self.gm, fc1_node.target, fused)
+        with graph.inserting_before(chain[-1]):
+            out = graph.call_module(fc1_node.target, (x,))
+        chain[-1].replace_all_uses_with(out)
+        for n in reversed(chain):
+            self.consumed.add(n)
+            graph.erase_node(n)
+        names.append("mul")
+        self.rows.append(FuseRow(_join(self.prefix, fc1_node.target), " -> ".join(names), True, "SqueezeExcite", "",
+                                 f"with {_join(self.prefix, fc2_node.target)}"))
+        return [fc1_node.target, fc2_node.target]
 
     def match_batch_norm_relu(self, node: fx.Node) -> None:
         path = _join(self.prefix, node.target)

@@ -2,6 +2,7 @@ from .batchnorm import ActivationFused, BatchNorm2dFused, BatchNorm2dReLU
 from .conv import Conv2dAddReLU, Conv2dReLU, FusedConv2d
 from .conv_bn import Conv2dBN, Conv2dBNAddReLU, Conv2dBNReLU
 from .pool import GlobalAvgPool2d
+from .squeeze_excite import SqueezeExcite
 
 __all__ = [
     "ActivationFused",
@@ -14,4 +15,5 @@ __all__ = [
     "Conv2dReLU",
     "FusedConv2d",
     "GlobalAvgPool2d",
+    "SqueezeExcite",
 ]

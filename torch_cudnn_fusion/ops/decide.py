@@ -35,7 +35,8 @@ class Decision(NamedTuple):
     """How a layer runs its calls. fused: as the cuDNN op; reason: why not (or a note); backward: (graph, refusal)
     per fused backward step, "" where it runs fused; implementation: "cudnn_graph", "cudnn_legacy" (the legacy cuDNN
     BatchNorm API), "depthwise_kernel" (our NHWC depthwise kernels where they were faster, PyTorch's elsewhere: the
-    reason says which) or "eager"."""
+    reason says which), "squeeze_excite_op" (a squeeze-and-excitation block as one op of ATen's kernels) or
+    "eager"."""
 
     fused: bool
     reason: str = ""
@@ -104,7 +105,9 @@ class FusionStatus:
     reason: str = ""
     backward: tuple[tuple[str, str], ...] = ()
     # "cudnn_graph", "cudnn_legacy" (the legacy cuDNN BatchNorm API), "depthwise_kernel" (our NHWC depthwise
-    # kernels where they were faster, PyTorch's elsewhere: the reason says which) or "eager"; "" derives it from `fused`
+    # kernels where they were faster, PyTorch's elsewhere: the reason says which), "squeeze_excite_op" (a
+    # squeeze-and-excitation block as one op of ATen's kernels, one autograd node) or "eager"; "" derives it from
+    # `fused`
     implementation_name: str = ""
 
     @property
@@ -120,7 +123,9 @@ class FusionStatus:
             return f"fused (legacy cuDNN BatchNorm API): {self.reason}"
         parts = [f"{name} {'fused' if not why else 'eager (' + why + ')'}" for name, why in self.backward]
         note = f" ({self.reason})" if self.reason else ""
-        what = "depthwise kernels" if self.implementation == "depthwise_kernel" else "cuDNN graph"
+        what = {"depthwise_kernel": "depthwise kernels",
+                "squeeze_excite_op": "one op of ATen's kernels, one autograd node"}.get(self.implementation,
+                                                                                     "cuDNN graph")
         return f"fused ({what}){note}" + (f"; backward: {', '.join(parts)}" if parts else "")
 
 
