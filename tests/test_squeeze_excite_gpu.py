@@ -126,8 +126,10 @@ def test_fuse_runs_efficientnets_blocks_as_the_op_in_training_and_eval(extension
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_compile_fullgraph_of_a_block(extension, backend):
-    """torch.compile traces the block and its op whole. aot_eager runs the traced ops as they are (the same numbers);
-    inductor fuses the pointwise ops around them, rounding to bfloat16 fewer times (close, not equal)."""
+    """torch.compile traces the block and its op whole, and its numbers are eager's to bfloat16's rounding: not bit for
+    bit (H200, 2026-11-27: under aot_eager the output, x's and the first conv's gradients were equal and fc1's weight
+    gradient differed by up to 0.0042 in 149 of 256 elements, about one bfloat16 unit; inductor fuses the pointwise
+    ops around the op and rounds fewer times)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), SqueezeExcite(32, 8, activation="silu")).cuda()
     model = model.to(memory_format=CL)
@@ -141,7 +143,4 @@ def test_compile_fullgraph_of_a_block(extension, backend):
         out = compiled(x)
     grads = torch.autograd.grad(out.float().sum(), [x, *model.parameters()])
     for got, e in zip([out, *grads], [expected, *expected_grads]):
-        if backend == "aot_eager":
-            torch.testing.assert_close(got, e, rtol=0, atol=0)
-        else:
-            assert rel_err(got, e) < 2e-2, rel_err(got, e)
+        assert rel_err(got, e) < 2e-2, rel_err(got, e)
