@@ -48,6 +48,18 @@ def assert_as_accurate_as_eager(name: str, fused, eager, reference, dtype) -> No
     )
 
 
+def train_and_eval_steps(fused, x):
+    """A training step of `fused` on x under bfloat16 autocast (forward and backward of the output's sum), then an eval
+    batch; yields "training" and "eval", each after its step, so that the caller checks what ran."""
+    for training in (True, False):
+        fused.train(training)
+        with torch.autocast("cuda", dtype=torch.bfloat16), torch.set_grad_enabled(training):
+            out = fused(x)
+        if training:
+            out.float().sum().backward()
+        yield "training" if training else "eval"
+
+
 def capture_training_step(forward, model, static_x):
     """(graph, static_y): forward(static_x) and the backward of its sum captured in one CUDA graph, after three warm-up
     steps on a side stream (decisions made, plans built before capture) and with the model's gradients cleared, so

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_cudnn_fusion as tcf
-from conftest import CountingCall, gpu
+from conftest import CountingCall, gpu, train_and_eval_steps
 from zoo import FAMILIES, builder, conv_count, outputs, zoo_ids
 
 pytestmark = gpu
@@ -208,14 +208,9 @@ def test_resnet50_runs_every_conv_fused_in_training_and_eval(extension):
     fused, report = tcf.fuse(model)
     assert report.conv_coverage()[:2] == (53, 53)
     x = torch.randn(8, 3, 64, 64, device="cuda").to(memory_format=CL)
-    for training in (True, False):
-        fused.train(training)
-        with torch.autocast("cuda", dtype=torch.bfloat16), torch.set_grad_enabled(training):
-            out = fused(x)
-        if training:
-            out.float().sum().backward()
+    for phase in train_and_eval_steps(fused, x):
         coverage = _coverage(fused, report)
-        assert coverage["ran_fused"] == 53, ("training" if training else "eval", coverage["ran_eager"])
+        assert coverage["ran_fused"] == 53, (phase, coverage["ran_eager"])
 
 
 # ---- each fused layer on its own ----

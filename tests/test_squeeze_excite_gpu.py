@@ -9,7 +9,7 @@ from torch import nn
 import torch_cudnn_fusion as tcf
 from torch_cudnn_fusion.nn import SqueezeExcite
 
-from conftest import assert_as_accurate_as_eager, gpu, rel_err
+from conftest import assert_as_accurate_as_eager, gpu, rel_err, train_and_eval_steps
 
 pytestmark = gpu
 CL = torch.channels_last
@@ -114,14 +114,9 @@ def test_fuse_runs_efficientnets_blocks_as_the_op_in_training_and_eval(extension
     blocks = {r.path: fused.get_submodule(r.path) for r in report if r.module == "SqueezeExcite"}
     assert len(blocks) == 16 and report.conv_coverage()[:2] == (81, 81), report.summary()
     x = torch.randn(4, 3, 64, 64, device="cuda").to(memory_format=CL)
-    for training in (True, False):
-        fused.train(training)
-        with torch.autocast("cuda", dtype=torch.bfloat16), torch.set_grad_enabled(training):
-            out = fused(x)
-        if training:
-            out.float().sum().backward()
+    for phase in train_and_eval_steps(fused, x):
         not_fused = {p: str(b.fusion_status) for p, b in blocks.items() if not b.fusion_status.fused}
-        assert not not_fused, ("training" if training else "eval", not_fused)
+        assert not not_fused, (phase, not_fused)
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
