@@ -150,3 +150,5 @@ def test_explain_and_the_report_count_the_blocks_convs():
     assert row.pattern == "AdaptiveAvgPool2d -> Conv2d -> ReLU -> Conv2d -> Sigmoid -> mul"
     assert "2 of 4 Conv2d layers" in report.summary()
     assert [r.path for r in tcf.fusion_report(fused)] == ["1.fc1"]
+    again = tcf.fuse(fused)[1]  # fusing the fused model: the block is counted once, with both its convs
+    assert again.conv_coverage()[:2] == (2, 4) and "1.fc2" not in again.conv_coverage()[2], str(again)

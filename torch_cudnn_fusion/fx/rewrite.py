@@ -118,7 +118,10 @@ class FuseRow:
     def convs(self) -> int:
         """The Conv2d layers its pattern holds: one, two in a squeeze-and-excitation block, none in a BatchNorm
         pattern or a module that was not traced."""
-        return sum(part == "Conv2d" or part.startswith("(Conv2d") for part in self.pattern.split(" -> "))
+        parts = self.pattern.split(" -> ")
+        if parts == ["SqueezeExcite"]:  # a block fused already (its row names the module)
+            return 2
+        return sum(part.startswith(("Conv2d", "(Conv2d")) for part in parts)
 
     @property
     def runs_fused(self) -> Optional[bool]:
@@ -483,6 +486,8 @@ class _GraphRewrite:
             path = _join(self.prefix, node.target)
             if isinstance(m, _FUSED_TYPES):
                 self.rows.append(FuseRow(path, type(m).__name__, True, type(m).__name__, "", "already fused"))
+                if isinstance(m, SqueezeExcite):  # its second conv is registered elsewhere, and runs in it
+                    called.update(t for t, other in self.modules.items() if other is m.fc2)
             elif isinstance(m, nn.Conv2d):
                 self.match_conv(node)
             elif _is_batch_norm(m):
