@@ -10,10 +10,14 @@ fused module ran fused in the last training step, of all its Conv2d layers (a sq
 convs count when the block ran as its op, whose GEMMs are ATen's). The default models are the GPU zoo
 tests' families (tests/zoo.py: FAMILIES). A model takes minutes, most of it before the timing (building the
 fused plans, cudnn.benchmark's searches; "seconds" in its row): on an H100 the first six families took 80 s a model
-on average and the next three 200 s (2026-11-27). Pass --models in parts to fit a device call. The model list comes from tests/zoo.py, which imports pytest.
+on average and the next three 200 s (2026-11-27). Pass --models in parts to fit a device call. The JSON keeps every
+sample ("train_samples", "inference_samples"). A process's host speed moves both variants' steps (27n: eager's own
+step by up to 31 % between processes), so --processes N times each model in N fresh processes, one after another,
+and prints every process's ratio and their median. The model list comes from tests/zoo.py, which imports pytest.
 
     python benchmarks/zoo_speed.py [--models torchvision:resnet18,timm:efficientnet_b0] [--batch 128]
                                    [--dtype bfloat16|float16] [--repeats 10] [--calls 3] [--json out.json]
+                                   [--processes 4]
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ import gc
 import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -100,6 +106,7 @@ def measure(model_id: str, args) -> dict:
         try:
             samples = interleaved_samples_ms(fns, warmup=args.warmup, repeats=args.repeats, calls=args.calls)
             row[mode] = {name: statistics.median(values) for name, values in samples.items()}
+            row[f"{mode}_samples"] = samples  # ms a step, per sample, in the order they were taken
         except Exception as error:  # noqa: BLE001
             row[mode] = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
         if mode == "train":
@@ -135,6 +142,50 @@ def print_table(rows: list) -> None:
 
 
 
+def run_in_processes(model_ids: list, args) -> list:
+    """Each model timed in `args.processes` fresh processes, one after another (this script with --processes 1): a
+    process's host speed moves both variants' steps, so a ratio from one process says little on its own. The rows
+    carry "process" (0, 1, ...); a process that fails leaves a row with its error."""
+    rows = []
+    passed = ["--batch", str(args.batch), "--size", str(args.size), "--dtype", args.dtype, "--warmup",
+              str(args.warmup), "--repeats", str(args.repeats), "--calls", str(args.calls)]
+    with tempfile.TemporaryDirectory() as folder:
+        for model_id in model_ids:
+            for process in range(args.processes):
+                path = os.path.join(folder, "row.json")
+                done = subprocess.run([sys.executable, os.path.abspath(__file__), "--models", model_id, "--json", path,
+                                       *passed], capture_output=True, text=True)
+                try:
+                    with open(path) as f:
+                        child = json.load(f)
+                    os.remove(path)
+                    row = child["rows"][0]
+                    row["header"] = {k: v for k, v in child.items() if k != "rows"}  # GPU, versions, settings
+                except (OSError, ValueError, IndexError, KeyError):
+                    last = (done.stderr or done.stdout).strip().splitlines()
+                    row = {"model": model_id, "error": f"process exited {done.returncode}: "
+                                                       f"{last[-1][:200] if last else 'no output'}"}
+                row["process"] = process
+                rows.append(row)
+                print(json.dumps({k: v for k, v in row.items() if not k.endswith("_samples") and k != "header"}),
+                      flush=True)
+    return rows
+
+
+def print_processes(rows: list) -> None:
+    """Per model: fused's training and inference ratio to eager in each process, and their medians."""
+    print(f"\n{'model':<34}{'processes':>10}  train ratio per process (median)  |  inference")
+    for model_id in dict.fromkeys(row["model"] for row in rows):
+        mine = [row for row in rows if row["model"] == model_id and "error" not in row]
+        cells = []
+        for mode in ("train", "inference"):
+            ratios = [ratio(row, mode) for row in mine]
+            ratios = [r for r in ratios if r == r]  # a mode that failed gives nan
+            text = ", ".join(f"{r:.3f}" for r in ratios)
+            cells.append(f"{text} ({statistics.median(ratios):.3f})" if ratios else "-")
+        print(f"{model_id:<34}{len(mine):>10}  {cells[0]}  |  {cells[1]}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -146,7 +197,22 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=10, help="samples per variant and mode")
     p.add_argument("--calls", type=int, default=3, help="back-to-back steps a sample")
     p.add_argument("--json", default=None)
+    p.add_argument("--processes", type=int, default=1,
+                   help="time each model in this many fresh processes, one after another, and give every process's "
+                        "ratio and their median")
     args = p.parse_args()
+    if args.processes < 1:
+        p.error(f"--processes must be at least 1, got {args.processes}")
+    model_ids = [m for m in args.models.split(",") if m]
+    if args.processes > 1:  # this process only starts the others: it touches no GPU
+        rows = run_in_processes(model_ids, args)
+        head = next((row["header"] for row in rows if "header" in row), {})
+        out = {**head, "processes": args.processes, "rows": rows}
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=1)
+        print_processes(rows)
+        return
     torch.backends.cudnn.benchmark = True
     out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
            "batch": args.batch, "size": args.size, "dtype": args.dtype, "repeats": args.repeats, "calls": args.calls,
@@ -154,12 +220,12 @@ def main() -> None:
     print(f"{out['gpu']}, torch {out['torch']}, cuDNN {out['cudnn']}; batch {args.batch}, {args.size}x{args.size}, "
           f"{args.dtype} autocast, channels_last, cudnn.benchmark; ms a step, median of {args.repeats} samples of "
           f"{args.calls} back-to-back steps, eager and fused interleaved", flush=True)
-    for model_id in [m for m in args.models.split(",") if m]:
+    for model_id in model_ids:
         start = time.perf_counter()
         row = measure(model_id, args)
         row["seconds"] = round(time.perf_counter() - start, 1)  # building, plans, cudnn.benchmark's search, timing
         out["rows"].append(row)
-        print(json.dumps(row), flush=True)
+        print(json.dumps({k: v for k, v in row.items() if not k.endswith("_samples")}), flush=True)
         gc.collect()
         torch.cuda.empty_cache()
         if args.json:  # after each model, so that a run cut short keeps the rows it measured
