@@ -139,3 +139,17 @@ def test_compile_fullgraph_of_a_block(extension, backend):
     grads = torch.autograd.grad(out.float().sum(), [x, *model.parameters()])
     for got, e in zip([out, *grads], [expected, *expected_grads]):
         assert rel_err(got, e) < 2e-2, rel_err(got, e)
+
+
+def test_a_second_derivative_through_the_block_raises_and_the_first_is_eagers(extension, no_tf32):
+    """Under create_graph=True the block's first derivative is eager's, and differentiating it again raises (the op's
+    backward would otherwise give a second derivative that misses what its forward computed without a graph)."""
+    torch.manual_seed(0)
+    block = SqueezeExcite(32, 8, activation="silu").cuda()
+    x = torch.randn(2, 32, 5, 5, device="cuda", requires_grad=True)
+    (grad,) = torch.autograd.grad(block(x).square().sum(), x, create_graph=True)
+    reference = _reference(x, block.weight, block.bias, block.fc2.weight, block.fc2.bias, "silu", "sigmoid")
+    (expected,) = torch.autograd.grad(reference.square().sum(), x)
+    torch.testing.assert_close(grad.detach(), expected, rtol=1e-4, atol=1e-6)
+    with pytest.raises(RuntimeError, match="differentiable once"):
+        grad.sum().backward()

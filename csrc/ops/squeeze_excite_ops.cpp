@@ -6,6 +6,7 @@
 // in the order and dtypes eager computes them. The decision to run it (CUDA, the conv dtype equal to x's) is
 // Python's (torch_cudnn_fusion/ops/squeeze_excite.py).
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/functions/basic_ops.h>
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -145,6 +146,27 @@ class SqueezeExciteFunction : public torch::autograd::Function<SqueezeExciteFunc
     if (need_b1) grads[2] = in_dtype(dh_pre.sum(0), dtype_of(ctx, "b1_dtype"));
     if (need_w2) grads[3] = weight_grad(dz, h, "w2_size", "w2_dtype");
     if (need_b2) grads[4] = in_dtype(dz.sum(0), dtype_of(ctx, "b2_dtype"));
+    return at::GradMode::is_enabled() && !is_traced(x) ? not_differentiable_again(grads) : grads;
+  }
+
+  // Under create_graph=True the gradients above would carry a graph through ATen's ops, but not through what the
+  // forward computed without one (the casts, the pooled and gated values): a second derivative would come out
+  // silently incomplete. As Python's @once_differentiable, each gradient instead leads to a node that raises if it is
+  // differentiated. (Not when torch.compile traces the backward: its tensors are fake.)
+  static variable_list not_differentiable_again(variable_list grads) {
+    variable_list defined;
+    for (const auto& g : grads) {
+      if (g.defined()) defined.push_back(g.detach().requires_grad_(true));
+    }
+    auto error = std::make_shared<torch::autograd::DelayedError>(
+        "cudnn_fusion::squeeze_excite (SqueezeExcite) is differentiable once: a second derivative through it (e.g. a "
+        "gradient penalty) needs the block eager, as in the model before fuse()",
+        static_cast<int64_t>(defined.size()));
+    auto wrapped = error->apply(std::move(defined));
+    size_t next = 0;
+    for (auto& g : grads) {
+      if (g.defined()) g = wrapped[next++];
+    }
     return grads;
   }
 };
