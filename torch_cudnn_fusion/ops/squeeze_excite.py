@@ -29,13 +29,14 @@ _EAGER_GATE = {"sigmoid": torch.sigmoid, "hardsigmoid": F.hardsigmoid}
 FUSED = Decision(True, "", (), "squeeze_excite_op")
 
 
-def check_squeeze_excite_names(activation: str, gate: str, where: str = "") -> None:
-    """A ValueError naming what is accepted when `activation` or `gate` is not the block's."""
-    lead = f"{where}: " if where else ""
-    if activation not in SQUEEZE_EXCITE_ACTIVATIONS:
-        raise ValueError(f"{lead}activation must be 'relu' or 'silu', got {activation!r}")
+def check_squeeze_excite_names(activation: str, gate: str, where: str = "") -> Activation:
+    """The activation's code; a ValueError naming what is accepted when `activation` or `gate` is not the block's
+    (the activation's from Activation.from_name, as every module's)."""
+    code = Activation.from_name(activation, SQUEEZE_EXCITE_ACTIVATIONS, where)
     if gate not in SQUEEZE_EXCITE_GATES:
+        lead = f"{where}: " if where else ""
         raise ValueError(f"{lead}gate must be 'sigmoid' or 'hardsigmoid', got {gate!r}")
+    return code
 
 
 def _eager_reason(x: torch.Tensor, w1: torch.Tensor, b1: Optional[torch.Tensor], w2: torch.Tensor,
@@ -86,17 +87,19 @@ def squeeze_excite(x: torch.Tensor, w1: torch.Tensor, b1: Optional[torch.Tensor]
     autocast = torch.is_autocast_enabled(device_type)
     signature = None
     if call is not None and not torch.compiler.is_compiling():
+        # what the decision reads, and nothing else: this runs on every call of the block
         signature = (activation, gate, strict, decide.is_strict(), x.device, x.dtype, x.shape[1:2], x.dim(),
-                     x.numel() == 0, autocast and torch.get_autocast_dtype(device_type),
-                     tuple(None if t is None else (t.dtype, t.device, t.shape) for t in tensors))
+                     x.numel() == 0, autocast and torch.get_autocast_dtype(device_type), w1.dtype, w1.device,
+                     w1.shape, w2.dtype, w2.device, w2.shape, b1 is None or (b1.dtype, b1.device),
+                     b2 is None or (b2.dtype, b2.device))
         if call.signature == signature:
             return _run(call.run, x, tensors, activation, gate)
-    check_squeeze_excite_names(activation, gate)
+    activation_code = check_squeeze_excite_names(activation, gate)
     reason = _eager_reason(x, w1, b1, w2, b2, _conv_dtype(x, tensors))
     decision = Decision.eager(reason) if reason else FUSED
     decide.raise_if_strict(decision, strict, f"the squeeze-and-excitation block of {w1.shape[1]} channels "
                                              f"(squeezed to {w1.shape[0]})")
-    run = (decision.fused, int(Activation.from_name(activation)), gate == "hardsigmoid")
+    run = (decision.fused, int(activation_code), gate == "hardsigmoid")
     if call is not None:
         call.remember(decision, None, signature, run)
     return _run(run, x, tensors, activation, gate)
