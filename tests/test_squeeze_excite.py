@@ -151,5 +151,12 @@ def test_explain_and_the_report_count_the_blocks_convs():
     assert row.pattern == "AdaptiveAvgPool2d -> Conv2d -> ReLU -> Conv2d -> Sigmoid -> mul"
     assert "2 of 4 Conv2d layers" in report.summary()
     assert [r.path for r in tcf.fusion_report(fused)] == ["1.fc1"]
+    # what explain lists for a block that ran the op (explain's own run needs a GPU)
+    from torch_cudnn_fusion.diagnostics.report import _explain_squeeze_excite
+    block = SqueezeExcite.from_modules(nn.Conv2d(16, 4, 1), nn.Conv2d(4, 16, 1, bias=False), activation="silu",
+                                       gate="hardsigmoid")
+    assert _explain_squeeze_excite("b", block).operations == (
+        "mean over H and W", "1x1 conv as a GEMM + bias", "silu", "1x1 conv as a GEMM", "hardsigmoid",
+        "multiply x by the gate")
     again = tcf.fuse(fused)[1]  # fusing the fused model: the block is counted once, with both its convs
     assert again.conv_coverage()[:2] == (2, 4) and "1.fc2" not in again.conv_coverage()[2], str(again)

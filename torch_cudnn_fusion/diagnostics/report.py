@@ -162,9 +162,8 @@ def _explain_batch_norm(path: str, module: nn.Module, decision: Decision, config
 
 def _explain_squeeze_excite(path: str, module: nn.Module) -> ExplainRow:
     """A squeeze-and-excitation block run as cudnn_fusion::squeeze_excite: its operations, in ATen's kernels."""
-    has_bias = module.bias is not None
-    conv = "1x1 conv as a GEMM" + (" + bias" if has_bias else "")
-    operations = ("mean over H and W", conv, module.activation, conv, module.gate, "multiply x by the gate")
+    conv1, conv2 = ("1x1 conv as a GEMM" + (" + bias" if conv.bias is not None else "") for conv in (module, module.fc2))
+    operations = ("mean over H and W", conv1, module.activation, conv2, module.gate, "multiply x by the gate")
     return ExplainRow(path, type(module).__name__, True, operations, "ATen's kernels in one op, one autograd node")
 
 
