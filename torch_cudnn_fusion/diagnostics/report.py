@@ -162,7 +162,8 @@ def _explain_batch_norm(path: str, module: nn.Module, decision: Decision, config
 
 def _explain_squeeze_excite(path: str, module: nn.Module) -> ExplainRow:
     """A squeeze-and-excitation block run as cudnn_fusion::squeeze_excite: its operations, in ATen's kernels."""
-    conv1, conv2 = ("1x1 conv as a GEMM" + (" + bias" if conv.bias is not None else "") for conv in (module, module.fc2))
+    conv1, conv2 = ("1x1 conv as a GEMM" + (" + bias" if conv.bias is not None else "")
+                    for conv in (module, module.fc2))
     operations = ("mean over H and W", conv1, module.activation, conv2, module.gate, "multiply x by the gate")
     return ExplainRow(path, type(module).__name__, True, operations, "ATen's kernels in one op, one autograd node")
 
