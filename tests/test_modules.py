@@ -130,8 +130,6 @@ def test_strict_raises_with_the_reason():
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda: tcf.conv2d_bias_act(torch.randn(5, 5), torch.randn(4, 8, 3, 3)),
-         r"x must be a 4-D tensor \[N, C, H, W\] \(or 3-D \[C, H, W\]\), got a 2-D tensor of shape \[5, 5\]"),
         (lambda: tcf.conv2d_bias_act(torch.randn(1, 8, 5, 5), torch.randn(4, 8, 3, 3, dtype=torch.float64)),
          r"weight dtype must match x dtype \(torch.float32\), got torch.float64"),
         (lambda: tcf.conv2d_bias_act(torch.randn(1, 8, 5, 5), torch.randn(4, 8, 3, 3, device="meta")),
@@ -161,6 +159,31 @@ def test_strict_raises_with_the_reason():
 def test_bad_arguments_are_named(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+@pytest.mark.parametrize("shape", [(8, 5), (1, 8, 5, 5, 5), (8, 5, 5)], ids=["2-D", "5-D", "3-D"])
+def test_an_input_eager_refuses_raises_eagers_error_type(shape):
+    """A drop-in raises what eager's modules raise where they refuse x's dimensions (an `except` written for eager
+    must still catch it): nn.Conv2d a RuntimeError, nn.BatchNorm2d after it a ValueError for [C, H, W]."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(8, 16, 3, padding=1)
+    x = torch.randn(*shape)
+    pairs = [
+        (nn.Sequential(conv, nn.ReLU()), tcf.Conv2dReLU.from_conv(conv)),
+        (nn.Sequential(conv, nn.BatchNorm2d(16), nn.ReLU()),
+         tcf.Conv2dBNReLU.from_modules(conv, nn.BatchNorm2d(16))),
+        (lambda t: F.relu(F.conv2d(t, conv.weight, conv.bias, padding=1)),
+         lambda t: tcf.conv2d_bias_act(t, conv.weight, conv.bias, padding=1, activation="relu")),
+    ]
+    for eager, fused in pairs:
+        try:
+            expected = eager(x)
+        except (RuntimeError, ValueError) as error:
+            with pytest.raises(type(error), match=r"4-D tensor \[N, C, H, W\]|expected 4D input") as raised:
+                fused(x)
+            assert isinstance(raised.value, ValueError) == isinstance(error, ValueError)
+        else:
+            torch.testing.assert_close(fused(x), expected, rtol=0, atol=0)
 
 
 def test_unbatched_input_runs_as_nn_conv2d_does():

@@ -52,9 +52,11 @@ def conv_padding(padding: Union[str, _IntPair], kernel_size: Sequence[int], dila
 
 
 def _check_args(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], groups: int) -> None:
-    if not isinstance(x, torch.Tensor) or x.dim() != 4:
-        got = f"{x.dim()}-D tensor of shape {list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ValueError(f"x must be a 4-D tensor [N, C, H, W] (or 3-D [C, H, W]), got a {got}")
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 4:  # F.conv2d's error type, as a drop-in for nn.Conv2d must raise it
+        raise RuntimeError(f"x must be a 4-D tensor [N, C, H, W] (or 3-D [C, H, W]), got a {x.dim()}-D tensor of "
+                           f"shape {list(x.shape)}")
     if weight.dim() != 4:
         raise ValueError(f"weight must be a 4-D tensor [out_channels, in_channels / groups, kH, kW], got shape "
                          f"{list(weight.shape)}")
