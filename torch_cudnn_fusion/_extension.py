@@ -130,6 +130,7 @@ def load() -> ModuleType | None:
 
 
 def load_error() -> str | None:
+    """Why load() returned None: set whenever it has (None before the first load() and once the module loaded)."""
     return _error
 
 

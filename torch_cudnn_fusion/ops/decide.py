@@ -274,7 +274,7 @@ def _decide_conv(values: tuple) -> Decision:
         return Decision.eager(reason)
     module = _extension.load()
     if module is None:
-        return Decision.eager(_extension.load_error() or "the cuDNN extension is unavailable")
+        return Decision.eager(_extension.load_error())
     if TRACED in config.x_size:
         return Decision(True, TRACED_NOTE, (), "cudnn_graph")
     if config.x_size[0] == 0:
@@ -320,7 +320,7 @@ def _decide_batch_norm(values: tuple) -> Decision:
         return Decision.eager(reason.replace("fused engines", "BatchNorm"))
     module = _extension.load()
     if module is None:
-        return Decision.eager(_extension.load_error() or "the cuDNN extension is unavailable")
+        return Decision.eager(_extension.load_error())
     unmet = module.batch_norm_layer_verdict(list(config.x_size), config.channels_last)
     if unmet:
         return Decision.eager("; ".join(unmet))

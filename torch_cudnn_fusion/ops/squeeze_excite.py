@@ -61,9 +61,7 @@ def _eager_reason(x: torch.Tensor, w1: torch.Tensor, b1: Optional[torch.Tensor],
 
 @constant_under_compile
 def _extension_problem() -> str:
-    if _extension.load() is None:
-        return _extension.load_error() or "the cuDNN extension is unavailable"
-    return ""
+    return "" if _extension.load() is not None else _extension.load_error()
 
 
 def _conv_dtype(x: torch.Tensor, tensors: tuple) -> torch.dtype:
