@@ -153,3 +153,30 @@ def test_a_second_derivative_through_the_block_raises_and_the_first_is_eagers(ex
     torch.testing.assert_close(grad.detach(), expected, rtol=1e-4, atol=1e-6)
     with pytest.raises(RuntimeError, match="differentiable once"):
         grad.sum().backward()
+
+
+def test_explain_lists_a_block_that_ran_the_op_and_one_that_fell_back(extension):
+    """explain() of a fused model with torchvision's SqueezeExcitation: the block's operations, its timed forward,
+    and, where the block ran eager (float32 x under bfloat16 autocast), the reason instead."""
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), torchvision.ops.SqueezeExcitation(32, 8),
+                          nn.Conv2d(32, 16, 1)).cuda().to(memory_format=CL)
+    fused, report = tcf.fuse(model)
+    assert [r.path for r in report if r.module == "SqueezeExcite"] == ["1.fc1"], str(report)
+    x = torch.randn(4, 3, 16, 16, device="cuda").to(memory_format=CL)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        explanation = tcf.explain(fused, x, repeats=3)
+    row = next(r for r in explanation if r.path == "1.fc1")
+    assert row.fused and row.module == "SqueezeExcite", str(explanation)
+    assert row.operations == ("mean over H and W", "1x1 conv as a GEMM + bias", "relu", "1x1 conv as a GEMM + bias",
+                              "sigmoid", "multiply x by the gate")
+    assert row.engine == "ATen's kernels in one op, one autograd node" and row.median_ms > 0
+    assert "mean over H and W -> 1x1 conv as a GEMM + bias" in str(explanation)
+
+    block = fused.get_submodule("1.fc1")
+    with torch.autocast("cuda", dtype=torch.bfloat16):  # the block alone, on float32 x: eager promotes x * gate
+        explanation = tcf.explain(nn.Sequential(block), torch.randn(2, 32, 5, 5, device="cuda"), time=False)
+    (row,) = explanation
+    assert not row.fused and "eager promotes the product" in row.reason and row.median_ms is None, str(explanation)
+    assert "eager: x is torch.float32 but the convs run in torch.bfloat16" in str(explanation)
