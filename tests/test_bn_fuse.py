@@ -501,6 +501,22 @@ def test_fuse_reports_modules_used_twice_and_sync_batchnorm():
     assert not report.replaced and "used more than once" in report[0].reason
 
 
+class _SubclassConv(nn.Conv2d):
+    """A Conv2d subclass (as timm's StdConv2d and Conv2dSame): fuse() leaves it, and counts it among the convs."""
+
+
+@pytest.mark.parametrize("use_fx", [True, False], ids=["traced", "sequential"])
+def test_the_report_counts_every_conv_and_only_convs(use_fx):
+    model = nn.Sequential(_SubclassConv(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 1), nn.BatchNorm2d(8), nn.ReLU(),
+                          nn.SyncBatchNorm(8), nn.ReLU(), nn.BatchNorm2d(8), nn.ReLU())
+    fused, report = tcf.fuse(model, use_fx=use_fx)
+    replaced, total, why_not = report.conv_coverage()
+    assert (replaced, total, list(why_not)) == (1, 2, ["0"]), str(report)
+    assert [r.convs for r in report] == [1, 1] + [0] * (len(report) - 2), str(report)  # BatchNorm rows: none
+    assert "(1 of 2 Conv2d layers)" in report.summary()
+    assert tcf.fuse(fused, use_fx=use_fx)[1].conv_coverage()[:2] == (1, 2)
+
+
 def test_fuse_non_traceable_model_rewrites_its_children_and_says_why():
     class DataDependent(nn.Module):
         def __init__(self):

@@ -27,6 +27,7 @@ import collections
 import copy
 import itertools
 import operator
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -113,15 +114,8 @@ class FuseRow:
     module: str  # the fused module's class, or "" when not replaced
     implementation: str  # how it runs: from its fusion_status once it ran (fuse(..., example_input) runs it)
     reason: str  # why not replaced, or a note
-
-    @property
-    def convs(self) -> int:
-        """The Conv2d layers its pattern holds: one, two in a squeeze-and-excitation block, none in a BatchNorm
-        pattern or a module that was not traced."""
-        parts = self.pattern.split(" -> ")
-        if parts == ["SqueezeExcite"]:  # a block fused already (its row names the module)
-            return 2
-        return sum(part.startswith(("Conv2d", "(Conv2d")) for part in parts)
+    convs: int = 1  # the Conv2d layers (subclasses included) it holds: 2 in a squeeze-and-excitation block, 0 in a
+    # BatchNorm pattern or a module that was not traced
 
     @property
     def runs_fused(self) -> Optional[bool]:
@@ -485,7 +479,7 @@ class _GraphRewrite:
             m = self.modules[node.target]
             path = _join(self.prefix, node.target)
             if isinstance(m, _FUSED_TYPES):
-                self.rows.append(FuseRow(path, type(m).__name__, True, type(m).__name__, "", "already fused"))
+                self.rows.append(_already_fused(path, m))
                 if isinstance(m, SqueezeExcite):  # its second conv is registered elsewhere, and runs in it
                     called.update(t for t, other in self.modules.items() if other is m.fc2)
             elif isinstance(m, nn.Conv2d):
@@ -498,8 +492,8 @@ class _GraphRewrite:
         self.gm.graph.lint()
         self.gm.recompile()
 
-    def refuse(self, path: str, pattern: str, reason: str) -> None:
-        self.rows.append(FuseRow(path, pattern, False, "", "", reason))
+    def refuse(self, path: str, pattern: str, reason: str, convs: int = 1) -> None:
+        self.rows.append(FuseRow(path, pattern, False, "", "", reason, convs))
 
     def next_step(self, value: fx.Node) -> tuple[list[fx.Node], Optional[fx.Node], fx.Node]:
         """(the nn.Identity calls passed through, the sole user of `value` after them or None, the node that user
@@ -641,7 +635,7 @@ class _GraphRewrite:
             graph.erase_node(n)
         names.append("mul")
         self.rows.append(FuseRow(_join(self.prefix, fc1_node.target), " -> ".join(names), True, "SqueezeExcite", "",
-                                 f"with {_join(self.prefix, fc2_node.target)}"))
+                                 f"with {_join(self.prefix, fc2_node.target)}", convs=2))
         return [fc1_node.target, fc2_node.target]
 
     def match_batch_norm_relu(self, node: fx.Node) -> None:
@@ -665,14 +659,20 @@ class _GraphRewrite:
         if not problem and self.calls[node.target] > 1:
             problem = f"called {self.calls[node.target]} times in forward: {WHY['called_twice']}"
         if problem:
-            return self.refuse(path, pattern, problem)
+            return self.refuse(path, pattern, problem, convs=0)
         _set_module(self.gm, node.target, BatchNorm2dReLU.from_bn(bn, activation=act))
         if nxt is not None:
             nxt.replace_all_uses_with(node)
             for n in [nxt] + passed[::-1]:
                 self.consumed.add(n)
                 self.gm.graph.erase_node(n)
-        self.rows.append(FuseRow(path, pattern, True, "BatchNorm2dReLU", "", ""))
+        self.rows.append(FuseRow(path, pattern, True, "BatchNorm2dReLU", "", "", convs=0))
+
+
+def _already_fused(path: str, m: nn.Module) -> FuseRow:
+    """The row of a module fused before (fuse() of a fused model), with the Conv2d layers it holds."""
+    convs = 2 if isinstance(m, SqueezeExcite) else 1 if isinstance(m, FusedConv2d) else 0
+    return FuseRow(path, type(m).__name__, True, type(m).__name__, "", "already fused", convs)
 
 
 # ---- nn.Sequential children, in order ----
@@ -685,7 +685,7 @@ def _fuse_sequential(seq: nn.Sequential, prefix: str, uses: collections.Counter,
         name, m = children[i]
         path = _join(prefix, name)
         if isinstance(m, _FUSED_TYPES):
-            rows.append(FuseRow(path, type(m).__name__, True, type(m).__name__, "", "already fused"))
+            rows.append(_already_fused(path, m))
         elif isinstance(m, nn.Conv2d):
             i += _sequential_conv(seq, prefix, children, i, uses, rows)
             continue
@@ -699,7 +699,7 @@ def _fuse_sequential(seq: nn.Sequential, prefix: str, uses: collections.Counter,
                     i += 1
             if act in _BATCH_NORM_ALONE_ACTIVATIONS:
                 seq._modules[name] = BatchNorm2dReLU.from_bn(m, activation=act)
-                rows.append(FuseRow(path, f"{type(m).__name__} -> {act}", True, "BatchNorm2dReLU", "", ""))
+                rows.append(FuseRow(path, f"{type(m).__name__} -> {act}", True, "BatchNorm2dReLU", "", "", convs=0))
         i += 1
 
 
@@ -774,7 +774,8 @@ def _rewrite(module: nn.Module, path: str, use_fx: bool, uses: collections.Count
             return gm
         rows.append(FuseRow(path or "(model)", "torch.fx trace", False, "", "",
                             f"{why_not}: rewriting its children instead"
-                            + (" (residual adds in its own forward are not fused)" if not isinstance(module, nn.Sequential) else "")))
+                            + (" (residual adds in its own forward are not fused)" if not isinstance(module, nn.Sequential) else ""),
+                            convs=0))
     if isinstance(module, nn.Sequential):
         _fuse_sequential(module, path, uses, rows)
     for name, child in list(module._modules.items()):
@@ -821,7 +822,7 @@ def _with_implementations(model: nn.Module, rows: list[FuseRow]) -> list[FuseRow
         if row.replaced:
             status = model.get_submodule(row.path).fusion_status
             text = "decided on its first forward" if status == NOT_RUN else str(status)
-            row = FuseRow(row.path, row.pattern, row.replaced, row.module, text, row.reason)
+            row = dataclasses.replace(row, implementation=text)
         out.append(row)
     return out
 
