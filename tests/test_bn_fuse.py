@@ -528,11 +528,22 @@ def test_fuse_non_traceable_model_rewrites_its_children_and_says_why():
                 return self.body(x)
             return self.body(-x)
 
+    class DataDependent(DataDependent):  # and a conv of its own, called from that forward
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Conv2d(16, 4, 1)
+
+        def forward(self, x):
+            return F.relu(self.head(super().forward(x)))
+
     plain = DataDependent()
     eager = copy.deepcopy(plain)
     model, report = tcf.fuse(plain)
     assert report[0].path == "(model)" and "not traceable by torch.fx" in report[0].reason
     assert report[1].replaced and report[1].module == "Conv2dBNReLU" and report[1].path == "body.0"
+    assert report[2].path == "head" and not report[2].replaced and report[2].convs == 1, str(report)
+    assert "called from the forward of (model), which was not traced" in report[2].reason
+    assert report.conv_coverage()[:2] == (1, 2)
     assert type(model) is DataDependent and type(plain.body) is nn.Sequential
     x = torch.randn(2, 8, 5, 5)
     torch.testing.assert_close(model(x), eager(x), rtol=0, atol=0)

@@ -781,6 +781,12 @@ def _rewrite(module: nn.Module, path: str, use_fx: bool, uses: collections.Count
     for name, child in list(module._modules.items()):
         if child is None:
             continue
+        if isinstance(child, nn.Conv2d) and not isinstance(child, _FUSED_TYPES) and not isinstance(module, nn.Sequential):
+            # called from this forward, which runs as written: the report still counts it
+            rows.append(FuseRow(_join(path, name), type(child).__name__, False, "", "",
+                                f"called from the forward of {path or '(model)'}, which was not traced: patterns "
+                                "are fused in traced graphs and among an nn.Sequential's children"))
+            continue
         new = _rewrite(child, _join(path, name), use_fx, uses, names, rows)
         if new is not child:
             module._modules[name] = new
