@@ -19,7 +19,12 @@ from torch import nn
 # timm: the smallest variant of each family the issue names (resnet, resnext, efficientnet, mobilenet v1/v2/v3,
 # regnet, cspdarknet), plus the ones users reported (resnet50d, regnety_008)
 TIMM_MODELS = ["resnet18", "resnet50d", "resnext26ts", "efficientnet_b0", "mobilenetv1_100", "mobilenetv2_035",
-               "mobilenetv3_small_050", "regnetx_002", "regnety_002", "regnety_008", "cspdarknet53"]
+               "mobilenetv3_small_050", "regnetx_002", "regnety_002", "regnety_008", "cspdarknet53",
+               # more conv families, for fuse()'s structure: convs called from a forward that is not traced
+               # (ghostnet's root), Conv2d subclasses (tf_efficientnet's Conv2dSame), multi-resolution branches (hrnet),
+               # blocks with squeeze-excitation variants (rexnet, ese_vovnet, lcnet), convs into cat (mixnet, dpn)
+               "ghostnet_100", "hrnet_w18_small", "rexnet_100", "repvgg_a0", "efficientnetv2_rw_t", "tinynet_e",
+               "lcnet_050", "dla34", "ese_vovnet19b_dw", "mixnet_s", "dpn48b", "skresnet18", "tf_efficientnet_b0"]
 # one model of each torchvision and timm family: the GPU zoo tests' default set, and benchmarks/zoo_speed.py's
 FAMILIES = ["torchvision:resnet18", "torchvision:resnet50", "torchvision:resnext50_32x4d", "torchvision:regnet_x_400mf",
             "torchvision:regnet_y_400mf", "torchvision:mobilenet_v2", "torchvision:mobilenet_v3_small",
