@@ -119,10 +119,10 @@ def _rms(values) -> float:
     return (sum(v * v for v in values) / len(values)) ** 0.5
 
 
-def _whole_model_errors(model, x, dtype) -> tuple[dict, dict]:
+def _whole_model_errors(model, x, dtype) -> tuple[dict, dict, dict]:
     """One training step and one eval batch of fused and of every eager run on `model`'s copies, each error against
-    float64 by quantity (loss, gradient (global), each floating buffer, eval outputs): {quantity: {run: error}}, and
-    coverage of the fused copy after each (see _coverage)."""
+    float64 by quantity (loss, gradient (global), each floating buffer, eval outputs): {quantity: {run: error}};
+    coverage of the fused copy after each (see _coverage); each parameter's gradient error: {run: {name: error}}."""
     reference = copy.deepcopy(model).double()
     runs = {label: copy.deepcopy(model).to(memory_format=layout) for label, (layout, _) in EAGER_RUNS.items()}
     original = copy.deepcopy(model)
@@ -131,7 +131,7 @@ def _whole_model_errors(model, x, dtype) -> tuple[dict, dict]:
         weights = [torch.rand_like(o, dtype=torch.float64) + 0.5 for o in _eval(copy.deepcopy(reference), x.double(),
                                                                                  torch.float64)]
     _, loss_ref = _step(reference, x.double(), weights, torch.float64)
-    errors = {"loss": {}, "gradient (global)": {}}
+    errors, by_parameter = {"loss": {}, "gradient (global)": {}}, {}
     names = [n for n, p in reference.named_parameters() if p.grad is not None]
     grad_ref = [p.grad for n, p in reference.named_parameters() if p.grad is not None]
     buffers_ref = {n: b for n, b in reference.named_buffers()}
@@ -150,6 +150,7 @@ def _whole_model_errors(model, x, dtype) -> tuple[dict, dict]:
         grads = {n: p.grad for n, p in model_run.named_parameters() if p.grad is not None}
         assert set(grads) == set(names), f"{label}: the model's gradients are incomplete"
         errors["gradient (global)"][label] = _global_rel([grads[n] for n in names], grad_ref)
+        by_parameter[label] = {n: _rel(grads[n], r) for n, r in zip(names, grad_ref)}
         for name, buffer in model_run.named_buffers():
             if buffers_ref[name].is_floating_point():
                 errors.setdefault(f"buffer {name}", {})[label] = _rel(buffer, buffers_ref[name])
@@ -157,7 +158,19 @@ def _whole_model_errors(model, x, dtype) -> tuple[dict, dict]:
                 assert torch.equal(buffer.cpu(), buffers_ref[name].cpu()), name
         for i, (out, ref) in enumerate(zip(outputs_eval, eval_ref)):
             errors.setdefault(f"eval output {i}", {})[label] = _rel(out, ref)
-    return errors, coverage
+    return errors, coverage, by_parameter
+
+
+def _furthest_parameters(draws: list[dict], count: int = 5) -> list[str]:
+    """The parameters whose fused gradient error is the largest multiple of twice the largest eager run's (root mean
+    square over the draws): where a global gradient error comes from."""
+    rows = []
+    for name in draws[0]["fused"]:
+        fused = _rms([d["fused"][name] for d in draws])
+        eager = max(_rms([d[label][name] for d in draws]) for label in EAGER_RUNS)
+        rows.append((fused / max(2 * eager, 1e-30), name, fused, eager))
+    rows.sort(key=lambda row: row[0], reverse=True)
+    return [f"{name} fused {fused:.2e} eager {eager:.2e}" for _, name, fused, eager in rows[:count]]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
@@ -170,12 +183,13 @@ def test_fused_model_is_as_accurate_as_eager_against_float64(model_id, dtype, ex
     build, size = builder(model_id)
     torch.manual_seed(0)
     model = build().cuda().to(memory_format=CL)
-    draws = []
+    draws, parameter_draws = [], []
     for draw in range(1 if dtype == torch.float32 else 3):
         torch.manual_seed(1 + draw)
         x = torch.randn(8, 3, max(size, 128), max(size, 128), device="cuda").to(memory_format=CL)
-        errors, coverage = _whole_model_errors(model, x, dtype)
+        errors, coverage, by_parameter = _whole_model_errors(model, x, dtype)
         draws.append(errors)
+        parameter_draws.append(by_parameter)
     results = {"model": model_id, "dtype": str(dtype).replace("torch.", ""), "input draws": len(draws)}
     failures, worst = [], None
     for what in draws[0]:
@@ -189,6 +203,9 @@ def test_fused_model_is_as_accurate_as_eager_against_float64(model_id, dtype, ex
         else:
             results[what] = {"fused": fused_err, "eager": eager_err}
     results["worst buffer"] = worst
+    results["furthest parameters"] = furthest = _furthest_parameters(parameter_draws)
+    if any(f.startswith("gradient (global)") for f in failures):
+        failures.append("the parameters furthest from eager's gradient error: " + "; ".join(furthest))
     results.update(coverage_training=coverage["training"], coverage_eval=coverage["eval"],
                    seconds=round(time.time() - start, 1))
     path = os.environ.get("TCF_GPU_ZOO_RESULTS")
