@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import collections
 import copy
+import dataclasses
 import itertools
 import operator
-import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -767,6 +767,7 @@ def _rewrite(module: nn.Module, path: str, use_fx: bool, uses: collections.Count
     children rewritten. names: the class name of each path in the user's model (a traced module keeps it)."""
     if isinstance(module, _FUSED_TYPES + _PLACEHOLDERS) or not module._modules:
         return module
+    sequential = isinstance(module, nn.Sequential)
     if use_fx:
         gm, why_not = _trace(module, names.get(path, type(module).__name__))
         if gm is not None:
@@ -774,14 +775,13 @@ def _rewrite(module: nn.Module, path: str, use_fx: bool, uses: collections.Count
             return gm
         rows.append(FuseRow(path or "(model)", "torch.fx trace", False, "", "",
                             f"{why_not}: rewriting its children instead"
-                            + (" (residual adds in its own forward are not fused)" if not isinstance(module, nn.Sequential) else ""),
-                            convs=0))
-    if isinstance(module, nn.Sequential):
+                            + ("" if sequential else " (residual adds in its own forward are not fused)"), convs=0))
+    if sequential:
         _fuse_sequential(module, path, uses, rows)
     for name, child in list(module._modules.items()):
         if child is None:
             continue
-        if isinstance(child, nn.Conv2d) and not isinstance(child, _FUSED_TYPES) and not isinstance(module, nn.Sequential):
+        if isinstance(child, nn.Conv2d) and not isinstance(child, _FUSED_TYPES) and not sequential:
             # called from this forward, which runs as written: the report still counts it
             rows.append(FuseRow(_join(path, name), type(child).__name__, False, "", "",
                                 f"called from the forward of {path or '(model)'}, which was not traced: patterns "

@@ -100,7 +100,8 @@ class Conv2dBN(FusedConv2d):
         if x.dim() != 4:  # what eager raises: nn.Conv2d takes [C, H, W] too, and nn.BatchNorm2d then refuses it
             if x.dim() == 3:
                 raise ValueError(f"expected 4D input (got {x.dim()}D input)")
-            raise RuntimeError(f"x must be a 4-D tensor [N, C, H, W], got a {x.dim()}-D tensor of shape {list(x.shape)}")
+            raise RuntimeError(f"x must be a 4-D tensor [N, C, H, W], got a {x.dim()}-D tensor of shape "
+                               f"{list(x.shape)}")
         bn = self.bn  # a child, or in __dict__ where fuse() left it registered elsewhere (read past __getattr__)
         weight, bias, running_mean, running_var, batch_stats, momentum, uncounted = batch_norm_arguments(bn)
         call = self._call
