@@ -7,7 +7,10 @@ Parameters' gradients against float64 (the GPU test's "gradient (global)"). Runs
 default: no fused layer is involved, only eager's own rounding). The model and input size follow tests/zoo.py's
 builder, the batch and the input's side the GPU whole-model test's (8, at least 128).
 
-    python benchmarks/eager_float32_spread.py --model timm:hrnet_w18_small [--draws 3] [--device cpu]
+--largest K lists, for each draw's NCHW run, the K parameters whose gradient differs most from float64 in absolute
+terms (the ones that make up the global error), with their relative error and the norm of their float64 gradient.
+
+    python benchmarks/eager_float32_spread.py --model timm:hrnet_w18_small [--draws 3] [--device cpu] [--largest 5]
 """
 
 from __future__ import annotations
@@ -25,11 +28,11 @@ from zoo import builder, outputs  # noqa: E402
 LAYOUTS = {"NCHW": torch.contiguous_format, "channels_last": torch.channels_last}
 
 
-def gradients(model: torch.nn.Module, x: torch.Tensor, weights: list[torch.Tensor]) -> list[torch.Tensor]:
+def gradients(model: torch.nn.Module, x: torch.Tensor, weights: list[torch.Tensor]) -> dict[str, torch.Tensor]:
     model.train()
     loss = sum((o * w.to(o.dtype)).sum() for o, w in zip(outputs(model(x)), weights))
     loss.backward()
-    return [p.grad.double() for p in model.parameters() if p.grad is not None]
+    return {name: p.grad.double() for name, p in model.named_parameters() if p.grad is not None}
 
 
 def global_rel(values: list[torch.Tensor], references: list[torch.Tensor]) -> float:
@@ -37,14 +40,24 @@ def global_rel(values: list[torch.Tensor], references: list[torch.Tensor]) -> fl
     return float(difference / sum((r ** 2).sum() for r in references) ** 0.5)
 
 
+def largest_differences(values: dict[str, torch.Tensor], references: dict[str, torch.Tensor], count: int) -> list[str]:
+    """The `count` parameters whose gradient is furthest from float64's (absolute norm), described."""
+    rows = sorted(((float((values[n] - r).norm()), n) for n, r in references.items()), reverse=True)[:count]
+    return [f"{n}: |difference| {d:.3e}, relative {d / max(float(references[n].norm()), 1e-30):.2e}, "
+            f"|float64 gradient| {float(references[n].norm()):.3e}" for d, n in rows]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="timm:hrnet_w18_small", help="library:name, as tests/zoo.py names models")
     parser.add_argument("--draws", type=int, default=3)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--largest", type=int, default=0, help="list the K parameters furthest from float64")
     args = parser.parse_args()
     if args.draws < 1:
         parser.error(f"--draws must be >= 1, got {args.draws}")
+    if args.largest < 0:
+        parser.error(f"--largest must be >= 0, got {args.largest}")
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     build, size = builder(args.model)
@@ -61,11 +74,14 @@ def main() -> None:
             shapes = [o.shape for o in outputs(copy.deepcopy(model).eval()(x))]
         weights = [torch.rand(s, dtype=torch.float64, device=args.device) + 0.5 for s in shapes]
         reference = gradients(copy.deepcopy(model).double(), x.double(), weights)
-        errors = []
+        errors, runs = [], []
         for layout in LAYOUTS.values():
-            run = copy.deepcopy(model).to(memory_format=layout)
-            errors.append(global_rel(gradients(run, x.contiguous(memory_format=layout), weights), reference))
+            run = gradients(copy.deepcopy(model).to(memory_format=layout), x.contiguous(memory_format=layout), weights)
+            errors.append(global_rel([run[n] for n in reference], list(reference.values())))
+            runs.append(run)
         print(f"{draw:>4}  " + "  ".join(f"{e:>13.3e}" for e in errors), flush=True)
+        for line in largest_differences(runs[0], reference, args.largest):
+            print(f"      {line}")
 
 
 if __name__ == "__main__":

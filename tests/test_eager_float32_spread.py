@@ -24,10 +24,18 @@ def test_global_rel_is_the_norm_of_all_differences_over_the_norm_of_all_referenc
 def test_the_script_prints_a_row_of_errors_per_draw():
     pytest.importorskip("torchvision")
     result = subprocess.run([sys.executable, str(BENCHMARKS / "eager_float32_spread.py"), "--model",
-                             "torchvision:mobilenet_v3_small", "--draws", "2"], capture_output=True, text=True,
-                            timeout=300)
+                             "torchvision:mobilenet_v3_small", "--draws", "2", "--largest", "2"], capture_output=True,
+                            text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    rows = [line.split() for line in result.stdout.splitlines() if line.strip()[:1].isdigit()]
+    rows = [line.split() for line in result.stdout.splitlines() if line[:4].strip().isdigit()]
     assert [row[0] for row in rows] == ["0", "1"], result.stdout
     errors = [float(e) for row in rows for e in row[1:]]
     assert len(errors) == 4 and all(0 < e < 1 for e in errors), result.stdout
+    assert sum("|difference|" in line for line in result.stdout.splitlines()) == 4, result.stdout
+
+
+def test_largest_differences_orders_by_the_absolute_difference():
+    references = {"a": torch.tensor([100.0], dtype=torch.float64), "b": torch.tensor([1.0], dtype=torch.float64)}
+    values = {"a": torch.tensor([101.0], dtype=torch.float64), "b": torch.tensor([1.5], dtype=torch.float64)}
+    (line,) = eager_float32_spread.largest_differences(values, references, 1)
+    assert line.startswith("a: |difference| 1.000e+00, relative 1.00e-02")
