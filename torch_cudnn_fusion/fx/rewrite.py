@@ -470,8 +470,9 @@ class _GraphRewrite:
         for node in list(self.gm.graph.nodes):
             if node in self.consumed:
                 continue
-            if _pooled_input(node, self.modules) is not None:
-                called.update(self.match_squeeze_excite(node))
+            pooled = _pooled_input(node, self.modules)
+            if pooled is not None:
+                called.update(self.match_squeeze_excite(node, pooled))
                 continue
             if node.op != "call_module":
                 continue
@@ -589,11 +590,10 @@ class _GraphRewrite:
         if bn_node is not None:
             _absorb_bn(self.modules[bn_node.target], _join(self.prefix, node.target))
 
-    def match_squeeze_excite(self, pool: fx.Node) -> list[str]:
-        """pool -> 1x1 Conv2d -> ReLU / SiLU -> 1x1 Conv2d -> sigmoid / hardsigmoid -> * pool's input, replaced by a
+    def match_squeeze_excite(self, pool: fx.Node, x: fx.Node) -> list[str]:
+        """pool (of x) -> 1x1 Conv2d -> ReLU / SiLU -> 1x1 Conv2d -> sigmoid / hardsigmoid -> * x, replaced by a
         SqueezeExcite at the first conv's path; the targets of the convs it holds. Anything else is left to the conv
         patterns ([] is returned)."""
-        x = _pooled_input(pool, self.modules)
         chain, convs, names = [pool], [], [_pool_name(pool, self.modules)]
         value, activation, gate = pool, None, None
         for step in ("conv", "activation", "conv", "gate", "mul"):
