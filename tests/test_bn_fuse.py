@@ -93,6 +93,33 @@ def test_eval_fold_follows_a_parameter_whose_storage_was_swapped_in_place():
         assert not torch.allclose(folded2, folded)
 
 
+def test_eval_fold_is_let_go_in_training_and_when_the_module_is_converted():
+    """The cached fold is a copy of the conv's weight that training does not read: entering training lets it go (a
+    loop that evaluates every epoch would otherwise hold it through training), also through a fuse()d model's
+    train(); eval() keeps it; .to() and the like let it go, as it was computed from the tensors before them."""
+    torch.manual_seed(0)
+    plain = conv_bn_relu_seq().eval()
+    fused = tcf.Conv2dBNReLU.from_modules(plain[0], plain[1]).eval()
+    with torch.no_grad():
+        fused._folded_weight_and_bias()
+        assert fused._call.fold is not None
+        fused.eval()
+        assert fused._call.fold is not None
+        fused.train()
+        assert fused._call.fold is None
+        fused.eval()
+        fused._folded_weight_and_bias()
+        fused.double()
+        assert fused._call.fold is None
+        model, _ = tcf.fuse(nn.Sequential(conv_bn_relu_seq(), nn.Flatten()).eval())
+        (layer,) = [m for m in model.modules() if isinstance(m, tcf.Conv2dBN)]
+        layer._folded_weight_and_bias()
+        model.eval()
+        assert layer._call.fold is not None
+        model.train()
+        assert layer._call.fold is None
+
+
 def test_eval_gradients_flow_through_the_fold():
     torch.manual_seed(0)
     plain = conv_bn_relu_seq().eval()

@@ -377,6 +377,30 @@ def test_conv_bn_relu_eval_runs_the_folded_fused_conv(extension, groups, activat
     assert "BatchNorm folded into the conv" in status.reason
 
 
+def test_conv_bn_eval_fold_is_freed_when_training_resumes(extension):
+    """An eval call caches the fold (the conv's weight and bias with the BatchNorm folded in, here in autocast's
+    bfloat16): memory eager's modules do not hold. Entering training frees exactly it, so that a loop evaluating every
+    epoch trains without it; eval() alone keeps it."""
+    torch.manual_seed(0)
+    fused = tcf.Conv2dBNReLU(64, 128, 3, padding=1).cuda().to(memory_format=torch.channels_last).eval()
+    x = torch.randn(8, 64, 14, 14, device="cuda").to(memory_format=torch.channels_last)
+    with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
+        fused(x)
+        fused(x)
+    _, weight, bias, _ = fused._call.fold
+    assert weight.dtype == torch.bfloat16 and weight.shape == fused.weight.shape and bias.shape == (128,)
+    # the allocator's blocks: multiples of 512 bytes
+    expected = sum(-(-t.untyped_storage().nbytes() // 512) * 512 for t in (weight, bias))
+    del weight, bias
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated()
+    fused.eval()
+    assert torch.cuda.memory_allocated() == held
+    fused.train()
+    assert held - torch.cuda.memory_allocated() == expected
+    assert fused._call.fold is None
+
+
 def train_steps(model, batches, dtype, lr=0.05):
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     losses, first_grads, first_buffers = [], None, None

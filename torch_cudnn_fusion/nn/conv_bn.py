@@ -96,6 +96,20 @@ class Conv2dBN(FusedConv2d):
     def extra_repr(self) -> str:
         return super().extra_repr() + f", activation={self.activation}"
 
+    def train(self, mode: bool = True) -> "Conv2dBN":
+        """nn.Module.train; entering training also lets go of the cached eval fold (a copy of the conv's weight, see
+        _fold), which training does not read: a loop that evaluates every epoch would otherwise hold it through
+        training. eval() keeps it, for loops that call eval() before every batch."""
+        if mode:
+            self._call.fold = None
+        return super().train(mode)
+
+    def _apply(self, fn, recurse=True):
+        """nn.Module._apply (.to(), .cuda(), .half(), ...); the cached eval fold is let go first: it was computed
+        from the tensors as they were, possibly on the device they leave."""
+        self._call.fold = None
+        return super()._apply(fn, recurse)
+
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
         if x.dim() != 4:  # what eager raises: nn.Conv2d takes [C, H, W] too, and nn.BatchNorm2d then refuses it
             if x.dim() == 3:

@@ -16,7 +16,8 @@ class LayerCall:
     arguments for a repeated call. recorded: the call recorded in C++ (csrc/ops/conv_call.h, conv_bn_call.h,
     bn_call.h), which checks a repeat and runs it without returning to Python; for a conv layer decided eager, it only
     checks the repeat (Python then runs eager's composition). fold: Conv2dBN's folded eval weight and bias with the
-    key and the tensors they were computed from. mode: Conv2dBN's last forward, "batch statistics" or "folded".
+    key and the tensors they were computed from (let go when the module enters training, is moved or is converted).
+    mode: Conv2dBN's last forward, "batch statistics" or "folded".
 
     A module holds one (`module._call`); a functional call without one decides anew. A copy of a module (deepcopy,
     pickle) starts with a fresh record: it is another layer, with other tensors.
