@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 
 namespace tcf {
@@ -14,6 +15,27 @@ struct ComputeCapability {
 
 ComputeCapability compute_capability(int device);  // cached per device
 int multiprocessor_count(int device);              // cached per device
+
+// A non-negative int asked of each device once and remembered for it: get(device, ask) returns what ask() returned
+// the first time it was called for `device` (the caller's current device). Lock-free; devices past the 64th are
+// asked every time. For what depends on the device, such as a kernel's occupancy: one static per kernel.
+class PerDevice {
+ public:
+  template <typename Ask>
+  int get(int device, Ask&& ask) {
+    if (device < 0 || device >= kDevices) return ask();
+    int known = known_[device].load(std::memory_order_acquire);  // the value + 1; 0: not asked yet
+    if (known == 0) {
+      known = ask() + 1;
+      known_[device].store(known, std::memory_order_release);
+    }
+    return known - 1;
+  }
+
+ private:
+  static constexpr int kDevices = 64;
+  std::atomic<int> known_[kDevices] = {};
+};
 
 // Byte alignment of a data pointer, capped at 16 (what cuDNN's vectorized engines ask for).
 int8_t pointer_alignment(const void* ptr);

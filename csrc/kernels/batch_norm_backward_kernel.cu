@@ -25,6 +25,7 @@
 
 #include <algorithm>
 
+#include "core/device.h"
 #include "kernels/nhwc_rows.cuh"
 
 namespace tcf {
@@ -313,14 +314,20 @@ __global__ void __launch_bounds__(nhwc::kThreads, kBlocksPerMultiprocessor)
 
 constexpr int kFinalizeSharedFloats = 32 * 16;
 
-// Whether the one-launch kernel's grid fits on the device at once (a cooperative launch's condition). The
-// occupancy is taken at the largest block and shared memory a launch of this instantiation uses.
+// Whether the one-launch kernel's grid fits on the current device at once (a cooperative launch's condition). The
+// occupancy is taken at the largest block and shared memory a launch of this instantiation uses, once per device.
 template <typename T, int V, bool kFromY>
 bool one_launch_fits(const dim3& grid, int multiprocessors) {
-  static const int blocks_per_multiprocessor = []() {
-    int device = 0, cooperative = 0, blocks = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, device) != cudaSuccess || !cooperative) {
+  static PerDevice blocks_per_multiprocessor;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();  // clear it: this launch falls back to three
+    return false;
+  }
+  const int blocks = blocks_per_multiprocessor.get(device, [device] {
+    int cooperative = 0, blocks = 0;
+    if (cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, device) != cudaSuccess || !cooperative) {
+      cudaGetLastError();
       return 0;
     }
     const size_t shared = std::max<size_t>(static_cast<size_t>(nhwc::kThreads) * V, kFinalizeSharedFloats) *
@@ -331,9 +338,8 @@ bool one_launch_fits(const dim3& grid, int multiprocessors) {
       return 0;
     }
     return blocks;
-  }();
-  return static_cast<int64_t>(grid.x) * grid.y * grid.z <=
-         static_cast<int64_t>(blocks_per_multiprocessor) * multiprocessors;
+  });
+  return static_cast<int64_t>(grid.x) * grid.y * grid.z <= static_cast<int64_t>(blocks) * multiprocessors;
 }
 
 template <typename T, int V, bool kFromY>

@@ -38,6 +38,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include "core/device.h"
 #include "kernels/nhwc_rows.cuh"
 
 namespace tcf {
@@ -1424,20 +1425,27 @@ cudaError_t wgrad_walk_allowed() {
                             wgrad_walk_shared_bytes<T, S, Slots, CW>(), devices);
 }
 
+// The walk kernel's blocks a multiprocessor of the current device holds, asked once per device; 0 where it cannot
+// launch (the caller then runs PyTorch's kernel).
 template <typename T, int S, int Slots, int Ahead, int Blocks, int CW>
 int wgrad_walk_blocks_per_multiprocessor() {
-  static const int blocks = [] {
+  static PerDevice blocks;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return blocks.get(device, [] {
     int n = 0;
     if (wgrad_walk_allowed<T, S, Slots, Ahead, Blocks, CW>() != cudaSuccess ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, depthwise_conv_wgrad_walk<T, S, Slots, Ahead, Blocks, CW>,
                                                       kWalkThreads, wgrad_walk_shared_bytes<T, S, Slots, CW>()) !=
             cudaSuccess) {
       cudaGetLastError();
-      n = 0;  // cannot launch: the caller runs PyTorch's kernel
+      n = 0;
     }
     return n;
-  }();
-  return blocks;
+  });
 }
 
 // The parts (blocks a channel group) of a wgrad launch whose channel groups each have `work` blocks' (the walk) or
@@ -1522,23 +1530,23 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 // is empty) and the driver encodes tensor maps, once per device.
 template <typename T, int S>
 bool wgrad_tile_built() {
-  static std::atomic<int8_t> known[64];  // 0: not asked yet, 1: built, 2: not
+  static PerDevice built;
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device >= 64) return false;
-  int8_t state = known[device].load(std::memory_order_relaxed);
-  if (state == 0) {
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return built.get(device, [] {
     static std::atomic<uint64_t> shared_devices{0};
     cudaFuncAttributes attributes{};
-    const bool built = tensor_map_encoder() != nullptr &&
-                       cudaFuncGetAttributes(&attributes, depthwise_conv_wgrad_tile<T, S>) == cudaSuccess &&
-                       attributes.binaryVersion >= 90 &&
-                       allow_shared_bytes(depthwise_conv_wgrad_tile<T, S>, kTileMaxSharedBytes, shared_devices) ==
-                           cudaSuccess;
-    if (!built) cudaGetLastError();
-    state = built ? 1 : 2;
-    known[device].store(state, std::memory_order_relaxed);
-  }
-  return state == 1;
+    const bool yes = tensor_map_encoder() != nullptr &&
+                     cudaFuncGetAttributes(&attributes, depthwise_conv_wgrad_tile<T, S>) == cudaSuccess &&
+                     attributes.binaryVersion >= 90 &&
+                     allow_shared_bytes(depthwise_conv_wgrad_tile<T, S>, kTileMaxSharedBytes, shared_devices) ==
+                         cudaSuccess;
+    if (!yes) cudaGetLastError();
+    return yes ? 1 : 0;
+  }) == 1;
 }
 
 // The tile kernel's blocks a multiprocessor holds at `threads` threads and `shared_bytes`, on the current device; 0
