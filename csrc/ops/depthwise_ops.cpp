@@ -217,9 +217,13 @@ int depthwise_wgrad_choice(const at::Tensor& dz, const at::Tensor& x, const Conv
   const WgradKey key{dz.get_device(), shape.x_size[0], shape.x_size[2], shape.x_size[3], shape.x_size[1], y[2], y[3],
                      shape.stride[0], shape.pad_pre[0], shape.pad_pre[1], shape.pad_post[0],
                      static_cast<int>(dz.scalar_type()), static_cast<int>(dw_dtype)};
-  std::lock_guard<std::mutex> lock(wgrad_choices_mutex);
-  const auto found = wgrad_choices.find(key);
-  if (found != wgrad_choices.end()) return found->second.choice;
+  {
+    std::lock_guard<std::mutex> lock(wgrad_choices_mutex);
+    const auto found = wgrad_choices.find(key);
+    if (found != wgrad_choices.end()) return found->second.choice;
+  }
+  // Timed without the lock, which would hold every other device's and shape's choice (and explain's listing) for
+  // the timing's milliseconds. Two threads that time one key at once each time it; the first to finish is kept.
   const cudaStream_t stream = if_not_capturing(current_stream());
   if (stream == nullptr) return 0;  // nothing is timed inside a capture: a later call outside one chooses
   DepthwiseWgradChoice made;
@@ -240,8 +244,8 @@ int depthwise_wgrad_choice(const at::Tensor& dz, const at::Tensor& x, const Conv
   made.ms[kDepthwiseWgradPlans] =
       median_event_ms([&]() { pytorch(); return true; }, stream, 5, kWgradTimingSleepCycles);
   if (made.ms[kDepthwiseWgradPlans] >= 0 && (best < 0 || made.ms[kDepthwiseWgradPlans] < best)) made.choice = -1;
-  wgrad_choices.emplace(key, made);
-  return made.choice;
+  std::lock_guard<std::mutex> lock(wgrad_choices_mutex);
+  return wgrad_choices.emplace(key, made).first->second.choice;
 }
 
 std::vector<DepthwiseWgradChoice> depthwise_wgrad_choices() {
