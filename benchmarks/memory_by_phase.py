@@ -11,10 +11,13 @@ statistics (memory_allocated, max_memory_allocated; the caching allocator's rese
   the loss), the peak of backward and the SGD step, and the step's peak in all (also absolute).
 
     python benchmarks/memory_by_phase.py [--model resnet50|mobilenet_v1|mobilenet_v2] [--batch 256] [--no-compile]
-                                         [--inference] [--json out.json]
+                                         [--inference | --after-eval] [--json out.json]
 
 --inference measures an eval forward under torch.no_grad instead (bench_mobilenet.inference_fn): its "fwd peak" is
 the call's peak above resident, "after fwd" what the call leaves allocated; it has no backward.
+
+--after-eval runs one eval forward (as --inference's) on the built model before its training steps, as a loop that
+evaluates every epoch does: what the eval leaves cached shows in the training step's resident memory and peaks.
 
 With --peak-tensors, instead: the caching allocator's trace of one training step of eager and of fused, the tensors
 live at each one's peak of requested bytes, and those that only one of them holds (by size), with where each was
@@ -41,7 +44,7 @@ COLUMNS = (("build_peak", "build"), ("first_step_peak", "first step"), ("residen
            ("step_peak", "step peak"), ("step_peak_absolute", "step peak abs"))
 
 
-def measure(make, x, target, warmup: int, inference: bool = False) -> dict:
+def measure(make, x, target, warmup: int, inference: bool = False, after_eval: bool = False) -> dict:
     marks: dict[str, int] = {}
 
     def between(phase: str) -> None:
@@ -54,6 +57,9 @@ def measure(make, x, target, warmup: int, inference: bool = False) -> dict:
     model = make()
     torch.cuda.synchronize()
     build = torch.cuda.max_memory_allocated()
+    if after_eval:
+        model.eval()
+        inference_fn(model, x)()
     model.train(not inference)
     if inference:
         forward = inference_fn(model, x)
@@ -145,8 +151,12 @@ def main() -> None:
     p.add_argument("--peak-tensors", action="store_true",
                    help="instead: the tensors live at eager's and fused's peak, and those only one of them holds")
     p.add_argument("--inference", action="store_true", help="an eval forward under torch.no_grad, not a training step")
+    p.add_argument("--after-eval", action="store_true", help="one eval forward before the training steps")
     args = p.parse_args()
-    what = "eval forward" if args.inference else "training step"
+    if args.after_eval and (args.inference or args.peak_tensors):
+        p.error("--after-eval measures training steps: not with --inference or --peak-tensors")
+    what = "eval forward" if args.inference else "training step after an eval forward" if args.after_eval else \
+        "training step"
     if args.peak_tensors:
         _, x, target, variants = setup(args.model, args.batch)
         rows = {}
@@ -165,7 +175,7 @@ def main() -> None:
     out = {**run_header(args), "rows": []}
     for variant, make in variants.items():
         try:
-            row = {"variant": variant, **measure(make, x, target, args.warmup, args.inference)}
+            row = {"variant": variant, **measure(make, x, target, args.warmup, args.inference, args.after_eval)}
         except Exception as error:  # noqa: BLE001 — a variant that fails is reported, not fatal
             row = {"variant": variant, "error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
         out["rows"].append(row)
