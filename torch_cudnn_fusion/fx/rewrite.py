@@ -114,8 +114,8 @@ class FuseRow:
     module: str  # the fused module's class, or "" when not replaced
     implementation: str  # how it runs: from its fusion_status once it ran (fuse(..., example_input) runs it)
     reason: str  # why not replaced, or a note
-    convs: int = 1  # the Conv2d layers (subclasses included) it holds: 2 in a squeeze-and-excitation block, 0 in a
-    # BatchNorm pattern or a module that was not traced
+    convs: int  # the Conv2d layers (subclasses included) it holds: 1 in a conv pattern, 2 in a squeeze-and-excitation
+    # block, 0 in a BatchNorm pattern or a module that was not traced (every row says: the coverage counts add them)
 
     @property
     def runs_fused(self) -> Optional[bool]:
@@ -489,11 +489,12 @@ class _GraphRewrite:
                 self.match_batch_norm_relu(node)
         for target, m in self.modules.items():  # convs forward never calls
             if isinstance(m, nn.Conv2d) and not isinstance(m, _FUSED_TYPES) and target not in called:
-                self.rows.append(FuseRow(_join(self.prefix, target), "Conv2d", False, "", "", "not called in forward"))
+                self.rows.append(FuseRow(_join(self.prefix, target), "Conv2d", False, "", "", "not called in forward",
+                                         1))
         self.gm.graph.lint()
         self.gm.recompile()
 
-    def refuse(self, path: str, pattern: str, reason: str, convs: int = 1) -> None:
+    def refuse(self, path: str, pattern: str, reason: str, convs: int) -> None:
         self.rows.append(FuseRow(path, pattern, False, "", "", reason, convs))
 
     def next_step(self, value: fx.Node) -> tuple[list[fx.Node], Optional[fx.Node], fx.Node]:
@@ -511,9 +512,9 @@ class _GraphRewrite:
         path = _join(self.prefix, node.target)
         conv = self.modules[node.target]
         if type(conv) is not nn.Conv2d:
-            return self.refuse(path, f"({type(conv).__name__})", f"{type(conv).__name__}: {WHY['conv_type']}")
+            return self.refuse(path, f"({type(conv).__name__})", f"{type(conv).__name__}: {WHY['conv_type']}", 1)
         if len(node.args) != 1 or node.kwargs:
-            return self.refuse(path, "Conv2d", "called with other than one positional input")
+            return self.refuse(path, "Conv2d", "called with other than one positional input", 1)
         parts, chain, value = ["Conv2d"], [node], node
         bn = bn_node = inner_after = residual = None
         act, trailing = None, ""
@@ -522,7 +523,7 @@ class _GraphRewrite:
             bn = self.modules[nxt.target]
             problem = _batch_norm_problem(bn)
             if problem:
-                return self.refuse(path, _pattern_name(parts + [type(bn).__name__]), problem)
+                return self.refuse(path, _pattern_name(parts + [type(bn).__name__]), problem, 1)
             parts.append(_batch_norm_name(bn))
             chain += passed + [nxt]
             value = bn_node = nxt
@@ -550,27 +551,27 @@ class _GraphRewrite:
                     trailing = name
         if len(chain) == 1:
             if trailing:
-                return self.refuse(path, f"Conv2d -> {trailing}", f"{trailing}: {_NOT_EXPRESSED}")
+                return self.refuse(path, f"Conv2d -> {trailing}", f"{trailing}: {_NOT_EXPRESSED}", 1)
             users = len(node.users)
             why = (f"its output goes to {users} operations ({_describe_users(node, self.modules)}): "
                    f"{WHY['shared_output']}" if users > 1 else
                    f"{NOT_FUSED[(False, False, None)]}; its output goes to {_describe_users(node, self.modules)}")
-            return self.refuse(path, "Conv2d", why)
+            return self.refuse(path, "Conv2d", why, 1)
         pattern = _pattern_name(parts)
         for n in chain:
             # stateless modules may be shared (torchvision's ResNet blocks call one ReLU twice)
             m = self.modules[n.target] if n.op == "call_module" else None
             if m is not None and self.calls[n.target] > 1 and not (_activation_of_module(m) or type(m) is nn.Identity):
                 return self.refuse(path, pattern, f"{_join(self.prefix, n.target)} is called {self.calls[n.target]} "
-                                                  f"times in forward: {WHY['called_twice']}")
+                                                  f"times in forward: {WHY['called_twice']}", 1)
         fused, reason = _fused_module(conv, bn, residual is not None, act)
         if fused is None:
-            return self.refuse(path, pattern, reason)
+            return self.refuse(path, pattern, reason, 1)
         self.replace(node, chain, fused, residual, inner_after, bn_node)
         note = ""
         if trailing:
             note = f"{trailing} after it applied as before ({_NOT_EXPRESSED})"
-        self.rows.append(FuseRow(path, pattern, True, type(fused).__name__, "", note))
+        self.rows.append(FuseRow(path, pattern, True, type(fused).__name__, "", note, 1))
 
     def replace(self, node, chain, fused, residual, inner_after, bn_node) -> None:
         """The fused call goes right before the chain's last node: every input (x, the residual) exists there, so the
@@ -659,7 +660,7 @@ class _GraphRewrite:
         if not problem and self.calls[node.target] > 1:
             problem = f"called {self.calls[node.target]} times in forward: {WHY['called_twice']}"
         if problem:
-            return self.refuse(path, pattern, problem, convs=0)
+            return self.refuse(path, pattern, problem, 0)
         _set_module(self.gm, node.target, BatchNorm2dReLU.from_bn(bn, activation=act))
         if nxt is not None:
             nxt.replace_all_uses_with(node)
@@ -707,7 +708,8 @@ def _sequential_conv(seq, prefix, children, i, uses, rows) -> int:
     name, conv = children[i]
     path = _join(prefix, name)
     if type(conv) is not nn.Conv2d:
-        rows.append(FuseRow(path, f"({type(conv).__name__})", False, "", "", f"{type(conv).__name__}: {WHY['conv_type']}"))
+        rows.append(FuseRow(path, f"({type(conv).__name__})", False, "", "",
+                            f"{type(conv).__name__}: {WHY['conv_type']}", 1))
         return 1
     parts, absorbed, bn, act, inner_after, trailing = ["Conv2d"], [], None, None, None, ""
     j = i + 1
@@ -715,7 +717,7 @@ def _sequential_conv(seq, prefix, children, i, uses, rows) -> int:
         candidate = children[j][1]
         problem = _batch_norm_problem(candidate)
         if problem:
-            rows.append(FuseRow(path, f"Conv2d -> {type(candidate).__name__}", False, "", "", problem))
+            rows.append(FuseRow(path, f"Conv2d -> {type(candidate).__name__}", False, "", "", problem, 1))
             return 2
         bn = candidate
         parts.append(_batch_norm_name(bn))
@@ -734,16 +736,16 @@ def _sequential_conv(seq, prefix, children, i, uses, rows) -> int:
         trailing = type(inner_after).__name__
     if not absorbed:
         rows.append(FuseRow(path, "Conv2d", False, "", "",
-                            f"{trailing}: {_NOT_EXPRESSED}" if trailing else NOT_FUSED[(False, False, None)]))
+                            f"{trailing}: {_NOT_EXPRESSED}" if trailing else NOT_FUSED[(False, False, None)], 1))
         return 1
     pattern = _pattern_name(parts)
     if any(uses[id(m)] > 1 for m in [conv] + [m for _, m in absorbed]):
         rows.append(FuseRow(path, pattern, False, "", "", f"a module of the pattern is used more than once in the "
-                                                          f"model: {WHY['called_twice']}"))
+                                                          f"model: {WHY['called_twice']}", 1))
         return j - i
     fused, reason = _fused_module(conv, bn, False, act)
     if fused is None:
-        rows.append(FuseRow(path, pattern, False, "", "", reason))
+        rows.append(FuseRow(path, pattern, False, "", "", reason, 1))
         return j - i
     seq._modules[name] = fused
     for child_name, child in absorbed:
@@ -755,7 +757,7 @@ def _sequential_conv(seq, prefix, children, i, uses, rows) -> int:
     note = ""
     if trailing:
         note = f"{trailing} after it applied as before ({_NOT_EXPRESSED})"
-    rows.append(FuseRow(path, pattern, True, type(fused).__name__, "", note))
+    rows.append(FuseRow(path, pattern, True, type(fused).__name__, "", note, 1))
     return j - i
 
 
@@ -785,7 +787,7 @@ def _rewrite(module: nn.Module, path: str, use_fx: bool, uses: collections.Count
             # called from this forward, which runs as written: the report still counts it
             rows.append(FuseRow(_join(path, name), type(child).__name__, False, "", "",
                                 f"called from the forward of {path or '(model)'}, which was not traced: patterns "
-                                "are fused in traced graphs and among an nn.Sequential's children"))
+                                "are fused in traced graphs and among an nn.Sequential's children", 1))
             continue
         new = _rewrite(child, _join(path, name), use_fx, uses, names, rows)
         if new is not child:
