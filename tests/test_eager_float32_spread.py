@@ -76,3 +76,30 @@ def test_rounding_move_stays_within_float32_rounding_where_the_gradient_is_linea
     moves = [eager_float32_spread.rounding_move(model, x, weights, reference, torch.Generator().manual_seed(seed))
              for seed in range(3)]
     assert all(0 < move <= 2.0 ** -24 for move in moves), moves
+
+
+def test_the_fused_run_goes_through_fuse_on_a_copy_and_reads_its_shared_parameters(monkeypatch):
+    """The fused column is the fuse() model's: run_gradients calls fuse() once, on a copy (the model the script holds
+    is left as it is), and reads the gradients of that copy's Parameters, which the fused model shares. On the CPU the
+    fused layers run eager, so the gradients are channels_last eager's exactly."""
+    calls = []
+    fuse = eager_float32_spread.tcf.fuse
+
+    def counting_fuse(model, *args, **kwargs):
+        calls.append(model)
+        return fuse(model, *args, **kwargs)
+
+    monkeypatch.setattr(eager_float32_spread.tcf, "fuse", counting_fuse)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8),
+                                torch.nn.ReLU())
+    x = torch.randn(2, 3, 6, 6)
+    weights = [torch.rand(2, 8, 6, 6, dtype=torch.float64) + 0.5]
+    fused = eager_float32_spread.run_gradients(model, x, weights, eager_float32_spread.Run(torch.channels_last,
+                                                                                          fused=True))
+    assert len(calls) == 1 and calls[0] is not model
+    assert all(p.grad is None for p in model.parameters())
+    eager = eager_float32_spread.run_gradients(model, x, weights, eager_float32_spread.Run(torch.channels_last))
+    assert len(calls) == 1 and set(fused) == set(eager) == {"0.weight", "1.weight", "1.bias"}
+    for name in eager:
+        torch.testing.assert_close(fused[name], eager[name], rtol=0, atol=0, msg=name)
