@@ -4,6 +4,7 @@ csrc/ops/depthwise_ops.h), in whole conv layers against eager and a float64 refe
 they do not, with the reason."""
 
 import copy
+import re
 
 import pytest
 import torch
@@ -298,8 +299,9 @@ def test_the_depthwise_wgrad_kernel_is_deterministic_and_matches_float64(extensi
                                   # columns in 6 strips of 7 (16-bit types), the last of 2 columns
     (24, 200, 17, 7, 0, "walk"),  # 50 vectors: channel groups of 32 and 18 (a warp a position); no padding (out
                                   # 15 x 5)
-    (24, 576, 7, 7, 1, "walk"),  # 144 vectors: four channel groups of 32 and one of 16
-    (16, 144, 7, 7, 1, "walk"),  # 36 vectors: one group of 36 (18 + 18 would share a 32-byte sector), 3 positions a
+    (24, 576, 7, 6, 1, "walk"),  # 144 vectors: four channel groups of 32 and one of 16 (7 x 6: not the plane
+                                 # kernel's 7 x 7)
+    (16, 144, 7, 6, 1, "walk"),  # 36 vectors: one group of 36 (18 + 18 would share a 32-byte sector), 3 positions a
                                  # block
     (24, 1032, 7, 7, 2, "walk"),  # 258 vectors: nine groups of 29 (a last group of 2 would not be half full), the
                                   # last of 26; padding 2 (out 9 x 9, the second strip of 2 columns)
@@ -314,6 +316,8 @@ def test_the_depthwise_wgrad_kernel_is_deterministic_and_matches_float64(extensi
     (24, 200, 17, 9, 0, "tile"),
     (10, 200, 13, 11, 1, "tile"),
     (12, 64, 9, 8, 2, "tile"),
+    (24, 576, 7, 7, 1, "plane"),  # 7 x 7 at padding 1: the plane kernel, 9 channel groups of 64
+    (24, 64, 7, 7, 0, "walk"),  # 7 x 7 without padding (out 5 x 5): not the plane kernel's
 ])
 def test_the_stride1_depthwise_wgrad_kernel_is_deterministic_and_matches_float64(extension, batch, channels, height,
                                                                                   width, padding, kernel):
@@ -339,6 +343,63 @@ def test_the_stride1_depthwise_wgrad_kernel_is_deterministic_and_matches_float64
     _assert_the_float32_wgrad_is_the_unrounded_sums(dz, x, args, first, eager, reference)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("batch, channels", [
+    (300, 1032),  # 38 blocks of 8 images over 17 channel groups (in float 33): each block takes several in turn; the
+                  # last group, of 8 channels, leaves most lanes idle
+    (5, 144),  # fewer images than a block's 8 warps
+    (64, 1024),
+])
+def test_the_plane_wgrad_of_7x7_images_is_deterministic_and_matches_float64(extension, no_tf32, dtype, batch,
+                                                                            channels):
+    """The wgrad of 7 x 7 images at stride 1 and padding 1 (depthwise_conv_wgrad_plane, a thread an image's plane of
+    a few channels, then the sum of its blocks' partial sums in order): poisoned output fully written, the same bits
+    on every call, as accurate as PyTorch's against float64 in each dtype, and written unrounded in float32 when
+    asked for it."""
+    torch.manual_seed(0)
+    x = torch.randn(batch, channels, 7, 7, device="cuda").to(dtype).contiguous(memory_format=CL)
+    dz = torch.randn(batch, channels, 7, 7, device="cuda").to(dtype).contiguous(memory_format=CL)
+    w_size = (channels, 1, 3, 3)
+    args = (list(w_size), [1, 1], [1, 1], [1, 1], [1, 1], channels)
+    ran = _profile_kernels(lambda: torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args))
+    assert any(f"depthwise_conv_wgrad_plane<{_KERNEL_TYPE[dtype]}>" in n for n in ran), ran
+    assert not any("depthwise_conv_wgrad_walk" in n or "depthwise_conv_wgrad_tile" in n for n in ran), ran
+    first = torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args)
+    assert first.shape == w_size and first.dtype == dtype and not first.isnan().any()
+    for _ in range(2):
+        assert torch.equal(torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args), first)
+    eager = torch.nn.grad.conv2d_weight(x, w_size, dz, 1, 1, 1, channels)
+    reference = torch.nn.grad.conv2d_weight(x.double(), w_size, dz.double(), 1, 1, 1, channels)
+    assert_as_accurate_as_eager("dweight", first, eager, reference, dtype)
+    if dtype != torch.float32:
+        _assert_the_float32_wgrad_is_the_unrounded_sums(dz, x, args, first, eager, reference)
+
+
+@pytest.mark.parametrize("batch, channels, size, flat", [
+    (256, 1024, 7, True),  # the plane kernel: 16 or fewer parts a channel group on an H100 or H200
+    (50, 128, 54, False),  # the walk: 175 blocks of one channel group, more parts than kWgradSumFlatParts (32)
+])
+def test_the_wgrad_sum_takes_a_thread_per_tap_and_channel_for_few_parts(extension, batch, channels, size, flat):
+    """The partial sums of a bfloat16 wgrad are added by depthwise_conv_wgrad_sum_flat (a thread per tap and channel)
+    where a channel group has few parts, by depthwise_conv_wgrad_sum (groups of threads, then the groups in order)
+    where it has many; either way the result is as accurate as PyTorch's against float64."""
+    torch.manual_seed(0)
+    x = torch.randn(batch, channels, size, size, device="cuda").to(torch.bfloat16).contiguous(memory_format=CL)
+    dz = torch.randn_like(x)
+    args = ([channels, 1, 3, 3], [1, 1], [1, 1], [1, 1], [1, 1], channels)
+    ran = _profile_kernels(lambda: torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args))
+    assert any("depthwise_conv_wgrad_sum_flat<" in n for n in ran) == flat, ran
+    assert any("depthwise_conv_wgrad_sum<" in n for n in ran) == (not flat), ran
+    got = torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args)
+    eager = torch.nn.grad.conv2d_weight(x, (channels, 1, 3, 3), dz, 1, 1, 1, channels)
+    reference = torch.nn.grad.conv2d_weight(x.double(), (channels, 1, 3, 3), dz.double(), 1, 1, 1, channels)
+    assert_as_accurate_as_eager("dweight", got, eager, reference, torch.bfloat16)
+
+
+# the sum of a wgrad's partial sums written as float32: the sum of few parts (a thread per tap and channel) or of many
+_SUM_OF_FLOAT = re.compile(r"depthwise_conv_wgrad_sum(_flat)?<float>")
+
+
 def _assert_the_float32_wgrad_is_the_unrounded_sums(dz, x, args, rounded, eager, reference):
     """conv_wgrad(out_dtype=float32), as the conv + BatchNorm op asks for a float32 weight: the same fixed-order float
     sums written unrounded (poisoned output fully written, the same bits on every call), which round to the bfloat16
@@ -346,7 +407,7 @@ def _assert_the_float32_wgrad_is_the_unrounded_sums(dz, x, args, rounded, eager,
     def call():
         return torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args, out_dtype=torch.float32)
     ran = _profile_kernels(call)
-    assert any("depthwise_conv_wgrad_sum<float>" in n for n in ran), ran
+    assert any(_SUM_OF_FLOAT.search(n) for n in ran), ran
     full = call()
     assert full.dtype == torch.float32 and full.shape == rounded.shape and not full.isnan().any()
     for _ in range(2):
@@ -618,7 +679,7 @@ def test_conv_bn_relu_training_runs_our_kernels_and_matches_float64(extension, s
         y.backward(grad_y)
         torch.cuda.synchronize()
     names = [e.name for e in prof.events()]
-    assert any("depthwise_conv_wgrad_sum<float>" in n for n in names), names
+    assert any(_SUM_OF_FLOAT.search(n) for n in names), names
     assert "aten::_to_copy" not in names, names
     assert layer.weight.grad.dtype == torch.float32
 
@@ -637,7 +698,7 @@ def test_conv_bn_relu_training_runs_our_kernels_and_matches_float64(extension, s
 @pytest.mark.parametrize("size", [7, 14, 15, 28])
 def test_float32_conv_bn_relu_runs_our_stride1_forward_and_wgrad_on_small_outputs_only(extension, no_tf32, size):
     """A float32 depthwise 3x3 Conv2dBNReLU at stride 1 in training: our forward walk and wgrad on outputs of at most
-    14 x 14 (the wgrad's walk at 7 columns, its tile at 14), PyTorch's on larger ones, as the layer's status and
+    14 x 14 (the wgrad's plane kernel at 7 columns, its tile at 14), PyTorch's on larger ones, as the layer's status and
     explain() say; the dgrad our turned walk at every size; y, dweight and the other gradients as accurate as eager's
     against float64 either way."""
     torch.manual_seed(0)
@@ -656,7 +717,7 @@ def test_float32_conv_bn_relu_runs_our_stride1_forward_and_wgrad_on_small_output
     small = size <= extension.depthwise_small_output
     profiled = copy.deepcopy(plain)
     names = _profile_kernels(lambda: step(tcf.Conv2dBNReLU.from_modules(profiled[0], profiled[1])))
-    kernel = "depthwise_conv_wgrad_tile<float, 1," if size >= 8 else "depthwise_conv_wgrad_walk<float, 1,"
+    kernel = "depthwise_conv_wgrad_tile<float, 1," if size >= 8 else "depthwise_conv_wgrad_plane<float>"
     assert any(kernel in n for n in names) == small, names
     assert any("depthwise_conv_wgrad" in n for n in names) == small, names
     walks = [n for n in names if "depthwise_conv_forward_walk<float, 1," in n]

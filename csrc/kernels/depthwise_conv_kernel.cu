@@ -22,7 +22,8 @@
 // each channel's 9 taps' sums in registers across a thread's bands; they are added in a fixed order across threads,
 // blocks and parts: deterministic. On small images (the 14 x 14 layers, and the 28 x 28 ones at stride 2)
 // depthwise_conv_wgrad_tile runs instead: tensor copies of whole bands into shared memory by one thread, read by warps
-// of output rows. Before it, a stride-2 kernel with tiles of dy and x staged in shared memory (1.56-2.37x its bytes'
+// of output rows; on 7 x 7 images at stride 1 depthwise_conv_wgrad_plane: a thread holds an image's plane of a few
+// channels in registers. Before it, a stride-2 kernel with tiles of dy and x staged in shared memory (1.56-2.37x its bytes'
 // time), a stride-1 kernel with the three input rows in registers (255 of them, no prefetch: 1.55-2.69x) and two that
 // read global memory directly (per-thread sums of a strip's taps; a thread per channel vector walking an output row
 // with the 3x3 window in registers, 2026-11-23 and -24, 1.2-26x slower than PyTorch's) were not kept.
@@ -741,6 +742,26 @@ __global__ void __launch_bounds__(32 * kWgradSumGroups) depthwise_conv_wgrad_sum
   dw[c * 9 + tap] = from_float<O>(total);
 }
 
+// The same sums with a thread per tap and channel, each adding the parts in order: for launches of at most
+// kWgradSumFlatParts parts, where the grouped sum's blocks of 1024 threads cost more than their reads (a scratch
+// harness, H200, 2026-11-27: after the plane kernel's 8, 16 and 32 parts on 1024 channels, 1.7-2.2 us against
+// 4.3-4.9 for the grouped sum, both launched as its dependent). dw is written as the grouped sum writes it.
+constexpr int kWgradSumFlatParts = 32;
+constexpr int kWgradSumFlatThreads = 256;
+
+template <typename O>
+__global__ void __launch_bounds__(kWgradSumFlatThreads) depthwise_conv_wgrad_sum_flat(
+    const float* __restrict__ partial, int64_t parts, O* __restrict__ dw, int64_t channels) {
+  wait_for_previous_grid();  // launched as the wgrad kernel's dependent: its partial sums written
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= 9 * channels) return;
+  const int64_t c = i % channels;
+  const int tap = static_cast<int>(i / channels);
+  float total = 0.f;
+  for (int64_t p = 0; p < parts; ++p) total += partial[(p * 9 + tap) * channels + c];
+  dw[c * 9 + tap] = from_float<O>(total);
+}
+
 // wgrad as a walk (3x3, stride S = 1 or 2): a thread takes kWalkVector channels of CW output columns and
 // walks a band of output rows of one image, then the next band its block gives it (position p, p + gridDim.x *
 // blockDim.y, ...), without a break between bands. Each step converts S input rows (S * CW + 3 - S vectors
@@ -982,6 +1003,87 @@ __global__ void __launch_bounds__(kWalkThreads, Blocks) depthwise_conv_wgrad_wal
     float total = 0.f;
     for (int y = 0; y < rows_of_threads; ++y) total += sums[(tap * rows_of_threads + y) * width + lane];
     partial[(static_cast<int64_t>(blockIdx.x) * 9 + tap) * C + c0 + lane] = total;
+  }
+}
+
+// wgrad of 7 x 7 images at stride 1, padding 1 (the last depthwise layers of MobileNet v1 and v2 at 224 x 224), a
+// whole image plane a thread: a thread takes kPlaneLaneChannels channels (4 bytes) of one image at a time, loads the
+// image's 49 input and 49 dy pixels of them into registers at once, and adds the 361 products of each channel that
+// lie inside the image to the 9 taps' sums (the loops unrolled: the padding costs no instruction). A warp takes
+// 32 lanes' channels (128 bytes a pixel), a block kPlaneWarps images at a time, stepping by the parts' images. At the
+// end the block adds its warps' sums in order and writes one partial sum per tap and channel, for the sum kernel, as
+// the walk does: the same inputs give the same bits.
+// Why (a scratch harness, H200, batch 256, 2026-11-27, CUDA-graph replay, bf16 / fp16, GPU us): v1 1024@7 12.1 /
+// 12.2 without the sum, 13.9 / 14.1 with it (the walk with its sum took 25.4 / 25.5 on an H200, 26ad); v2 960@7 10.7 /
+// 11.3 and 12.5 / 13.0. 8 warps at 2 blocks a multiprocessor (128 registers, no spill) against 8 at 1 (167
+// registers): 16.5 / 14.4 us with the sum on 1024@7; 16 warps at 1 and 4 warps at 4 within 0.5 us of 8 at 2 in
+// 16-bit types. The sum: a thread per tap and channel (depthwise_conv_wgrad_sum_flat) took 1.8 us after this kernel
+// where the 32-group sum took 4.7.
+constexpr int kPlaneSide = 7;   // the image's rows and columns
+constexpr int kPlaneWarps = 8;  // images a block takes at a time
+constexpr int kPlaneBlocks = 2;  // blocks a multiprocessor (__launch_bounds__: at most 128 registers a thread)
+
+template <typename T>
+__host__ __device__ constexpr int plane_lane_channels() {
+  return 4 / static_cast<int>(sizeof(T));
+}
+
+template <typename T>
+__global__ void __launch_bounds__(32 * kPlaneWarps, kPlaneBlocks) depthwise_conv_wgrad_plane(
+    const T* __restrict__ x, const T* __restrict__ dy, float* __restrict__ partial, int64_t n, int channels) {
+  constexpr int E = plane_lane_channels<T>(), H = kPlaneSide, W = kPlaneSide, P = H * W, CG = 32 * E;
+  using Word = Pack<T, E>;
+  __shared__ float sums[9][kPlaneWarps][CG];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int c0 = blockIdx.y * CG;
+  const int c = c0 + lane * E;
+  float acc[9][E];
+  zero(acc);
+  if (c < channels) {
+    for (int64_t image = static_cast<int64_t>(blockIdx.x) * kPlaneWarps + warp; image < n;
+         image += static_cast<int64_t>(gridDim.x) * kPlaneWarps) {
+      const Word* xs = reinterpret_cast<const Word*>(x + image * P * channels + c);
+      const Word* ds = reinterpret_cast<const Word*>(dy + image * P * channels + c);
+      const int pixel = channels / E;  // Words from one pixel to the next
+      Word xr[P], dr[P];
+#pragma unroll
+      for (int p = 0; p < P; ++p) {
+        xr[p] = xs[p * pixel];
+        dr[p] = ds[p * pixel];
+      }
+#pragma unroll
+      for (int oh = 0; oh < H; ++oh)
+#pragma unroll
+        for (int ow = 0; ow < W; ++ow) {
+          float d[E];
+          unpack<T, E>(dr[oh * W + ow], d);
+#pragma unroll
+          for (int kh = 0; kh < 3; ++kh)
+#pragma unroll
+            for (int kw = 0; kw < 3; ++kw) {
+              const int ih = oh + kh - 1, iw = ow + kw - 1;
+              if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+              float xv[E];
+              unpack<T, E>(xr[ih * W + iw], xv);
+#pragma unroll
+              for (int e = 0; e < E; ++e) acc[kh * 3 + kw][e] = fmaf(xv[e], d[e], acc[kh * 3 + kw][e]);
+            }
+        }
+    }
+  }
+  let_dependent_launch();  // the sum, which waits for this grid to complete before it reads
+#pragma unroll
+  for (int tap = 0; tap < 9; ++tap)
+#pragma unroll
+    for (int e = 0; e < E; ++e) sums[tap][warp][lane * E + e] = acc[tap][e];
+  __syncthreads();
+  for (int i = threadIdx.x; i < 9 * CG; i += blockDim.x) {
+    const int tap = i / CG, k = i % CG;
+    if (c0 + k >= channels) continue;
+    float total = 0.f;
+#pragma unroll
+    for (int w = 0; w < kPlaneWarps; ++w) total += sums[tap][w][k];
+    partial[(static_cast<int64_t>(blockIdx.x) * 9 + tap) * channels + c0 + k] = total;
   }
 }
 
@@ -1413,6 +1515,7 @@ struct WgradWalkPlan {
   int64_t channel_groups, parts;
   bool tiled = false;  // the tile kernel runs, in `threads` threads a block with `shared_bytes`, shaped by `tile`
   bool second = false;  // the second plan's walk (wgrad_walk_plan_for)
+  bool plane = false;   // the plane kernel runs (7 x 7 images at stride 1), in channel_groups x parts blocks
   WgradTileShape tile;
   int threads, shared_bytes;
 };
@@ -1496,6 +1599,45 @@ void wgrad_walk(const DepthwiseShape& s, const WgradWalkPlan& plan, const void* 
       <<<dim3(static_cast<unsigned>(plan.parts), static_cast<unsigned>(plan.channel_groups)), plan.block,
          wgrad_walk_shared_bytes<T, S, Slots, CW>(), stream>>>(static_cast<const T*>(x), static_cast<const T*>(dy),
                                                                partial, s, plan.shape);
+}
+
+// The plane kernel's blocks a multiprocessor of the current device holds, asked once per device; 0 where the query
+// fails.
+template <typename T>
+int wgrad_plane_blocks_per_multiprocessor() {
+  static PerDevice blocks;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return blocks.get(device, [] {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, depthwise_conv_wgrad_plane<T>, 32 * kPlaneWarps, 0) !=
+        cudaSuccess) {
+      cudaGetLastError();
+      n = 0;
+    }
+    return n;
+  });
+}
+
+// The plane wgrad (depthwise_conv_wgrad_plane) for 7 x 7 images at stride 1 and padding 1: blocks of a channel group
+// of 32 lanes' channels, parts as the walk's over blocks of kPlaneWarps images.
+template <typename T>
+bool wgrad_plane_plan(const DepthwiseShape& s, int multiprocessors, WgradWalkPlan& plan) {
+  if (s.stride != 1 || s.h != kPlaneSide || s.w != kPlaneSide || s.pad_h != 1 || s.pad_w != 1 ||
+      s.channels % plane_lane_channels<T>() != 0) {
+    return false;
+  }
+  const int per_multiprocessor = wgrad_plane_blocks_per_multiprocessor<T>();
+  if (per_multiprocessor == 0) return false;
+  const int64_t lanes_channels = 32 * plane_lane_channels<T>();
+  plan.channel_groups = (s.channels + lanes_channels - 1) / lanes_channels;
+  plan.parts = balanced_parts((s.n + kPlaneWarps - 1) / kPlaneWarps,
+                              static_cast<int64_t>(multiprocessors) * per_multiprocessor, plan.channel_groups);
+  plan.plane = plan.parts > 0;
+  return plan.plane;
 }
 
 // The tile wgrad (depthwise_conv_wgrad_tile) for inputs at least kTileMinWidth and outputs at most kTileMaxOutW
@@ -1647,8 +1789,8 @@ cudaError_t wgrad_tile(const DepthwiseShape& s, const WgradWalkPlan& plan, const
 }
 
 // The plan `which` (0 or 1) at the shape's stride, or none (parts 0) where an image's sizes are not 32-bit or the grid
-// cannot hold the channel groups (PyTorch's kernel runs then). Plan 0: the tile where it takes the shape, else the
-// walk as wgrad_walk_plan shapes it.
+// cannot hold the channel groups (PyTorch's kernel runs then). Plan 0: the plane kernel on 7 x 7 images at stride 1
+// and padding 1, else the tile where it takes the shape, else the walk as wgrad_walk_plan shapes it.
 // Plan 1 (kDepthwiseWgradPlans): the walk as it ran before ace379a, b0e189b and 66737c4, kWalkColumns output
 // columns a thread and 2 blocks a multiprocessor in every type, the channel vectors split evenly between the blocks,
 // never the tile. On an H200 (a scratch harness, batch 256, 2026-11-26ab, bf16 twice and fp16 once, x the bytes'
@@ -1667,6 +1809,7 @@ WgradWalkPlan wgrad_walk_plan_for(const DepthwiseShape& s, int multiprocessors, 
                          : wgrad_walk_plan<T, 2, kWgradWalkSlots[2], kWgradWalkAhead[2], 2, kWalkColumns>(
                                s, multiprocessors, true);
     plan.second = true;
+  } else if (wgrad_plane_plan<T>(s, multiprocessors, plan)) {
   } else if (!(s.stride == 1 ? wgrad_tile_plan<T, 1>(s, multiprocessors, plan)
                              : wgrad_tile_plan<T, 2>(s, multiprocessors, plan))) {
     plan = s.stride == 1 ? wgrad_walk_plan<T, 1>(s, multiprocessors, false)
@@ -1686,23 +1829,28 @@ int64_t wgrad_parts_typed(const DepthwiseShape& s, int multiprocessors, int whic
   return wgrad_walk_plan_for<T>(s, multiprocessors, which).parts;
 }
 
-// depthwise_conv_wgrad_sum after the wgrad walk on `stream`, launched as its programmatic dependent where `dependent`
-// (the device runs them): its launch overlaps the walk's last blocks (a scratch harness, H100, bf16, batch 256,
+// depthwise_conv_wgrad_sum (depthwise_conv_wgrad_sum_flat for at most kWgradSumFlatParts parts: the same sums in the
+// same order, the same bits) after the wgrad kernel on `stream`, launched as its programmatic dependent where
+// `dependent` (the device runs them): its launch overlaps the wgrad's last blocks (a scratch harness, H100, bf16, batch 256,
 // 2026-11-26, three runs: the walk and sum together 1.55-1.59 -> 1.51-1.54x the bytes' time on v1's 1024-channel 7 x 7
 // layer, 1.67-1.69 -> 1.62-1.63 on v2's 960-channel one, 0.02-0.05 less on the 14 x 14 layers and no layer slower).
 template <typename O>
 cudaError_t wgrad_sum(const float* partial, int64_t parts, O* dw, int64_t channels, bool dependent,
                       cudaStream_t stream) {
+  const bool flat = parts <= kWgradSumFlatParts;
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>((channels + 31) / 32), 9);
-  config.blockDim = dim3(32 * kWgradSumGroups);
+  config.gridDim = flat ? dim3(static_cast<unsigned>((9 * channels + kWgradSumFlatThreads - 1) / kWgradSumFlatThreads))
+                        : dim3(static_cast<unsigned>((channels + 31) / 32), 9);
+  config.blockDim = dim3(flat ? kWgradSumFlatThreads : 32 * kWgradSumGroups);
   config.stream = stream;
   cudaLaunchAttribute serialization[1];
   serialization[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   serialization[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = serialization;
   config.numAttrs = dependent ? 1 : 0;
-  const cudaError_t status = cudaLaunchKernelEx(&config, depthwise_conv_wgrad_sum<O>, partial, parts, dw, channels);
+  const cudaError_t status =
+      flat ? cudaLaunchKernelEx(&config, depthwise_conv_wgrad_sum_flat<O>, partial, parts, dw, channels)
+           : cudaLaunchKernelEx(&config, depthwise_conv_wgrad_sum<O>, partial, parts, dw, channels);
   return status != cudaSuccess ? status : cudaGetLastError();
 }
 
@@ -1712,7 +1860,11 @@ cudaError_t wgrad_typed(const DepthwiseShape& s, const void* x, const void* dy, 
                         cudaStream_t stream) {
   const WgradWalkPlan plan = wgrad_walk_plan_for<T>(s, multiprocessors, which);
   if (plan.parts != parts || parts <= 0) return cudaErrorInvalidValue;
-  if (plan.tiled) {
+  if (plan.plane) {
+    depthwise_conv_wgrad_plane<T>
+        <<<dim3(static_cast<unsigned>(parts), static_cast<unsigned>(plan.channel_groups)), 32 * kPlaneWarps, 0,
+           stream>>>(static_cast<const T*>(x), static_cast<const T*>(dy), partial, s.n, static_cast<int>(s.channels));
+  } else if (plan.tiled) {
     const cudaError_t status = s.stride == 1 ? wgrad_tile<T, 1>(s, plan, x, dy, partial, stream)
                                              : wgrad_tile<T, 2>(s, plan, x, dy, partial, stream);
     if (status != cudaSuccess) return status;
