@@ -255,7 +255,7 @@ def test_a_weight_off_a_vector_boundary_keeps_the_walks_out_and_matches_float64(
     # out 7 x 7; out 14 x 11 in two bands of 7 rows, two column chunks, the second of 4 columns
     (20, 200, 13, 13, "tile"),
     (9, 64, 27, 21, "tile"),  # bands of 4 rows (4, 4, 4, 2): two stages of 7 rows would not fit shared memory
-    (16, 192, 14, 14, "tile"),
+    (16, 192, 14, 13, "tile"),  # 14 x 13: not the plane kernel's 14 x 14
 ])
 def test_the_depthwise_wgrad_kernel_is_deterministic_and_matches_float64(extension, batch, channels, height, width,
                                                                          kernel):
@@ -311,12 +311,13 @@ def test_the_depthwise_wgrad_kernel_is_deterministic_and_matches_float64(extensi
     # the tile kernel: channel groups of 128 (the last of 64: 576 channels, of 16: 144); a band of 15 rows, one
     # column chunk, no padding, groups of 128 and 72 (out 15 x 7); bands of 7 and 6 rows, two chunks (the second of
     # 4 columns); padding 2 (tiles from input row and column -2)
-    (24, 576, 14, 14, 1, "tile"),
-    (16, 144, 14, 14, 1, "tile"),
+    (24, 576, 14, 13, 1, "tile"),  # 14 x 13 and 13 x 14: not the plane kernel's 14 x 14
+    (16, 144, 13, 14, 1, "tile"),
     (24, 200, 17, 9, 0, "tile"),
     (10, 200, 13, 11, 1, "tile"),
     (12, 64, 9, 8, 2, "tile"),
-    (24, 576, 7, 7, 1, "plane"),  # 7 x 7 at padding 1: the plane kernel, 9 channel groups of 64
+    (24, 576, 7, 7, 1, "plane"),  # 7 x 7 and 14 x 14 at padding 1: the plane kernel, 9 channel groups of 64
+    (24, 576, 14, 14, 1, "plane"),
     (24, 64, 7, 7, 0, "walk"),  # 7 x 7 without padding (out 5 x 5): not the plane kernel's
 ])
 def test_the_stride1_depthwise_wgrad_kernel_is_deterministic_and_matches_float64(extension, batch, channels, height,
@@ -344,32 +345,37 @@ def test_the_stride1_depthwise_wgrad_kernel_is_deterministic_and_matches_float64
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("batch, channels", [
-    (300, 1032),  # 38 blocks of 8 images over 17 channel groups (in float 33): each block takes several in turn; the
-                  # last group, of 8 channels, leaves most lanes idle
-    (5, 144),  # fewer images than a block's 8 warps
-    (64, 1024),
+@pytest.mark.parametrize("batch, channels, size, stride", [
+    (300, 1032, 7, 1),  # 38 blocks of 8 images over 17 channel groups (in float 33): each block takes several in
+                        # turn; the last group, of 8 channels, leaves most lanes idle
+    (5, 144, 7, 1),  # fewer images than a block's 8 warps
+    (64, 1024, 7, 1),
+    (256, 576, 14, 1),  # mobilenet_v2's layers: 9 channel groups (in float 18), on 132 multiprocessors two bands of
+    (256, 576, 14, 2),  # rows an image (at stride 2 of 4 and 3 output rows)
+    (20, 200, 14, 1),
+    (3, 64, 14, 2),
 ])
-def test_the_plane_wgrad_of_7x7_images_is_deterministic_and_matches_float64(extension, no_tf32, dtype, batch,
-                                                                            channels):
-    """The wgrad of 7 x 7 images at stride 1 and padding 1 (depthwise_conv_wgrad_plane, a thread an image's plane of
-    a few channels, then the sum of its blocks' partial sums in order): poisoned output fully written, the same bits
-    on every call, as accurate as PyTorch's against float64 in each dtype, and written unrounded in float32 when
-    asked for it."""
+def test_the_plane_wgrad_of_small_images_is_deterministic_and_matches_float64(extension, no_tf32, dtype, batch,
+                                                                             channels, size, stride):
+    """The wgrad at padding 1 of 7 x 7 images at stride 1 and of 14 x 14 ones at strides 1 and 2
+    (depthwise_conv_wgrad_plane, a thread an image's rows of a few channels, then the sum of its blocks' partial sums
+    in order): poisoned output fully written, the same bits on every call, as accurate as PyTorch's against float64
+    in each dtype, and written unrounded in float32 when asked for it."""
     torch.manual_seed(0)
-    x = torch.randn(batch, channels, 7, 7, device="cuda").to(dtype).contiguous(memory_format=CL)
-    dz = torch.randn(batch, channels, 7, 7, device="cuda").to(dtype).contiguous(memory_format=CL)
+    out = (size - 1) // stride + 1
+    x = torch.randn(batch, channels, size, size, device="cuda").to(dtype).contiguous(memory_format=CL)
+    dz = torch.randn(batch, channels, out, out, device="cuda").to(dtype).contiguous(memory_format=CL)
     w_size = (channels, 1, 3, 3)
-    args = (list(w_size), [1, 1], [1, 1], [1, 1], [1, 1], channels)
+    args = (list(w_size), [stride] * 2, [1, 1], [1, 1], [1, 1], channels)
     ran = _profile_kernels(lambda: torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args))
-    assert any(f"depthwise_conv_wgrad_plane<{_KERNEL_TYPE[dtype]}>" in n for n in ran), ran
+    assert any(f"depthwise_conv_wgrad_plane<{_KERNEL_TYPE[dtype]}, {stride}, {size}>" in n for n in ran), ran
     assert not any("depthwise_conv_wgrad_walk" in n or "depthwise_conv_wgrad_tile" in n for n in ran), ran
     first = torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args)
     assert first.shape == w_size and first.dtype == dtype and not first.isnan().any()
     for _ in range(2):
         assert torch.equal(torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args), first)
-    eager = torch.nn.grad.conv2d_weight(x, w_size, dz, 1, 1, 1, channels)
-    reference = torch.nn.grad.conv2d_weight(x.double(), w_size, dz.double(), 1, 1, 1, channels)
+    eager = torch.nn.grad.conv2d_weight(x, w_size, dz, stride, 1, 1, channels)
+    reference = torch.nn.grad.conv2d_weight(x.double(), w_size, dz.double(), stride, 1, 1, channels)
     assert_as_accurate_as_eager("dweight", first, eager, reference, dtype)
     if dtype != torch.float32:
         _assert_the_float32_wgrad_is_the_unrounded_sums(dz, x, args, first, eager, reference)
@@ -698,7 +704,7 @@ def test_conv_bn_relu_training_runs_our_kernels_and_matches_float64(extension, s
 @pytest.mark.parametrize("size", [7, 14, 15, 28])
 def test_float32_conv_bn_relu_runs_our_stride1_forward_and_wgrad_on_small_outputs_only(extension, no_tf32, size):
     """A float32 depthwise 3x3 Conv2dBNReLU at stride 1 in training: our forward walk and wgrad on outputs of at most
-    14 x 14 (the wgrad's plane kernel at 7 columns, its tile at 14), PyTorch's on larger ones, as the layer's status and
+    14 x 14 (the wgrad's plane kernel at both), PyTorch's on larger ones, as the layer's status and
     explain() say; the dgrad our turned walk at every size; y, dweight and the other gradients as accurate as eager's
     against float64 either way."""
     torch.manual_seed(0)
@@ -717,7 +723,7 @@ def test_float32_conv_bn_relu_runs_our_stride1_forward_and_wgrad_on_small_output
     small = size <= extension.depthwise_small_output
     profiled = copy.deepcopy(plain)
     names = _profile_kernels(lambda: step(tcf.Conv2dBNReLU.from_modules(profiled[0], profiled[1])))
-    kernel = "depthwise_conv_wgrad_tile<float, 1," if size >= 8 else "depthwise_conv_wgrad_plane<float>"
+    kernel = f"depthwise_conv_wgrad_plane<float, 1, {size}>"
     assert any(kernel in n for n in names) == small, names
     assert any("depthwise_conv_wgrad" in n for n in names) == small, names
     walks = [n for n in names if "depthwise_conv_forward_walk<float, 1," in n]

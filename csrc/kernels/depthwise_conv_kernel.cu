@@ -22,8 +22,8 @@
 // each channel's 9 taps' sums in registers across a thread's bands; they are added in a fixed order across threads,
 // blocks and parts: deterministic. On small images (the 14 x 14 layers, and the 28 x 28 ones at stride 2)
 // depthwise_conv_wgrad_tile runs instead: tensor copies of whole bands into shared memory by one thread, read by warps
-// of output rows; on 7 x 7 images at stride 1 depthwise_conv_wgrad_plane: a thread holds an image's plane of a few
-// channels in registers. Before it, a stride-2 kernel with tiles of dy and x staged in shared memory (1.56-2.37x its bytes'
+// of output rows; on 7 x 7 images at stride 1 and 14 x 14 ones, depthwise_conv_wgrad_plane: a thread walks an image's
+// rows of a few channels in registers. Before it, a stride-2 kernel with tiles of dy and x staged in shared memory (1.56-2.37x its bytes'
 // time), a stride-1 kernel with the three input rows in registers (255 of them, no prefetch: 1.55-2.69x) and two that
 // read global memory directly (per-thread sums of a strip's taps; a thread per channel vector walking an output row
 // with the 3x3 window in registers, 2026-11-23 and -24, 1.2-26x slower than PyTorch's) were not kept.
@@ -1006,21 +1006,24 @@ __global__ void __launch_bounds__(kWalkThreads, Blocks) depthwise_conv_wgrad_wal
   }
 }
 
-// wgrad of 7 x 7 images at stride 1, padding 1 (the last depthwise layers of MobileNet v1 and v2 at 224 x 224), a
-// whole image plane a thread: a thread takes kPlaneLaneChannels channels (4 bytes) of one image at a time, loads the
-// image's 49 input and 49 dy pixels of them into registers at once, and adds the 361 products of each channel that
-// lie inside the image to the 9 taps' sums (the loops unrolled: the padding costs no instruction). A warp takes
-// 32 lanes' channels (128 bytes a pixel), a block kPlaneWarps images at a time, stepping by the parts' images. At the
-// end the block adds its warps' sums in order and writes one partial sum per tap and channel, for the sum kernel, as
-// the walk does: the same inputs give the same bits.
-// Why (a scratch harness, H200, batch 256, 2026-11-27, CUDA-graph replay, bf16 / fp16, GPU us): v1 1024@7 12.1 /
-// 12.2 without the sum, 13.9 / 14.1 with it (the walk with its sum took 25.4 / 25.5 on an H200, 26ad); v2 960@7 10.7 /
-// 11.3 and 12.5 / 13.0. 8 warps at 2 blocks a multiprocessor (128 registers, no spill) against 8 at 1 (167
-// registers): 16.5 / 14.4 us with the sum on 1024@7; 16 warps at 1 and 4 warps at 4 within 0.5 us of 8 at 2 in
-// 16-bit types. The sum: a thread per tap and channel (depthwise_conv_wgrad_sum_flat) took 1.8 us after this kernel
-// where the 32-group sum took 4.7.
-constexpr int kPlaneSide = 7;   // the image's rows and columns
-constexpr int kPlaneWarps = 8;  // images a block takes at a time
+// wgrad of small images (7 x 7 at stride 1, 14 x 14 at strides 1 and 2; padding 1), a whole image plane or half of it a
+// thread: a thread takes plane_lane_channels (4 bytes) of one image at a time and walks the output rows of the image
+// (or of one of its two bands of rows), loading each dy row and the input rows it first needs into registers just
+// before its use, and adds the products that lie inside the image to the 9 taps' sums (the loops unrolled at
+// compile-time sizes: the padding columns cost no instruction). A warp takes 32 lanes' channels (128 bytes a pixel), a
+// block kPlaneWarps items (an image, or a band of one) at a time, stepping by the parts' items. At the end the block
+// adds its warps' sums in order and writes one partial sum per tap and channel, for the sum kernel, as the walk does:
+// the same inputs give the same bits.
+// Why (scratch harnesses, H200, batch 256, 2026-11-27, CUDA-graph replay with the sum; bf16 unless named, GPU us, the
+// kernels before it from bench_depthwise on another H200): v1 1024@7 13.4 (the walk 25.4); v1 512@14 29.2 (the tile
+// 33.9), v2 384@14 24.5 (26.4), v2 576@14 39.3 (39.1), v1 512@14/2 20.0 (23.7), v2 576@14/2 24.4 (27.1); float32
+// 512@14 50.2 (55.0) and 512@14/2 33.4 (36.4). The rows loaded 1 or 2 output rows ahead of their use took the same on
+// 7 x 7 and 14 x 14 / 2 and spilled on 14 x 14 (29.2 -> 34.9 and 43.7 us); the whole plane loaded first 14.6 us on
+// 1024@7. 8 warps at 2 blocks a multiprocessor (at most 128 registers) against 8 at 1 and 4 at 3: 13.4 against 15.5
+// and 16.4 us on 1024@7, 29.2 against 32.1 and 33.9 on 512@14; 4 at 3 was faster on 576@14 (37.5) and 576@14/2 (23.1),
+// whose 9 channel groups leave blocks of 8 images short of the multiprocessors: there two bands of rows a plane
+// (wgrad_plane_plan).
+constexpr int kPlaneWarps = 8;   // items a block takes at a time
 constexpr int kPlaneBlocks = 2;  // blocks a multiprocessor (__launch_bounds__: at most 128 registers a thread)
 
 template <typename T>
@@ -1028,11 +1031,65 @@ __host__ __device__ constexpr int plane_lane_channels() {
   return 4 / static_cast<int>(sizeof(T));
 }
 
-template <typename T>
+// A 4-byte word of a plane kernel's thread (plane_lane_channels elements) as float.
+template <typename T, int E = plane_lane_channels<T>()>
+__device__ inline void unpack_word(unsigned word, float (&out)[E]) {
+  if constexpr (sizeof(T) == 4) {
+    out[0] = __uint_as_float(word);
+  } else if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+    out[0] = __uint_as_float(word << 16);
+    out[1] = __uint_as_float(word & 0xffff0000u);
+  } else {
+    __half2 pair;
+    memcpy(&pair, &word, sizeof(word));
+    const float2 both = __half22float2(pair);
+    out[0] = both.x;
+    out[1] = both.y;
+  }
+}
+
+// Output rows First ... Last - 1 of one image's plane (side x side input, stride S, padding 1) added to the taps' sums;
+// xs and ds: the image's first pixel of the thread's channels as 4-byte words, `pixel` words from one pixel to the
+// next.
+template <typename T, int S, int Side, int First, int Last, int E = plane_lane_channels<T>()>
+__device__ inline void add_plane_rows(const unsigned* __restrict__ xs, const unsigned* __restrict__ ds, int pixel,
+                                      float (&acc)[9][E]) {
+  constexpr int H = Side, W = Side, OW = (W - 1) / S + 1;
+  unsigned xr[H][W], dr[OW];
+#pragma unroll
+  for (int oh = First; oh < Last; ++oh) {
+#pragma unroll
+    for (int ow = 0; ow < OW; ++ow) dr[ow] = __ldg(ds + (oh * OW + ow) * pixel);
+    // the input rows that output row oh reads first: all three at First, else those below output row oh - 1's
+    const int low = oh == First ? oh * S - 1 : (oh - 1) * S + 2;
+#pragma unroll
+    for (int r = low < 0 ? 0 : low; r <= oh * S + 1 && r < H; ++r)
+#pragma unroll
+      for (int iw = 0; iw < W; ++iw) xr[r][iw] = __ldg(xs + (r * W + iw) * pixel);
+#pragma unroll
+    for (int ow = 0; ow < OW; ++ow) {
+      float d[E];
+      unpack_word<T>(dr[ow], d);
+#pragma unroll
+      for (int kh = 0; kh < 3; ++kh)
+#pragma unroll
+        for (int kw = 0; kw < 3; ++kw) {
+          const int ih = oh * S + kh - 1, iw = ow * S + kw - 1;
+          if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+          float xv[E];
+          unpack_word<T>(xr[ih][iw], xv);
+#pragma unroll
+          for (int e = 0; e < E; ++e) acc[kh * 3 + kw][e] = fmaf(xv[e], d[e], acc[kh * 3 + kw][e]);
+        }
+    }
+  }
+}
+
+// Items: n * bands (bands 1 or 2: an image's output rows, or its first and second half of them, the first the larger).
+template <typename T, int S, int Side>
 __global__ void __launch_bounds__(32 * kPlaneWarps, kPlaneBlocks) depthwise_conv_wgrad_plane(
-    const T* __restrict__ x, const T* __restrict__ dy, float* __restrict__ partial, int64_t n, int channels) {
-  constexpr int E = plane_lane_channels<T>(), H = kPlaneSide, W = kPlaneSide, P = H * W, CG = 32 * E;
-  using Word = Pack<T, E>;
+    const T* __restrict__ x, const T* __restrict__ dy, float* __restrict__ partial, int64_t n, int channels, int bands) {
+  constexpr int E = plane_lane_channels<T>(), CG = 32 * E, OH = (Side - 1) / S + 1, OW = OH, Half = (OH + 1) / 2;
   __shared__ float sums[9][kPlaneWarps][CG];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int c0 = blockIdx.y * CG;
@@ -1040,35 +1097,19 @@ __global__ void __launch_bounds__(32 * kPlaneWarps, kPlaneBlocks) depthwise_conv
   float acc[9][E];
   zero(acc);
   if (c < channels) {
-    for (int64_t image = static_cast<int64_t>(blockIdx.x) * kPlaneWarps + warp; image < n;
-         image += static_cast<int64_t>(gridDim.x) * kPlaneWarps) {
-      const Word* xs = reinterpret_cast<const Word*>(x + image * P * channels + c);
-      const Word* ds = reinterpret_cast<const Word*>(dy + image * P * channels + c);
-      const int pixel = channels / E;  // Words from one pixel to the next
-      Word xr[P], dr[P];
-#pragma unroll
-      for (int p = 0; p < P; ++p) {
-        xr[p] = xs[p * pixel];
-        dr[p] = ds[p * pixel];
+    const int pixel = channels / E;  // words from one pixel to the next
+    for (int64_t item = static_cast<int64_t>(blockIdx.x) * kPlaneWarps + warp; item < n * bands;
+         item += static_cast<int64_t>(gridDim.x) * kPlaneWarps) {
+      const int64_t image = item / bands;
+      const unsigned* xs = reinterpret_cast<const unsigned*>(x + image * Side * Side * channels + c);
+      const unsigned* ds = reinterpret_cast<const unsigned*>(dy + image * OH * OW * channels + c);
+      if (bands == 1) {
+        add_plane_rows<T, S, Side, 0, OH>(xs, ds, pixel, acc);
+      } else if (item % 2 == 0) {
+        add_plane_rows<T, S, Side, 0, Half>(xs, ds, pixel, acc);
+      } else {
+        add_plane_rows<T, S, Side, Half, OH>(xs, ds, pixel, acc);
       }
-#pragma unroll
-      for (int oh = 0; oh < H; ++oh)
-#pragma unroll
-        for (int ow = 0; ow < W; ++ow) {
-          float d[E];
-          unpack<T, E>(dr[oh * W + ow], d);
-#pragma unroll
-          for (int kh = 0; kh < 3; ++kh)
-#pragma unroll
-            for (int kw = 0; kw < 3; ++kw) {
-              const int ih = oh + kh - 1, iw = ow + kw - 1;
-              if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
-              float xv[E];
-              unpack<T, E>(xr[ih * W + iw], xv);
-#pragma unroll
-              for (int e = 0; e < E; ++e) acc[kh * 3 + kw][e] = fmaf(xv[e], d[e], acc[kh * 3 + kw][e]);
-            }
-        }
     }
   }
   let_dependent_launch();  // the sum, which waits for this grid to complete before it reads
@@ -1515,7 +1556,8 @@ struct WgradWalkPlan {
   int64_t channel_groups, parts;
   bool tiled = false;  // the tile kernel runs, in `threads` threads a block with `shared_bytes`, shaped by `tile`
   bool second = false;  // the second plan's walk (wgrad_walk_plan_for)
-  bool plane = false;   // the plane kernel runs (7 x 7 images at stride 1), in channel_groups x parts blocks
+  bool plane = false;   // the plane kernel runs, in channel_groups x parts blocks, plane_bands items an image
+  int plane_bands = 1;
   WgradTileShape tile;
   int threads, shared_bytes;
 };
@@ -1603,7 +1645,7 @@ void wgrad_walk(const DepthwiseShape& s, const WgradWalkPlan& plan, const void* 
 
 // The plane kernel's blocks a multiprocessor of the current device holds, asked once per device; 0 where the query
 // fails.
-template <typename T>
+template <typename T, int S, int Side>
 int wgrad_plane_blocks_per_multiprocessor() {
   static PerDevice blocks;
   int device = 0;
@@ -1613,8 +1655,8 @@ int wgrad_plane_blocks_per_multiprocessor() {
   }
   return blocks.get(device, [] {
     int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, depthwise_conv_wgrad_plane<T>, 32 * kPlaneWarps, 0) !=
-        cudaSuccess) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, depthwise_conv_wgrad_plane<T, S, Side>, 32 * kPlaneWarps,
+                                                      0) != cudaSuccess) {
       cudaGetLastError();
       n = 0;
     }
@@ -1622,22 +1664,37 @@ int wgrad_plane_blocks_per_multiprocessor() {
   });
 }
 
-// The plane wgrad (depthwise_conv_wgrad_plane) for 7 x 7 images at stride 1 and padding 1: blocks of a channel group
-// of 32 lanes' channels, parts as the walk's over blocks of kPlaneWarps images.
+// The plane wgrad (depthwise_conv_wgrad_plane) at padding 1 on 7 x 7 images at stride 1 and 14 x 14 ones at strides 1
+// and 2: blocks of a channel group of 32 lanes' channels, parts as the walk's over blocks of kPlaneWarps items; an
+// item is an image, or half of its output rows where that takes fewer rows a thread in all (rounds of a part x rows
+// an item): v2's 576 channels make 9 groups, and at 2 blocks of 8 images a multiprocessor (132 of them, batch 256)
+// 16 parts of 2 rounds, 14 rows each at stride 1, against 22 parts of 3 rounds of 7 rows with bands.
 template <typename T>
 bool wgrad_plane_plan(const DepthwiseShape& s, int multiprocessors, WgradWalkPlan& plan) {
-  if (s.stride != 1 || s.h != kPlaneSide || s.w != kPlaneSide || s.pad_h != 1 || s.pad_w != 1 ||
-      s.channels % plane_lane_channels<T>() != 0) {
-    return false;
-  }
-  const int per_multiprocessor = wgrad_plane_blocks_per_multiprocessor<T>();
+  const bool seven = s.stride == 1 && s.h == 7 && s.w == 7;
+  const bool fourteen = s.h == 14 && s.w == 14;
+  if (!(seven || fourteen) || s.pad_h != 1 || s.pad_w != 1 || s.channels % plane_lane_channels<T>() != 0) return false;
+  const int per_multiprocessor = seven              ? wgrad_plane_blocks_per_multiprocessor<T, 1, 7>()
+                                 : s.stride == 1    ? wgrad_plane_blocks_per_multiprocessor<T, 1, 14>()
+                                                    : wgrad_plane_blocks_per_multiprocessor<T, 2, 14>();
   if (per_multiprocessor == 0) return false;
   const int64_t lanes_channels = 32 * plane_lane_channels<T>();
+  const int64_t resident = static_cast<int64_t>(multiprocessors) * per_multiprocessor;
   plan.channel_groups = (s.channels + lanes_channels - 1) / lanes_channels;
-  plan.parts = balanced_parts((s.n + kPlaneWarps - 1) / kPlaneWarps,
-                              static_cast<int64_t>(multiprocessors) * per_multiprocessor, plan.channel_groups);
-  plan.plane = plan.parts > 0;
-  return plan.plane;
+  int64_t best_rows = 0;
+  for (int bands = 1; bands <= 2; ++bands) {
+    const int64_t blocks = (s.n * bands + kPlaneWarps - 1) / kPlaneWarps;
+    const int64_t parts = balanced_parts(blocks, resident, plan.channel_groups);
+    if (parts == 0) return false;
+    const int64_t rows = (blocks + parts - 1) / parts * ((s.out_h + bands - 1) / bands);
+    if (bands == 1 || rows < best_rows) {
+      best_rows = rows;
+      plan.parts = parts;
+      plan.plane_bands = bands;
+    }
+  }
+  plan.plane = true;
+  return true;
 }
 
 // The tile wgrad (depthwise_conv_wgrad_tile) for inputs at least kTileMinWidth and outputs at most kTileMaxOutW
@@ -1789,8 +1846,8 @@ cudaError_t wgrad_tile(const DepthwiseShape& s, const WgradWalkPlan& plan, const
 }
 
 // The plan `which` (0 or 1) at the shape's stride, or none (parts 0) where an image's sizes are not 32-bit or the grid
-// cannot hold the channel groups (PyTorch's kernel runs then). Plan 0: the plane kernel on 7 x 7 images at stride 1
-// and padding 1, else the tile where it takes the shape, else the walk as wgrad_walk_plan shapes it.
+// cannot hold the channel groups (PyTorch's kernel runs then). Plan 0: the plane kernel at padding 1 on 7 x 7 images
+// at stride 1 and 14 x 14 ones, else the tile where it takes the shape, else the walk as wgrad_walk_plan shapes it.
 // Plan 1 (kDepthwiseWgradPlans): the walk as it ran before ace379a, b0e189b and 66737c4, kWalkColumns output
 // columns a thread and 2 blocks a multiprocessor in every type, the channel vectors split evenly between the blocks,
 // never the tile. On an H200 (a scratch harness, batch 256, 2026-11-26ab, bf16 twice and fp16 once, x the bytes'
@@ -1861,9 +1918,18 @@ cudaError_t wgrad_typed(const DepthwiseShape& s, const void* x, const void* dy, 
   const WgradWalkPlan plan = wgrad_walk_plan_for<T>(s, multiprocessors, which);
   if (plan.parts != parts || parts <= 0) return cudaErrorInvalidValue;
   if (plan.plane) {
-    depthwise_conv_wgrad_plane<T>
-        <<<dim3(static_cast<unsigned>(parts), static_cast<unsigned>(plan.channel_groups)), 32 * kPlaneWarps, 0,
-           stream>>>(static_cast<const T*>(x), static_cast<const T*>(dy), partial, s.n, static_cast<int>(s.channels));
+    const dim3 grid(static_cast<unsigned>(parts), static_cast<unsigned>(plan.channel_groups));
+    const auto launch = [&](auto kernel) {
+      kernel<<<grid, 32 * kPlaneWarps, 0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(dy), partial, s.n,
+                                                   static_cast<int>(s.channels), plan.plane_bands);
+    };
+    if (s.h == 7) {
+      launch(depthwise_conv_wgrad_plane<T, 1, 7>);
+    } else if (s.stride == 1) {
+      launch(depthwise_conv_wgrad_plane<T, 1, 14>);
+    } else {
+      launch(depthwise_conv_wgrad_plane<T, 2, 14>);
+    }
   } else if (plan.tiled) {
     const cudaError_t status = s.stride == 1 ? wgrad_tile<T, 1>(s, plan, x, dy, partial, stream)
                                              : wgrad_tile<T, 2>(s, plan, x, dy, partial, stream);
