@@ -22,7 +22,7 @@
 // each channel's 9 taps' sums in registers across a thread's bands; they are added in a fixed order across threads,
 // blocks and parts: deterministic. On small images (the 14 x 14 layers, and the 28 x 28 ones at stride 2)
 // depthwise_conv_wgrad_tile runs instead: tensor copies of whole bands into shared memory by one thread, read by warps
-// of output rows; on 7 x 7 images at stride 1 and 14 x 14 ones, depthwise_conv_wgrad_plane: a thread walks an image's
+// of output rows; on 7 x 7 images at stride 1 and 14 x 14 ones at stride 2, depthwise_conv_wgrad_plane: a thread walks an image's
 // rows of a few channels in registers. Before it, a stride-2 kernel with tiles of dy and x staged in shared memory (1.56-2.37x its bytes'
 // time), a stride-1 kernel with the three input rows in registers (255 of them, no prefetch: 1.55-2.69x) and two that
 // read global memory directly (per-thread sums of a strip's taps; a thread per channel vector walking an output row
@@ -1006,7 +1006,7 @@ __global__ void __launch_bounds__(kWalkThreads, Blocks) depthwise_conv_wgrad_wal
   }
 }
 
-// wgrad of small images (7 x 7 at stride 1, 14 x 14 at strides 1 and 2; padding 1), a whole image plane or half of it a
+// wgrad of small images (7 x 7 at stride 1, 14 x 14 at stride 2; padding 1), a whole image plane or half of it a
 // thread: a thread takes plane_lane_channels (4 bytes) of one image at a time and walks the output rows of the image
 // (or of one of its two bands of rows), loading each dy row and the input rows it first needs into registers just
 // before its use, and adds the products that lie inside the image to the 9 taps' sums (the loops unrolled at
@@ -1021,8 +1021,12 @@ __global__ void __launch_bounds__(kWalkThreads, Blocks) depthwise_conv_wgrad_wal
 // 7 x 7 and 14 x 14 / 2 and spilled on 14 x 14 (29.2 -> 34.9 and 43.7 us); the whole plane loaded first 14.6 us on
 // 1024@7. 8 warps at 2 blocks a multiprocessor (at most 128 registers) against 8 at 1 and 4 at 3: 13.4 against 15.5
 // and 16.4 us on 1024@7, 29.2 against 32.1 and 33.9 on 512@14; 4 at 3 was faster on 576@14 (37.5) and 576@14/2 (23.1),
-// whose 9 channel groups leave blocks of 8 images short of the multiprocessors: there two bands of rows a plane
-// (wgrad_plane_plan).
+// whose 9 channel groups leave blocks of 8 images short of the multiprocessors: there the plan takes two bands of rows
+// an image (wgrad_plane_plan; the bands were measured in bench_depthwise only, not in the harness).
+// Not on 14 x 14 images at stride 1, where the tile stays: on an H100 (bench_depthwise on bba6bba, bf16, x the bytes'
+// time) the plane kernel took v1 512@14 1.53, v2 384@14 1.69 and 576@14 1.31, where the tile had taken 1.20, 1.28 and
+// 1.18-1.20 (26aa); at 7 x 7 it took 1.31 and 1.33 against the walk's 1.50 and 1.60, at 14 x 14 / 2 1.31 and 1.30
+// against the tile's 1.33 and 1.30-1.32.
 constexpr int kPlaneWarps = 8;   // items a block takes at a time
 constexpr int kPlaneBlocks = 2;  // blocks a multiprocessor (__launch_bounds__: at most 128 registers a thread)
 
@@ -1664,19 +1668,18 @@ int wgrad_plane_blocks_per_multiprocessor() {
   });
 }
 
-// The plane wgrad (depthwise_conv_wgrad_plane) at padding 1 on 7 x 7 images at stride 1 and 14 x 14 ones at strides 1
-// and 2: blocks of a channel group of 32 lanes' channels, parts as the walk's over blocks of kPlaneWarps items; an
+// The plane wgrad (depthwise_conv_wgrad_plane) at padding 1 on 7 x 7 images at stride 1 and 14 x 14 ones at stride 2:
+// blocks of a channel group of 32 lanes' channels, parts as the walk's over blocks of kPlaneWarps items; an
 // item is an image, or half of its output rows where that takes fewer rows a thread in all (rounds of a part x rows
 // an item): v2's 576 channels make 9 groups, and at 2 blocks of 8 images a multiprocessor (132 of them, batch 256)
-// 16 parts of 2 rounds, 14 rows each at stride 1, against 22 parts of 3 rounds of 7 rows with bands.
+// 16 parts of 2 rounds, 7 rows each at stride 2, against 22 parts of 3 rounds of at most 4 rows with bands.
 template <typename T>
 bool wgrad_plane_plan(const DepthwiseShape& s, int multiprocessors, WgradWalkPlan& plan) {
   const bool seven = s.stride == 1 && s.h == 7 && s.w == 7;
-  const bool fourteen = s.h == 14 && s.w == 14;
+  const bool fourteen = s.stride == 2 && s.h == 14 && s.w == 14;
   if (!(seven || fourteen) || s.pad_h != 1 || s.pad_w != 1 || s.channels % plane_lane_channels<T>() != 0) return false;
-  const int per_multiprocessor = seven              ? wgrad_plane_blocks_per_multiprocessor<T, 1, 7>()
-                                 : s.stride == 1    ? wgrad_plane_blocks_per_multiprocessor<T, 1, 14>()
-                                                    : wgrad_plane_blocks_per_multiprocessor<T, 2, 14>();
+  const int per_multiprocessor = seven ? wgrad_plane_blocks_per_multiprocessor<T, 1, 7>()
+                                       : wgrad_plane_blocks_per_multiprocessor<T, 2, 14>();
   if (per_multiprocessor == 0) return false;
   const int64_t lanes_channels = 32 * plane_lane_channels<T>();
   const int64_t resident = static_cast<int64_t>(multiprocessors) * per_multiprocessor;
@@ -1847,7 +1850,7 @@ cudaError_t wgrad_tile(const DepthwiseShape& s, const WgradWalkPlan& plan, const
 
 // The plan `which` (0 or 1) at the shape's stride, or none (parts 0) where an image's sizes are not 32-bit or the grid
 // cannot hold the channel groups (PyTorch's kernel runs then). Plan 0: the plane kernel at padding 1 on 7 x 7 images
-// at stride 1 and 14 x 14 ones, else the tile where it takes the shape, else the walk as wgrad_walk_plan shapes it.
+// at stride 1 and 14 x 14 ones at stride 2, else the tile where it takes the shape, else the walk as wgrad_walk_plan shapes it.
 // Plan 1 (kDepthwiseWgradPlans): the walk as it ran before ace379a, b0e189b and 66737c4, kWalkColumns output
 // columns a thread and 2 blocks a multiprocessor in every type, the channel vectors split evenly between the blocks,
 // never the tile. On an H200 (a scratch harness, batch 256, 2026-11-26ab, bf16 twice and fp16 once, x the bytes'
@@ -1923,10 +1926,8 @@ cudaError_t wgrad_typed(const DepthwiseShape& s, const void* x, const void* dy, 
       kernel<<<grid, 32 * kPlaneWarps, 0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(dy), partial, s.n,
                                                    static_cast<int>(s.channels), plan.plane_bands);
     };
-    if (s.h == 7) {
+    if (s.stride == 1) {
       launch(depthwise_conv_wgrad_plane<T, 1, 7>);
-    } else if (s.stride == 1) {
-      launch(depthwise_conv_wgrad_plane<T, 1, 14>);
     } else {
       launch(depthwise_conv_wgrad_plane<T, 2, 14>);
     }
