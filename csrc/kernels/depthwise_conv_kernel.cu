@@ -744,8 +744,8 @@ __global__ void __launch_bounds__(32 * kWgradSumGroups) depthwise_conv_wgrad_sum
 
 // The same sums with a thread per tap and channel, each adding the parts in order: for launches of at most
 // kWgradSumFlatParts parts, where the grouped sum's blocks of 1024 threads cost more than their reads (a scratch
-// harness, H200, 2026-11-27: after the plane kernel's 8, 16 and 32 parts on 1024 channels, 1.7-2.2 us against
-// 4.3-4.9 for the grouped sum, both launched as its dependent). dw is written as the grouped sum writes it.
+// harness, H200, 2026-11-27: after the plane kernel's 8, 16 and 32 parts on 1024 channels, bf16 and fp16, 1.5-2.3 us
+// against 4.2-4.9 for the grouped sum, both launched as its dependent). dw is written as the grouped sum writes it.
 constexpr int kWgradSumFlatParts = 32;
 constexpr int kWgradSumFlatThreads = 256;
 
@@ -1015,11 +1015,11 @@ __global__ void __launch_bounds__(kWalkThreads, Blocks) depthwise_conv_wgrad_wal
 // adds its warps' sums in order and writes one partial sum per tap and channel, for the sum kernel, as the walk does:
 // the same inputs give the same bits.
 // Why (scratch harnesses, H200, batch 256, 2026-11-27, CUDA-graph replay with the sum; bf16 unless named, GPU us, the
-// kernels before it from bench_depthwise on another H200): v1 1024@7 13.4 (the walk 25.4); v1 512@14 29.2 (the tile
+// kernels before it from bench_depthwise on another H200): v1 1024@7 13.5 (the walk 25.4); v1 512@14 29.2 (the tile
 // 33.9), v2 384@14 24.5 (26.4), v2 576@14 39.3 (39.1), v1 512@14/2 20.0 (23.7), v2 576@14/2 24.4 (27.1); float32
 // 512@14 50.2 (55.0) and 512@14/2 33.4 (36.4). The rows loaded 1 or 2 output rows ahead of their use took the same on
 // 7 x 7 and 14 x 14 / 2 and spilled on 14 x 14 (29.2 -> 34.9 and 43.7 us); the whole plane loaded first 14.6 us on
-// 1024@7. 8 warps at 2 blocks a multiprocessor (at most 128 registers) against 8 at 1 and 4 at 3: 13.4 against 15.5
+// 1024@7. 8 warps at 2 blocks a multiprocessor (at most 128 registers) against 8 at 1 and 4 at 3: 13.5 against 15.5
 // and 16.4 us on 1024@7, 29.2 against 32.1 and 33.9 on 512@14; 4 at 3 was faster on 576@14 (37.5) and 576@14/2 (23.1),
 // whose 9 channel groups leave blocks of 8 images short of the multiprocessors: there the plan takes two bands of rows
 // an image (wgrad_plane_plan; the bands were measured in bench_depthwise only, not in the harness).
