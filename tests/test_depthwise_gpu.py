@@ -349,8 +349,8 @@ def test_the_stride1_depthwise_wgrad_kernel_is_deterministic_and_matches_float64
                         # turn; the last group, of 8 channels, leaves most lanes idle
     (5, 144, 7, 1),  # fewer images than a block's 8 warps
     (64, 1024, 7, 1),
-    (256, 576, 14, 2),  # mobilenet_v2's layer: 9 channel groups (in float 18), on 132 multiprocessors two bands of 4 and
-                        # 3 output rows an image
+    (256, 576, 14, 2),  # mobilenet_v2's layer: 9 channel groups (in float 18), on 132 multiprocessors two bands of 4
+                        # and 3 output rows an image
     (20, 200, 14, 2),
     (3, 64, 14, 2),
 ])

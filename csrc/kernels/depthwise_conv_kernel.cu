@@ -20,13 +20,14 @@
 // and 1.11-1.51x for the walks on the same layers).
 // wgrad (depthwise_conv_wgrad_walk) walks as the forward does, with a dy row beside each step's input rows, and keeps
 // each channel's 9 taps' sums in registers across a thread's bands; they are added in a fixed order across threads,
-// blocks and parts: deterministic. On small images (the 14 x 14 layers, and the 28 x 28 ones at stride 2)
+// blocks and parts: deterministic. On small images (the 14 x 14 layers at stride 1, and the 28 x 28 ones at stride 2)
 // depthwise_conv_wgrad_tile runs instead: tensor copies of whole bands into shared memory by one thread, read by warps
-// of output rows; on 7 x 7 images at stride 1 and 14 x 14 ones at stride 2, depthwise_conv_wgrad_plane: a thread walks an image's
-// rows of a few channels in registers. Before it, a stride-2 kernel with tiles of dy and x staged in shared memory (1.56-2.37x its bytes'
-// time), a stride-1 kernel with the three input rows in registers (255 of them, no prefetch: 1.55-2.69x) and two that
-// read global memory directly (per-thread sums of a strip's taps; a thread per channel vector walking an output row
-// with the 3x3 window in registers, 2026-11-23 and -24, 1.2-26x slower than PyTorch's) were not kept.
+// of output rows; on 7 x 7 images at stride 1 and 14 x 14 ones at stride 2, depthwise_conv_wgrad_plane: a thread
+// walks an image's rows of a few channels in registers. Before the tile, a stride-2 kernel with tiles of dy and x
+// staged in shared memory (1.56-2.37x its bytes' time), a stride-1 kernel with the three input rows in registers (255
+// of them, no prefetch: 1.55-2.69x) and two that read global memory directly (per-thread sums of a strip's taps; a
+// thread per channel vector walking an output row with the 3x3 window in registers, 2026-11-23 and -24, 1.2-26x slower
+// than PyTorch's) were not kept.
 #include "kernels/depthwise_conv_kernel.h"
 
 #include <atomic>
@@ -1092,7 +1093,8 @@ __device__ inline void add_plane_rows(const unsigned* __restrict__ xs, const uns
 // Items: n * bands (bands 1 or 2: an image's output rows, or its first and second half of them, the first the larger).
 template <typename T, int S, int Side>
 __global__ void __launch_bounds__(32 * kPlaneWarps, kPlaneBlocks) depthwise_conv_wgrad_plane(
-    const T* __restrict__ x, const T* __restrict__ dy, float* __restrict__ partial, int64_t n, int channels, int bands) {
+    const T* __restrict__ x, const T* __restrict__ dy, float* __restrict__ partial, int64_t n, int channels,
+    int bands) {
   constexpr int E = plane_lane_channels<T>(), CG = 32 * E, OH = (Side - 1) / S + 1, OW = OH, Half = (OH + 1) / 2;
   __shared__ float sums[9][kPlaneWarps][CG];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -1850,7 +1852,8 @@ cudaError_t wgrad_tile(const DepthwiseShape& s, const WgradWalkPlan& plan, const
 
 // The plan `which` (0 or 1) at the shape's stride, or none (parts 0) where an image's sizes are not 32-bit or the grid
 // cannot hold the channel groups (PyTorch's kernel runs then). Plan 0: the plane kernel at padding 1 on 7 x 7 images
-// at stride 1 and 14 x 14 ones at stride 2, else the tile where it takes the shape, else the walk as wgrad_walk_plan shapes it.
+// at stride 1 and 14 x 14 ones at stride 2, else the tile where it takes the shape, else the walk as wgrad_walk_plan
+// shapes it.
 // Plan 1 (kDepthwiseWgradPlans): the walk as it ran before ace379a, b0e189b and 66737c4, kWalkColumns output
 // columns a thread and 2 blocks a multiprocessor in every type, the channel vectors split evenly between the blocks,
 // never the tile. On an H200 (a scratch harness, batch 256, 2026-11-26ab, bf16 twice and fp16 once, x the bytes'
@@ -1870,6 +1873,7 @@ WgradWalkPlan wgrad_walk_plan_for(const DepthwiseShape& s, int multiprocessors, 
                                s, multiprocessors, true);
     plan.second = true;
   } else if (wgrad_plane_plan<T>(s, multiprocessors, plan)) {
+    // the plane kernel's plan, filled in
   } else if (!(s.stride == 1 ? wgrad_tile_plan<T, 1>(s, multiprocessors, plan)
                              : wgrad_tile_plan<T, 2>(s, multiprocessors, plan))) {
     plan = s.stride == 1 ? wgrad_walk_plan<T, 1>(s, multiprocessors, false)
@@ -1891,9 +1895,10 @@ int64_t wgrad_parts_typed(const DepthwiseShape& s, int multiprocessors, int whic
 
 // depthwise_conv_wgrad_sum (depthwise_conv_wgrad_sum_flat for at most kWgradSumFlatParts parts: the same sums in the
 // same order, the same bits) after the wgrad kernel on `stream`, launched as its programmatic dependent where
-// `dependent` (the device runs them): its launch overlaps the wgrad's last blocks (a scratch harness, H100, bf16, batch 256,
-// 2026-11-26, three runs: the walk and sum together 1.55-1.59 -> 1.51-1.54x the bytes' time on v1's 1024-channel 7 x 7
-// layer, 1.67-1.69 -> 1.62-1.63 on v2's 960-channel one, 0.02-0.05 less on the 14 x 14 layers and no layer slower).
+// `dependent` (the device runs them): its launch overlaps the wgrad's last blocks (a scratch harness, H100, bf16, batch
+// 256, 2026-11-26, three runs: the walk and sum together 1.55-1.59 -> 1.51-1.54x the bytes' time on v1's 1024-channel
+// 7 x 7 layer, 1.67-1.69 -> 1.62-1.63 on v2's 960-channel one, 0.02-0.05 less on the 14 x 14 layers and no layer
+// slower).
 template <typename O>
 cudaError_t wgrad_sum(const float* partial, int64_t parts, O* dw, int64_t channels, bool dependent,
                       cudaStream_t stream) {
