@@ -382,7 +382,8 @@ def test_the_plane_wgrad_of_small_images_is_deterministic_and_matches_float64(ex
 
 @pytest.mark.parametrize("batch, channels, size, flat", [
     (256, 1024, 7, True),  # the plane kernel: 16 or fewer parts a channel group on an H100 or H200
-    (50, 128, 54, False),  # the walk: 175 blocks of one channel group, more parts than kWgradSumFlatParts (32)
+    (50, 128, 54, False),  # the walk: 800 positions in 100 blocks of one channel group, more parts than
+                           # kWgradSumFlatParts (32)
 ])
 def test_the_wgrad_sum_takes_a_thread_per_tap_and_channel_for_few_parts(extension, batch, channels, size, flat):
     """The partial sums of a bfloat16 wgrad are added by depthwise_conv_wgrad_sum_flat (a thread per tap and channel)
