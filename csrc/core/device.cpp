@@ -45,6 +45,13 @@ int multiprocessor_count(int device) {
   return count;
 }
 
+int current_device() {
+  int device = 0;
+  if (cudaGetDevice(&device) == cudaSuccess) return device;
+  cudaGetLastError();
+  return -1;
+}
+
 int8_t pointer_alignment(const void* ptr) {
   auto address = reinterpret_cast<uintptr_t>(ptr);
   int8_t alignment = 16;

@@ -15,12 +15,21 @@ struct ComputeCapability {
 
 ComputeCapability compute_capability(int device);  // cached per device
 int multiprocessor_count(int device);              // cached per device
+// The calling thread's current CUDA device, or -1 where it cannot be read (the CUDA error is cleared).
+int current_device();
 
 // A non-negative int asked of each device once and remembered for it: get(device, ask) returns what ask() returned
 // the first time it was called for `device` (the caller's current device). Lock-free; devices past the 64th are
 // asked every time. For what depends on the device, such as a kernel's occupancy: one static per kernel.
 class PerDevice {
  public:
+  // get() for the current device, ask(device) asked; 0, ask not called, where the device cannot be read.
+  template <typename Ask>
+  int get_current(Ask&& ask) {
+    const int device = current_device();
+    return device < 0 ? 0 : get(device, [&] { return ask(device); });
+  }
+
   template <typename Ask>
   int get(int device, Ask&& ask) {
     if (device < 0 || device >= kDevices) return ask();

@@ -319,12 +319,7 @@ constexpr int kFinalizeSharedFloats = 32 * 16;
 template <typename T, int V, bool kFromY>
 bool one_launch_fits(const dim3& grid, int multiprocessors) {
   static PerDevice blocks_per_multiprocessor;
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    cudaGetLastError();  // clear it: this launch falls back to three
-    return false;
-  }
-  const int blocks = blocks_per_multiprocessor.get(device, [device] {
+  const int blocks = blocks_per_multiprocessor.get_current([](int device) {  // 0: this launch falls back to three
     int cooperative = 0, blocks = 0;
     if (cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, device) != cudaSuccess || !cooperative) {
       cudaGetLastError();

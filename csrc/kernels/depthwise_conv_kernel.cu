@@ -1581,12 +1581,7 @@ cudaError_t wgrad_walk_allowed() {
 template <typename T, int S, int Slots, int Ahead, int Blocks, int CW>
 int wgrad_walk_blocks_per_multiprocessor() {
   static PerDevice blocks;
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return blocks.get(device, [] {
+  return blocks.get_current([](int) {
     int n = 0;
     if (wgrad_walk_allowed<T, S, Slots, Ahead, Blocks, CW>() != cudaSuccess ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, depthwise_conv_wgrad_walk<T, S, Slots, Ahead, Blocks, CW>,
@@ -1654,12 +1649,7 @@ void wgrad_walk(const DepthwiseShape& s, const WgradWalkPlan& plan, const void* 
 template <typename T, int S, int Side>
 int wgrad_plane_blocks_per_multiprocessor() {
   static PerDevice blocks;
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return blocks.get(device, [] {
+  return blocks.get_current([](int) {
     int n = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, depthwise_conv_wgrad_plane<T, S, Side>, 32 * kPlaneWarps,
                                                       0) != cudaSuccess) {
@@ -1689,8 +1679,7 @@ bool wgrad_plane_plan(const DepthwiseShape& s, int multiprocessors, WgradWalkPla
   int64_t best_rows = 0;
   for (int bands = 1; bands <= 2; ++bands) {
     const int64_t blocks = (s.n * bands + kPlaneWarps - 1) / kPlaneWarps;
-    const int64_t parts = balanced_parts(blocks, resident, plan.channel_groups);
-    if (parts == 0) return false;
+    const int64_t parts = balanced_parts(blocks, resident, plan.channel_groups);  // resident > 0: parts > 0
     const int64_t rows = (blocks + parts - 1) / parts * ((s.out_h + bands - 1) / bands);
     if (bands == 1 || rows < best_rows) {
       best_rows = rows;
@@ -1735,12 +1724,7 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 template <typename T, int S>
 bool wgrad_tile_built() {
   static PerDevice built;
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return built.get(device, [] {
+  return built.get_current([](int) {
     static std::atomic<uint64_t> shared_devices{0};
     cudaFuncAttributes attributes{};
     const bool yes = tensor_map_encoder() != nullptr &&
@@ -1761,11 +1745,8 @@ template <typename T, int S>
 int wgrad_tile_blocks_per_multiprocessor(int threads, int shared_bytes) {
   static std::mutex mutex;
   static std::map<std::tuple<int, int, int>, int> known;  // (device, threads, shared bytes) -> blocks
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
+  const int device = current_device();
+  if (device < 0) return 0;
   const auto key = std::make_tuple(device, threads, shared_bytes);
   std::lock_guard<std::mutex> lock(mutex);
   const auto found = known.find(key);
