@@ -11,7 +11,7 @@ dgrad's other forms.
     python benchmarks/bench_depthwise.py [--batch 256] [--dtype bfloat16] [--cudnn-benchmark] [--json out.json]
 
 With --cudnn-benchmark, torch.backends.cudnn.benchmark is on for every variant: PyTorch's picks cuDNN's algorithms
-by timing, and the wgrad op runs what its first call timed fastest among our two plans and PyTorch's (named in the
+by timing, and the wgrad op runs what its first call timed fastest among our three plans and PyTorch's (named in the
 "wgrad runs" column; csrc/ops/depthwise_ops.h, depthwise_wgrad_choice).
 
 Bytes each step must move: forward reads x and writes y; dgrad reads dy and writes dx; wgrad reads x and dy.

@@ -423,6 +423,90 @@ def _assert_the_float32_wgrad_is_the_unrounded_sums(dz, x, args, rounded, eager,
     assert_as_accurate_as_eager("dweight in float32", full, eager, reference, rounded.dtype)
 
 
+@pytest.mark.parametrize("size, stride, pre, post", [
+    (7, 1, 1, 0),    # out 6 x 6, where the plane kernel's would be 7 x 7
+    (7, 1, 0, 1),
+    (14, 2, 1, 2),   # out 8 x 8 (7 x 7 at padding 1)
+    (14, 1, 1, 0),   # out 13 x 13
+])
+@pytest.mark.parametrize("plan", [0, 2])
+def test_a_wgrad_padded_unevenly_keeps_the_plane_kernel_out_and_matches_float64(extension, size, stride, pre, post,
+                                                                              plan):
+    """conv_wgrad with padding_pre != padding_post on the plane kernel's image sizes: its output rows and columns are
+    compile-time sizes, so it must not run (the tile, a walk or PyTorch's does), under plan 0 and plan 2; poisoned
+    output fully written, as accurate as PyTorch's against float64 (of the input padded as asked)."""
+    torch.manual_seed(0)
+    batch, channels, dtype = 16, 128, torch.bfloat16
+    out = (size + pre + post - 3) // stride + 1
+    x = torch.randn(batch, channels, size, size, device="cuda").to(dtype).contiguous(memory_format=CL)
+    dz = torch.randn(batch, channels, out, out, device="cuda").to(dtype).contiguous(memory_format=CL)
+    w_size = (channels, 1, 3, 3)
+    args = (list(w_size), [stride] * 2, [pre] * 2, [post] * 2, [1, 1], channels)
+    extension.set_depthwise_wgrad_plan_for_tests(plan)
+    try:
+        ran = _profile_kernels(lambda: torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args))
+        got = torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args)
+    finally:
+        extension.set_depthwise_wgrad_plan_for_tests(-1)
+    assert not any("depthwise_conv_wgrad_plane" in n for n in ran), ran
+    if plan == 0:
+        assert any("depthwise_conv_wgrad_walk<" in n or "depthwise_conv_wgrad_tile<" in n for n in ran), ran
+    assert got.shape == w_size and got.dtype == dtype and not got.isnan().any()
+    padded = F.pad(x, (pre, post, pre, post))
+    eager = torch.nn.grad.conv2d_weight(padded, w_size, dz, stride, 0, 1, channels)
+    reference = torch.nn.grad.conv2d_weight(padded.double(), w_size, dz.double(), stride, 0, 1, channels)
+    assert_as_accurate_as_eager("dweight", got, eager, reference, dtype)
+
+
+@pytest.fixture
+def third_wgrad_plan(extension):
+    """Every depthwise wgrad our kernels take runs their third plan (the small-image kernel the first passes over),
+    untimed."""
+    extension.set_depthwise_wgrad_plan_for_tests(2)
+    yield extension
+    extension.set_depthwise_wgrad_plan_for_tests(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("batch, channels, size, stride, kernel", [
+    (24, 576, 14, 1, "plane"),   # the plane kernel at 14 x 14 / 1 (the first plan: the tile), 9 channel groups (in
+                                 # float 18): two bands of 7 rows an image
+    (300, 1032, 14, 1, "plane"),  # blocks that take several images in turn; a last channel group of 8 channels
+    (5, 144, 14, 1, "plane"),    # fewer images than a block's 8 warps
+    (24, 576, 7, 1, "walk"),     # where the first plan runs the plane kernel: the walk (7 columns: not the tile's)
+    (64, 1024, 7, 1, "walk"),
+    (256, 576, 14, 2, "tile"),   # the tile at 14 x 14 / 2
+    (20, 200, 14, 2, "tile"),
+    (16, 64, 28, 1, None),       # no kernel of its own: PyTorch's
+])
+def test_the_third_wgrad_plan_is_deterministic_and_matches_float64(third_wgrad_plan, no_tf32, dtype, batch, channels,
+                                                                   size, stride, kernel):
+    """The wgrad's third plan (depthwise_conv_kernel.cu, wgrad_walk_plan_for; timed against the others and PyTorch's
+    under cudnn.benchmark): the kernel named runs, and no other of ours; poisoned output fully written, the same bits
+    on every call, as accurate as PyTorch's against float64 in each dtype, and written unrounded in float32 when asked
+    for it."""
+    torch.manual_seed(0)
+    out = (size - 1) // stride + 1
+    x = torch.randn(batch, channels, size, size, device="cuda").to(dtype).contiguous(memory_format=CL)
+    dz = torch.randn(batch, channels, out, out, device="cuda").to(dtype).contiguous(memory_format=CL)
+    w_size = (channels, 1, 3, 3)
+    args = (list(w_size), [stride] * 2, [1, 1], [1, 1], [1, 1], channels)
+    ran = _profile_kernels(lambda: torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args))
+    ours = sorted({n.split("<")[0] for n in ran if re.match(r"depthwise_conv_wgrad_(plane|tile|walk)<", n)})
+    assert ours == ([f"depthwise_conv_wgrad_{kernel}"] if kernel else []), ran
+    if kernel == "plane":
+        assert any(f"depthwise_conv_wgrad_plane<{_KERNEL_TYPE[dtype]}, 1, 14>" in n for n in ran), ran
+    first = torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args)
+    assert first.shape == w_size and first.dtype == dtype and not first.isnan().any()
+    for _ in range(2):
+        assert torch.equal(torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args), first)
+    eager = torch.nn.grad.conv2d_weight(x, w_size, dz, stride, 1, 1, channels)
+    reference = torch.nn.grad.conv2d_weight(x.double(), w_size, dz.double(), stride, 1, 1, channels)
+    assert_as_accurate_as_eager("dweight", first, eager, reference, dtype)
+    if kernel and dtype != torch.float32:
+        _assert_the_float32_wgrad_is_the_unrounded_sums(dz, x, args, first, eager, reference)
+
+
 @pytest.fixture
 def second_wgrad_plan(extension):
     """Every depthwise wgrad our kernels take runs their second plan (the walk at 4 columns and 2 blocks a
@@ -487,34 +571,39 @@ def cudnn_benchmark(extension):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_under_cudnn_benchmark_the_depthwise_wgrad_is_timed_once_and_runs_the_fastest(cudnn_benchmark, dtype):
-    """With torch.backends.cudnn.benchmark on, a depthwise wgrad's first call times our two plans and PyTorch's on its
-    own tensors and the fastest runs from then on (depthwise_wgrad_choice): one choice per shape and dtype, listed with
-    the three medians; the kernels that run are the chosen one's; the result as accurate as eager's against float64.
-    Under deterministic algorithms nothing is timed (plan 0)."""
+@pytest.mark.parametrize("channels, size", [(192, 28), (512, 14)])  # plan 2 has no kernel of its own at 28 x 28
+def test_under_cudnn_benchmark_the_depthwise_wgrad_is_timed_once_and_runs_the_fastest(cudnn_benchmark, dtype,
+                                                                                       channels, size):
+    """With torch.backends.cudnn.benchmark on, a depthwise wgrad's first call times our three plans (plan 2 on small
+    images only) and PyTorch's on its own tensors and the fastest runs from then on (depthwise_wgrad_choice): one
+    choice per shape and dtype, listed with the four medians; the kernels that run are the chosen one's; the result as
+    accurate as eager's against float64. Under deterministic algorithms nothing is timed (plan 0)."""
     extension = cudnn_benchmark
     torch.manual_seed(0)
-    x = torch.randn(32, 192, 28, 28, device="cuda").to(dtype).contiguous(memory_format=CL)
-    dz = torch.randn(32, 192, 28, 28, device="cuda").to(dtype).contiguous(memory_format=CL)
-    args = ([192, 1, 3, 3], [1, 1], [1, 1], [1, 1], [1, 1], 192)
+    x = torch.randn(32, channels, size, size, device="cuda").to(dtype).contiguous(memory_format=CL)
+    dz = torch.randn(32, channels, size, size, device="cuda").to(dtype).contiguous(memory_format=CL)
+    args = ([channels, 1, 3, 3], [1, 1], [1, 1], [1, 1], [1, 1], channels)
     first = torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args)
     choices = tcf.depthwise_wgrad_choices()
     assert choices == extension.depthwise_wgrad_choices() and len(choices) == 1, choices
     made = choices[0]
-    assert (made["x_size"], made["stride"], made["padding"]) == ([32, 192, 28, 28], 1, [1, 1]), made
+    assert (made["x_size"], made["stride"], made["padding"]) == ([32, channels, size, size], 1, [1, 1]), made
     assert made["dtype"] == made["dw_dtype"] == {torch.bfloat16: "BFloat16", torch.float16: "Half"}[dtype], made
-    assert len(made["ms"]) == 3 and all(ms > 0 for ms in made["ms"]), made
-    fastest = min(range(3), key=lambda i: made["ms"][i])
-    assert made["choice"] == ["plan 0", "plan 1", "pytorch"][fastest], made
+    assert len(made["ms"]) == 4 and [ms > 0 for ms in made["ms"]] == [True, True, size == 14, True], made
+    fastest = min((i for i in range(4) if made["ms"][i] > 0), key=lambda i: made["ms"][i])
+    assert made["choice"] == ["plan 0", "plan 1", "plan 2", "pytorch"][fastest], made
     ran = _profile_kernels(lambda: torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args))
-    ours = [n.split(">(")[0] for n in ran if "depthwise_conv_wgrad_walk<" in n or "depthwise_conv_wgrad_tile<" in n]
-    if made["choice"] == "pytorch":
+    ours = [n.split(">(")[0] for n in ran if re.match(r"depthwise_conv_wgrad_(plane|tile|walk)<", n)]
+    expected = {"pytorch": None, "plan 1": "walk", "plan 2": "plane", "plan 0": "tile" if size == 14 else "walk"}
+    if expected[made["choice"]] is None:
         assert not ours, ran
     else:
-        assert len(ours) == 1 and ours[0].endswith(", 2, 4") == (made["choice"] == "plan 1"), ran
+        assert len(ours) == 1 and ours[0].startswith(f"depthwise_conv_wgrad_{expected[made['choice']]}<"), ran
+        if expected[made["choice"]] == "walk":  # plan 1's walk: 4 columns a thread, 2 blocks a multiprocessor
+            assert ours[0].endswith(", 2, 4") == (made["choice"] == "plan 1"), ran
     assert len(tcf.depthwise_wgrad_choices()) == 1  # timed once
-    eager = torch.nn.grad.conv2d_weight(x, (192, 1, 3, 3), dz, 1, 1, 1, 192)
-    reference = torch.nn.grad.conv2d_weight(x.double(), (192, 1, 3, 3), dz.double(), 1, 1, 1, 192)
+    eager = torch.nn.grad.conv2d_weight(x, (channels, 1, 3, 3), dz, 1, 1, 1, channels)
+    reference = torch.nn.grad.conv2d_weight(x.double(), (channels, 1, 3, 3), dz.double(), 1, 1, 1, channels)
     assert_as_accurate_as_eager("dweight", first, eager, reference, dtype)
     # another shape under deterministic algorithms: plan 0, nothing timed
     previous = torch.are_deterministic_algorithms_enabled()
@@ -524,7 +613,8 @@ def test_under_cudnn_benchmark_the_depthwise_wgrad_is_timed_once_and_runs_the_fa
     finally:
         torch.use_deterministic_algorithms(previous)
     assert len(tcf.depthwise_wgrad_choices()) == 1
-    assert any("depthwise_conv_wgrad_walk<" in n and not n.split(">(")[0].endswith(", 2, 4") for n in ran), ran
+    first_plan = "depthwise_conv_wgrad_tile<" if size == 14 else "depthwise_conv_wgrad_walk<"
+    assert any(first_plan in n and not n.split(">(")[0].endswith(", 2, 4") for n in ran), ran
 
 
 def test_under_cudnn_benchmark_a_depthwise_wgrad_first_seen_in_a_cuda_graph_capture_is_not_timed(cudnn_benchmark):

@@ -43,8 +43,9 @@ def clear_plan_cache() -> None:
 
 def depthwise_wgrad_choices() -> list[dict]:
     """The depthwise weight gradients chosen under torch.backends.cudnn.benchmark, one dict per device, shape and
-    dtypes: x_size, stride, padding, dtype, dw_dtype, choice ("plan 0" or "plan 1": our kernels' two plans;
-    "pytorch": PyTorch's wgrad) and ms (the medians timed for plan 0, plan 1 and PyTorch's; negative: could not run).
+    dtypes: x_size, stride, padding, dtype, dw_dtype, choice ("plan 0", "plan 1" or "plan 2": our kernels' plans;
+    "pytorch": PyTorch's wgrad) and ms (the medians timed for plans 0, 1, 2 and PyTorch's; negative: did not run, as
+    plan 2 on the shapes where it has no kernel of its own).
     Empty without benchmark, under deterministic algorithms, or before the first backward."""
     return _extension.require().depthwise_wgrad_choices()
 

@@ -23,7 +23,8 @@
 // blocks and parts: deterministic. On small images (the 14 x 14 layers at stride 1, and the 28 x 28 ones at stride 2)
 // depthwise_conv_wgrad_tile runs instead: tensor copies of whole bands into shared memory by one thread, read by warps
 // of output rows; on 7 x 7 images at stride 1 and 14 x 14 ones at stride 2, depthwise_conv_wgrad_plane: a thread
-// walks an image's rows of a few channels in registers. Before the tile, a stride-2 kernel with tiles of dy and x
+// walks an image's rows of a few channels in registers (the wgrad's plans 1 and 2, timed under cudnn.benchmark, run a
+// walk shaped as before and the small-image kernel plan 0 passes over: wgrad_walk_plan_for). Before the tile, a stride-2 kernel with tiles of dy and x
 // staged in shared memory (1.56-2.37x its bytes' time), a stride-1 kernel with the three input rows in registers (255
 // of them, no prefetch: 1.55-2.69x) and two that read global memory directly (per-thread sums of a strip's taps; a
 // thread per channel vector walking an output row with the 3x3 window in registers, 2026-11-23 and -24, 1.2-26x slower
@@ -1024,7 +1025,8 @@ __global__ void __launch_bounds__(kWalkThreads, Blocks) depthwise_conv_wgrad_wal
 // and 16.4 us on 1024@7, 29.2 against 32.1 and 33.9 on 512@14; 4 at 3 was faster on 576@14 (37.5) and 576@14/2 (23.1),
 // whose 9 channel groups leave blocks of 8 images short of the multiprocessors: there the plan takes two bands of rows
 // an image (wgrad_plane_plan; the bands were measured in bench_depthwise only, not in the harness).
-// Not on 14 x 14 images at stride 1, where the tile stays: on an H100 (bench_depthwise on bba6bba, bf16, x the bytes'
+// Plan 0 keeps the tile on 14 x 14 images at stride 1 (plan 2, timed under cudnn.benchmark, runs the plane kernel there):
+// on an H100 (bench_depthwise on bba6bba, bf16, x the bytes'
 // time) the plane kernel took v1 512@14 1.53, v2 384@14 1.69 and 576@14 1.31, where the tile had taken 1.20, 1.28 and
 // 1.18-1.20 (26aa); at 7 x 7 it took 1.31 and 1.33 against the walk's 1.50 and 1.60, at 14 x 14 / 2 1.31 and 1.30
 // against the tile's 1.33 and 1.30-1.32.
@@ -1660,18 +1662,29 @@ int wgrad_plane_blocks_per_multiprocessor() {
   });
 }
 
-// The plane wgrad (depthwise_conv_wgrad_plane) at padding 1 on 7 x 7 images at stride 1 and 14 x 14 ones at stride 2:
-// blocks of a channel group of 32 lanes' channels, parts as the walk's over blocks of kPlaneWarps items; an
-// item is an image, or half of its output rows where that takes fewer rows a thread in all (rounds of a part x rows
-// an item): v2's 576 channels make 9 groups, and at 2 blocks of 8 images a multiprocessor (132 of them, batch 256)
-// 16 parts of 2 rounds, 7 rows each at stride 2, against 22 parts of 3 rounds of at most 4 rows with bands.
+// Whether the plane kernel takes the shape: padding 1 on both sides (the output as large as the input at stride 1,
+// half of it at stride 2: its row and column counts are compile-time sizes), whole 4-byte words of channels, and
+// images of 7 x 7 at stride 1 or 14 x 14 at either stride. Plan 0 runs it on all but 14 x 14 at stride 1, where the
+// tile was faster on an H100; plan 2 runs it there (wgrad_walk_plan_for).
+template <typename T>
+bool plane_takes(const DepthwiseShape& s) {
+  return ((s.h == 7 && s.stride == 1) || s.h == 14) && s.w == s.h && s.pad_h == 1 && s.pad_w == 1 &&
+         s.out_h == (s.h - 1) / s.stride + 1 && s.out_w == s.out_h && s.channels % plane_lane_channels<T>() == 0;
+}
+
+bool plane_is_first(const DepthwiseShape& s) { return !(s.h == 14 && s.stride == 1); }
+
+// The plane wgrad (depthwise_conv_wgrad_plane) where plane_takes the shape: blocks of a channel group of 32 lanes'
+// channels, parts as the walk's over blocks of kPlaneWarps items; an item is an image, or half of its output rows where
+// that takes fewer rows a thread in all (rounds of a part x rows an item): v2's 576 channels make 9 groups, and at 2
+// blocks of 8 images a multiprocessor (132 of them, batch 256) 16 parts of 2 rounds, 7 rows each at stride 2, against
+// 22 parts of 3 rounds of at most 4 rows with bands.
 template <typename T>
 bool wgrad_plane_plan(const DepthwiseShape& s, int multiprocessors, WgradWalkPlan& plan) {
-  const bool seven = s.stride == 1 && s.h == 7 && s.w == 7;
-  const bool fourteen = s.stride == 2 && s.h == 14 && s.w == 14;
-  if (!(seven || fourteen) || s.pad_h != 1 || s.pad_w != 1 || s.channels % plane_lane_channels<T>() != 0) return false;
-  const int per_multiprocessor = seven ? wgrad_plane_blocks_per_multiprocessor<T, 1, 7>()
-                                       : wgrad_plane_blocks_per_multiprocessor<T, 2, 14>();
+  if (!plane_takes<T>(s)) return false;
+  const int per_multiprocessor = s.h == 7         ? wgrad_plane_blocks_per_multiprocessor<T, 1, 7>()
+                                 : s.stride == 1 ? wgrad_plane_blocks_per_multiprocessor<T, 1, 14>()
+                                                 : wgrad_plane_blocks_per_multiprocessor<T, 2, 14>();
   if (per_multiprocessor == 0) return false;
   const int64_t lanes_channels = 32 * plane_lane_channels<T>();
   const int64_t resident = static_cast<int64_t>(multiprocessors) * per_multiprocessor;
@@ -1831,30 +1844,41 @@ cudaError_t wgrad_tile(const DepthwiseShape& s, const WgradWalkPlan& plan, const
   return cudaGetLastError();
 }
 
-// The plan `which` (0 or 1) at the shape's stride, or none (parts 0) where an image's sizes are not 32-bit or the grid
-// cannot hold the channel groups (PyTorch's kernel runs then). Plan 0: the plane kernel at padding 1 on 7 x 7 images
-// at stride 1 and 14 x 14 ones at stride 2, else the tile where it takes the shape, else the walk as wgrad_walk_plan
-// shapes it.
-// Plan 1 (kDepthwiseWgradPlans): the walk as it ran before ace379a, b0e189b and 66737c4, kWalkColumns output
-// columns a thread and 2 blocks a multiprocessor in every type, the channel vectors split evenly between the blocks,
-// never the tile. On an H200 (a scratch harness, batch 256, 2026-11-26ab, bf16 twice and fp16 once, x the bytes'
-// time, the first plan -> the second): v2 144@56 1.47-1.53 -> 1.20 and 192@28 1.73-1.80 -> 1.46-1.47, v1 32@112 and
-// 128@56 1.23-1.27 -> 1.18-1.20, but v1 256@28 1.31-1.35 -> 1.43-1.45 and the 7 x 7 layers 2.08-2.29 -> 2.23-2.45.
-// On an H100 those commits had made 144@56 1.20 -> 1.11 (where cuDNN's float16 wgrad took 1.11) and 192@28 1.26-1.31
-// -> 1.24-1.27. Neither plan is the faster on every GPU: under torch.backends.cudnn.benchmark the caller times both
-// and PyTorch's (csrc/ops/depthwise_ops.cpp).
+// The plan `which` (0, 1 or 2) at the shape's stride, or none (parts 0) where an image's sizes are not 32-bit, the grid
+// cannot hold the channel groups (PyTorch's kernel runs then) or plan 2 has no kernel of its own for the shape.
+// Plan 0: the plane kernel at padding 1 on 7 x 7 images at stride 1 and 14 x 14 ones at stride 2, else the tile where it
+// takes the shape, else the walk as wgrad_walk_plan shapes it.
+// Plan 1: the walk as it ran before ace379a, b0e189b and 66737c4, kWalkColumns output columns a thread and 2 blocks a
+// multiprocessor in every type, the channel vectors split evenly between the blocks, never the tile. On an H200 (a
+// scratch harness, batch 256, 2026-11-26ab, bf16 twice and fp16 once, x the bytes' time, the first plan -> the
+// second): v2 144@56 1.47-1.53 -> 1.20 and 192@28 1.73-1.80 -> 1.46-1.47, v1 32@112 and 128@56 1.23-1.27 -> 1.18-1.20,
+// but v1 256@28 1.31-1.35 -> 1.43-1.45 and the 7 x 7 layers 2.08-2.29 -> 2.23-2.45. On an H100 those commits had made
+// 144@56 1.20 -> 1.11 (where cuDNN's float16 wgrad took 1.11) and 192@28 1.26-1.31 -> 1.24-1.27.
+// Plan 2: the small-image kernel plan 0 passes over: the plane kernel on 14 x 14 images at stride 1 (padding 1), and
+// where plan 0 runs the plane kernel, what ran there before it (the tile, else the walk). The plane kernel was the
+// faster at 14 x 14 / 1 in a scratch harness on an H200 (29.2 against the tile's 33.9 us on v1's 512 channels) and the
+// slower in bench_depthwise on an H100 (1.53 against 1.20 x the bytes' time), and in float32 at 14 x 14 / 2 it ran
+// 0.0509 and 0.0572 ms on an H100 where the tile had run 0.0473 and 0.0529 on another (docs/benchmarks.md, 27r).
+// No plan is the faster on every GPU and layer: under torch.backends.cudnn.benchmark the caller times the three and
+// PyTorch's (csrc/ops/depthwise_ops.cpp).
 template <typename T>
 WgradWalkPlan wgrad_walk_plan_for(const DepthwiseShape& s, int multiprocessors, int which) {
   WgradWalkPlan plan{};
   if (s.h * s.w * s.channels > 0x7fffffff || s.out_h * s.out_w * s.channels > 0x7fffffff) return plan;
+  const bool plane = plane_takes<T>(s);
+  const bool plane_here = plane && (which == 0) == plane_is_first(s);  // this plan's kernel is the plane kernel
   if (which == 1) {
     plan = s.stride == 1 ? wgrad_walk_plan<T, 1, kWgradWalkSlots[1], kWgradWalkAhead[1], 2, kWalkColumns>(
                                s, multiprocessors, true)
                          : wgrad_walk_plan<T, 2, kWgradWalkSlots[2], kWgradWalkAhead[2], 2, kWalkColumns>(
                                s, multiprocessors, true);
     plan.second = true;
-  } else if (wgrad_plane_plan<T>(s, multiprocessors, plan)) {
+  } else if (which == 2 && !plane) {
+    return plan;  // plan 2 has no kernel of its own for the shape
+  } else if (plane_here && wgrad_plane_plan<T>(s, multiprocessors, plan)) {
     // the plane kernel's plan, filled in
+  } else if (plane_here && which == 2) {
+    return plan;  // the plane kernel's occupancy could not be read
   } else if (!(s.stride == 1 ? wgrad_tile_plan<T, 1>(s, multiprocessors, plan)
                              : wgrad_tile_plan<T, 2>(s, multiprocessors, plan))) {
     plan = s.stride == 1 ? wgrad_walk_plan<T, 1>(s, multiprocessors, false)
@@ -1912,8 +1936,10 @@ cudaError_t wgrad_typed(const DepthwiseShape& s, const void* x, const void* dy, 
       kernel<<<grid, 32 * kPlaneWarps, 0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(dy), partial, s.n,
                                                    static_cast<int>(s.channels), plan.plane_bands);
     };
-    if (s.stride == 1) {
+    if (s.h == 7) {
       launch(depthwise_conv_wgrad_plane<T, 1, 7>);
+    } else if (s.stride == 1) {
+      launch(depthwise_conv_wgrad_plane<T, 1, 14>);
     } else {
       launch(depthwise_conv_wgrad_plane<T, 2, 14>);
     }

@@ -47,9 +47,11 @@ cudaError_t launch_depthwise_conv_dgrad(ElementType type, const DepthwiseShape& 
 // depthwise_wgrad_parts: the parts a launch on `multiprocessors` multiprocessors writes (0: the kernels do not take
 // the shape, or the grid cannot hold its channel groups).
 // dependent_sum: launch the second as the first's programmatic dependent (compute capability 9.0 and above).
-// plan: 0, the kernels' own choice by shape, or 1, the second plan (a walk shaped as before ace379a; faster on some
-// layers of some GPUs, see wgrad_walk_plan_for): both give deterministic sums, in different orders.
-constexpr int kDepthwiseWgradPlans = 2;
+// plan: 0, the kernels' own choice by shape; 1, the second plan (a walk shaped as before ace379a); 2, the small-image
+// kernel plan 0 passes over (the plane kernel on 14 x 14 images at stride 1, the tile or walk where plan 0 runs the
+// plane kernel; none on other shapes). Each is faster on some layers of some GPUs (see wgrad_walk_plan_for); all give
+// deterministic sums, in different orders.
+constexpr int kDepthwiseWgradPlans = 3;
 int64_t depthwise_wgrad_parts(ElementType type, const DepthwiseShape& shape, int multiprocessors, int plan);
 cudaError_t launch_depthwise_conv_wgrad(ElementType type, const DepthwiseShape& shape, const void* x, const void* dy,
                                         void* dw, bool dw_float, float* partial, int64_t parts, int multiprocessors,

@@ -573,7 +573,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_build_delay_for_tests", &tcf::set_build_delay_for_tests,
         "Test aid: every plan build first sleeps this many milliseconds (0: off)");
   m.def("set_depthwise_wgrad_plan_for_tests", &tcf::set_depthwise_wgrad_plan_for_tests,
-        "Test aid: every depthwise wgrad our kernels take runs this plan (0 or 1), untimed (-1: off)");
+        "Test aid: every depthwise wgrad our kernels take runs this plan (0, 1 or 2), untimed (-1: off)");
   m.def("set_refused_activation_for_tests", &tcf::set_refused_activation_for_tests,
         "Test aid: conv + bias graphs with this activation code are refused (-1: off)");
   // The enums the ops and functions above take as integers; torch_cudnn_fusion/_cpp_enums.py restates them for

@@ -89,12 +89,13 @@ bool depthwise_conv_dgrad(const at::Tensor& dz, const at::Tensor& weight, const 
 // where the tensors are not on 16-byte boundaries (the caller runs PyTorch's then).
 at::Tensor depthwise_conv_wgrad(const at::Tensor& dz, const at::Tensor& x, const ConvShape& shape,
                                 at::ScalarType dw_dtype, int plan);
-// Which wgrad runs where depthwise_kernel_steps gives it to our kernels: plan 0, 1, or -1 for PyTorch's (`pytorch`
+// Which wgrad runs where depthwise_kernel_steps gives it to our kernels: plan 0, 1, 2, or -1 for PyTorch's (`pytorch`
 // runs it). Plan 0 unless torch.backends.cudnn.benchmark is on and deterministic algorithms are not asked for: then
-// the first call of each device, shape and dtypes outside a CUDA graph capture times plan 0, plan 1 and PyTorch's
-// (medians of 5 CUDA-event timings after a warm-up, on the call's own tensors) and the fastest runs from then on, as
-// cuDNN's algorithms are chosen under benchmark. Neither plan is the faster on every GPU (depthwise_conv_kernel.cu,
-// wgrad_walk_plan_for), and on an H200 PyTorch's float16 wgrad beat both plans on v2's 192-channel 28x28 layer.
+// the first call of each device, shape and dtypes outside a CUDA graph capture times our plans (plan 2 where it has a
+// kernel of its own for the shape) and PyTorch's (medians of 5 CUDA-event timings after a warm-up, on the call's own
+// tensors) and the fastest runs from then on, as cuDNN's algorithms are chosen under benchmark. No plan is the faster
+// on every GPU (depthwise_conv_kernel.cu, wgrad_walk_plan_for), and on an H200 PyTorch's float16 wgrad beat the first
+// two on v2's 192-channel 28x28 layer.
 int depthwise_wgrad_choice(const at::Tensor& dz, const at::Tensor& x, const ConvShape& shape, at::ScalarType dw_dtype,
                            const std::function<void()>& pytorch);
 struct DepthwiseWgradChoice {
@@ -102,13 +103,14 @@ struct DepthwiseWgradChoice {
   int64_t stride = 0;
   std::array<int64_t, 2> padding{};
   at::ScalarType dtype = at::kFloat, dw_dtype = at::kFloat;
-  int choice = 0;                                      // 0 or 1: our plan; -1: PyTorch's
-  std::array<float, kDepthwiseWgradPlans + 1> ms{};  // plan 0, plan 1, PyTorch's; negative: could not run
+  int choice = 0;                                    // 0, 1 or 2: our plan; -1: PyTorch's
+  std::array<float, kDepthwiseWgradPlans + 1> ms{};  // plans 0, 1, 2, PyTorch's; negative: did not run
 };
 // Every choice timed so far (for diagnostics), and forgetting them (torch_cudnn_fusion.clear_plan_cache).
 std::vector<DepthwiseWgradChoice> depthwise_wgrad_choices();
 void clear_depthwise_wgrad_choices();
-// Test aid: every depthwise wgrad our kernels take runs plan `plan` (0 or 1), untimed; -1: off.
+// Test aid: every depthwise wgrad our kernels take runs plan `plan` (0, 1 or 2; PyTorch's where plan 2 has no kernel
+// for the shape), untimed; -1: off.
 void set_depthwise_wgrad_plan_for_tests(int plan);
 // dx of a stride-1 depthwise convolution as PyTorch's forward of dz with the filter turned 180 degrees and padding
 // kernel - 1 - padding (DepthwiseDgrad::kTurnedForward: symmetric padding below the kernel size), channels_last.
