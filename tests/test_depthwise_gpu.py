@@ -402,6 +402,8 @@ def test_the_wgrad_sum_takes_a_thread_per_tap_and_channel_for_few_parts(extensio
     assert_as_accurate_as_eager("dweight", got, eager, reference, torch.bfloat16)
 
 
+# the wgrad kernels before the sum of their partial sums, by name
+_WGRAD_KERNEL = re.compile(r"depthwise_conv_wgrad_(plane|tile|walk)<")
 # the sum of a wgrad's partial sums written as float32: the sum of few parts (a thread per tap and channel) or of many
 _SUM_OF_FLOAT = re.compile(r"depthwise_conv_wgrad_sum(_flat)?<float>")
 
@@ -492,8 +494,8 @@ def test_the_third_wgrad_plan_is_deterministic_and_matches_float64(third_wgrad_p
     w_size = (channels, 1, 3, 3)
     args = (list(w_size), [stride] * 2, [1, 1], [1, 1], [1, 1], channels)
     ran = _profile_kernels(lambda: torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args))
-    ours = sorted({n.split("<")[0] for n in ran if re.match(r"depthwise_conv_wgrad_(plane|tile|walk)<", n)})
-    assert ours == ([f"depthwise_conv_wgrad_{kernel}"] if kernel else []), ran
+    ours = sorted({m.group(1) for m in map(_WGRAD_KERNEL.search, ran) if m})
+    assert ours == ([kernel] if kernel else []), ran
     if kernel == "plane":
         assert any(f"depthwise_conv_wgrad_plane<{_KERNEL_TYPE[dtype]}, 1, 14>" in n for n in ran), ran
     first = torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args)
@@ -593,12 +595,12 @@ def test_under_cudnn_benchmark_the_depthwise_wgrad_is_timed_once_and_runs_the_fa
     fastest = min((i for i in range(4) if made["ms"][i] > 0), key=lambda i: made["ms"][i])
     assert made["choice"] == ["plan 0", "plan 1", "plan 2", "pytorch"][fastest], made
     ran = _profile_kernels(lambda: torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args))
-    ours = [n.split(">(")[0] for n in ran if re.match(r"depthwise_conv_wgrad_(plane|tile|walk)<", n)]
+    ours = [n.split(">(")[0] for n in ran if _WGRAD_KERNEL.search(n)]
     expected = {"pytorch": None, "plan 1": "walk", "plan 2": "plane", "plan 0": "tile" if size == 14 else "walk"}
     if expected[made["choice"]] is None:
         assert not ours, ran
     else:
-        assert len(ours) == 1 and ours[0].startswith(f"depthwise_conv_wgrad_{expected[made['choice']]}<"), ran
+        assert len(ours) == 1 and _WGRAD_KERNEL.search(ours[0]).group(1) == expected[made["choice"]], ran
         if expected[made["choice"]] == "walk":  # plan 1's walk: 4 columns a thread, 2 blocks a multiprocessor
             assert ours[0].endswith(", 2, 4") == (made["choice"] == "plan 1"), ran
     assert len(tcf.depthwise_wgrad_choices()) == 1  # timed once

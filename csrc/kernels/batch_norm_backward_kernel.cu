@@ -56,6 +56,14 @@ __device__ inline bool passes(float v, int activation) {
   return activation == kActivationRelu6 ? (v > 0.f && v < 6.f) : v > 0.f;
 }
 
+// What the kernels' g is taken from, a template argument so that each instantiation holds one's code: the ReLU or
+// ReLU6 mask of the pre-activation, recomputed from x (kMaskOfPre), or of the forward output y, read where a residual
+// was added before the activation (kMaskOfY); or SiLU's or Hardswish's derivative at the recomputed pre-activation
+// (kDerivative; they never take a residual: their derivative needs the input, which is not kept). With the derivative
+// in every instantiation (09e4f51..1576728) the bfloat16 one-launch kernel of 8-element vectors spilled 156 bytes
+// (0 before) and took 6.10 ms of an H200's MobileNet v1 step against 3.50 (profile_by_kind, 2026-11-27s and -26k).
+enum class Gate { kMaskOfPre, kMaskOfY, kDerivative };
+
 // SiLU's or Hardswish's derivative at v, its input (the BatchNorm output rounded to the storage type, as eager's
 // activation reads it), computed as PyTorch's silu_backward and hardswish_backward compute it in float32.
 // Explicit roundings, no contraction: the first and last pass must reach the same value bit for bit.
@@ -70,14 +78,12 @@ __device__ inline float derivative(float v, int activation) {
 }
 
 // g for one element: dy through the activation (ReLU, ReLU6: its mask; SiLU, Hardswish: dy times the derivative).
-// With kFromY, v is the forward output y, read where a residual was added before a ReLU or ReLU6 (SiLU and
-// Hardswish never take a residual: their derivative needs the input, which is not kept).
-template <typename T, bool kFromY>
+template <typename T, Gate G>
 __device__ inline float masked_grad(float dy, float xc, float y, float invstd, float weight, float bias,
                                     int activation) {
-  float v = y;
-  if (!kFromY) v = to_float(from_float<T>(__fadd_rn(__fmul_rn(__fmul_rn(xc, invstd), weight), bias)));
-  if (activation == kActivationRelu || activation == kActivationRelu6) return passes(v, activation) ? dy : 0.f;
+  const float v = G == Gate::kMaskOfY ? y
+                                      : to_float(from_float<T>(__fadd_rn(__fmul_rn(__fmul_rn(xc, invstd), weight), bias)));
+  if (G != Gate::kDerivative) return passes(v, activation) ? dy : 0.f;
   return __fmul_rn(dy, derivative(v, activation));
 }
 
@@ -87,12 +93,13 @@ constexpr int kBlocksPerMultiprocessor = 2;
 
 // Pass 1: per-block partial sums of g (partial[0]) and g * xc (partial[1]); g written to dz when dz is not null.
 // `shared` holds blockDim.y * blockDim.x * V floats.
-template <typename T, int V, bool kFromY>
+template <typename T, int V, Gate G>
 __device__ void reduce_rows(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ y,
                             const float* __restrict__ save_mean, const float* __restrict__ save_invstd,
                             const float* __restrict__ weight, const float* __restrict__ bias, T* __restrict__ dz,
                             float* __restrict__ partial, int64_t rows, int64_t channels, int activation,
                             float* shared) {
+  constexpr bool kFromY = G == Gate::kMaskOfY;
   using P = Pack<T, V>;
   const int64_t groups = channels / V;
   const int64_t group = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -109,7 +116,7 @@ __device__ void reduce_rows(const T* __restrict__ dy, const T* __restrict__ x, c
 #pragma unroll
       for (int v = 0; v < V; ++v) {
         float xc = __fsub_rn(to_float(x_p.v[v]), ch.mean[v]);
-        float g = masked_grad<T, kFromY>(to_float(dy_p.v[v]), xc, kFromY ? to_float(y_p.v[v]) : 0.f, ch.invstd[v],
+        float g = masked_grad<T, G>(to_float(dy_p.v[v]), xc, kFromY ? to_float(y_p.v[v]) : 0.f, ch.invstd[v],
                                          ch.weight[v], ch.bias[v], activation);
         sum_g[v] += g;
         sum_gx[v] += g * xc;
@@ -144,7 +151,7 @@ __device__ void reduce_rows(const T* __restrict__ dy, const T* __restrict__ x, c
                                channels);
 }
 
-template <typename T, int V, bool kFromY>
+template <typename T, int V, Gate G>
 __global__ void __launch_bounds__(nhwc::kThreads, kBlocksPerMultiprocessor)
     batch_norm_act_backward_reduce(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ y,
                                    const float* __restrict__ save_mean, const float* __restrict__ save_invstd,
@@ -152,7 +159,7 @@ __global__ void __launch_bounds__(nhwc::kThreads, kBlocksPerMultiprocessor)
                                    T* __restrict__ dz, float* __restrict__ partial, int64_t rows, int64_t channels,
                                    int activation) {
   extern __shared__ float shared[];  // [blockDim.y][blockDim.x * V]
-  reduce_rows<T, V, kFromY>(dy, x, y, save_mean, save_invstd, weight, bias, dz, partial, rows, channels, activation,
+  reduce_rows<T, V, G>(dy, x, y, save_mean, save_invstd, weight, bias, dz, partial, rows, channels, activation,
                             shared);
 }
 
@@ -174,12 +181,13 @@ __global__ void batch_norm_act_backward_finalize(const float* __restrict__ parti
 // the host (with a division per channel in each thread, v1's dx kernels took 2.718 ms a step against 2.669). Each
 // thread takes pass 1's rows (row0, row0 + step, ...) from its last back to row0.
 // dweight and dbias are read through L2 (__ldcg): in the one-launch kernel other blocks wrote them in this launch.
-template <typename T, int V, bool kFromY>
+template <typename T, int V, Gate G>
 __device__ void dx_rows(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ y,
                         const T* __restrict__ dz, const float* __restrict__ save_mean,
                         const float* __restrict__ save_invstd, const float* __restrict__ weight,
                         const float* __restrict__ bias, const float* dweight, const float* dbias, float inverse_rows,
                         T* __restrict__ dx, int64_t rows, int64_t channels, int activation) {
+  constexpr bool kFromY = G == Gate::kMaskOfY;
   using P = Pack<T, V>;
   const int64_t groups = channels / V;
   const int64_t group = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -201,7 +209,7 @@ __device__ void dx_rows(const T* __restrict__ dy, const T* __restrict__ x, const
     for (int v = 0; v < V; ++v) {
       float xc = __fsub_rn(to_float(x_p.v[v]), ch.mean[v]);
       float g = dz != nullptr ? to_float(dy_p.v[v])
-                              : masked_grad<T, kFromY>(to_float(dy_p.v[v]), xc, kFromY ? to_float(y_p.v[v]) : 0.f,
+                              : masked_grad<T, G>(to_float(dy_p.v[v]), xc, kFromY ? to_float(y_p.v[v]) : 0.f,
                                                        ch.invstd[v], ch.weight[v], ch.bias[v], activation);
       dx_p.v[v] = from_float<T>(scale[v] * (g - mean_g[v] - xc * slope[v]));
     }
@@ -234,7 +242,7 @@ __device__ void dx_rows(const T* __restrict__ dy, const T* __restrict__ x, const
   }
 }
 
-template <typename T, int V, bool kFromY>
+template <typename T, int V, Gate G>
 __global__ void __launch_bounds__(nhwc::kThreads, kBlocksPerMultiprocessor)
     batch_norm_act_backward_dx(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ y,
                                const T* __restrict__ dz, const float* __restrict__ save_mean,
@@ -242,7 +250,7 @@ __global__ void __launch_bounds__(nhwc::kThreads, kBlocksPerMultiprocessor)
                                const float* __restrict__ bias, const float* __restrict__ dweight,
                                const float* __restrict__ dbias, float inverse_rows, T* __restrict__ dx, int64_t rows,
                                int64_t channels, int activation) {
-  dx_rows<T, V, kFromY>(dy, x, y, dz, save_mean, save_invstd, weight, bias, dweight, dbias, inverse_rows, dx, rows,
+  dx_rows<T, V, G>(dy, x, y, dz, save_mean, save_invstd, weight, bias, dweight, dbias, inverse_rows, dx, rows,
                         channels, activation);
 }
 
@@ -292,7 +300,7 @@ __device__ void finalize_tiles(const float* partial, int parts, const float* __r
 // 1.5 us against 1.7 on H100): MobileNet v1's 27 shapes back to back took 4.84 ms against 4.88 as three launches (a
 // scratch harness, docs/benchmarks.md), and a step issues 54 launches fewer. The launch shape and the walks over the
 // rows are the separate kernels', so the L2 reuse between the first and last pass stays.
-template <typename T, int V, bool kFromY>
+template <typename T, int V, Gate G>
 __global__ void __launch_bounds__(nhwc::kThreads, kBlocksPerMultiprocessor)
     batch_norm_act_backward_one_launch(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ y,
                                        const float* __restrict__ save_mean, const float* __restrict__ save_invstd,
@@ -302,13 +310,13 @@ __global__ void __launch_bounds__(nhwc::kThreads, kBlocksPerMultiprocessor)
                                        int activation, bool with_dx) {
   extern __shared__ float shared[];  // max(blockDim.y * blockDim.x * V, 32 * 16) floats
   auto grid = cooperative_groups::this_grid();
-  reduce_rows<T, V, kFromY>(dy, x, y, save_mean, save_invstd, weight, bias, dz, partial, rows, channels, activation,
+  reduce_rows<T, V, G>(dy, x, y, save_mean, save_invstd, weight, bias, dz, partial, rows, channels, activation,
                             shared);
   grid.sync();
   finalize_tiles(partial, static_cast<int>(gridDim.y), save_invstd, dweight, dbias, channels, shared);
   if (!with_dx) return;
   grid.sync();
-  dx_rows<T, V, kFromY>(dy, x, y, dz, save_mean, save_invstd, weight, bias, dweight, dbias, inverse_rows, dx, rows,
+  dx_rows<T, V, G>(dy, x, y, dz, save_mean, save_invstd, weight, bias, dweight, dbias, inverse_rows, dx, rows,
                         channels, activation);
 }
 
@@ -316,7 +324,7 @@ constexpr int kFinalizeSharedFloats = 32 * 16;
 
 // Whether the one-launch kernel's grid fits on the current device at once (a cooperative launch's condition). The
 // occupancy is taken at the largest block and shared memory a launch of this instantiation uses, once per device.
-template <typename T, int V, bool kFromY>
+template <typename T, int V, Gate G>
 bool one_launch_fits(const dim3& grid, int multiprocessors) {
   static PerDevice blocks_per_multiprocessor;
   const int blocks = blocks_per_multiprocessor.get_current([](int device) {  // 0: this launch falls back to three
@@ -327,7 +335,7 @@ bool one_launch_fits(const dim3& grid, int multiprocessors) {
     }
     const size_t shared = std::max<size_t>(static_cast<size_t>(nhwc::kThreads) * V, kFinalizeSharedFloats) *
                           sizeof(float);
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, batch_norm_act_backward_one_launch<T, V, kFromY>,
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, batch_norm_act_backward_one_launch<T, V, G>,
                                                       nhwc::kThreads, shared) != cudaSuccess) {
       cudaGetLastError();  // clear it: this launch falls back to three
       return 0;
@@ -337,7 +345,7 @@ bool one_launch_fits(const dim3& grid, int multiprocessors) {
   return static_cast<int64_t>(grid.x) * grid.y * grid.z <= static_cast<int64_t>(blocks) * multiprocessors;
 }
 
-template <typename T, int V, bool kFromY>
+template <typename T, int V, Gate G>
 cudaError_t launch_passes(const BatchNormActBackwardArgs& a, int multiprocessors, cudaStream_t stream) {
   auto shape = nhwc::row_launch(a.rows, a.channels, V, multiprocessors, kBlocksPerMultiprocessor);
   const T* dy = static_cast<const T*>(a.dy);
@@ -348,7 +356,7 @@ cudaError_t launch_passes(const BatchNormActBackwardArgs& a, int multiprocessors
   // Not where dx reads back a dz that the first pass wrote in this launch: dz may be dy itself, whose first reads
   // this multiprocessor's L1 may still hold.
   const bool one_launch = a.passes == kBackwardReduce || (a.passes == kBackwardAllPasses && a.dz == nullptr);
-  if (one_launch && one_launch_fits<T, V, kFromY>(shape.grid, multiprocessors)) {
+  if (one_launch && one_launch_fits<T, V, G>(shape.grid, multiprocessors)) {
     cudaLaunchConfig_t config = {};
     config.gridDim = shape.grid;
     config.blockDim = shape.block;
@@ -362,7 +370,7 @@ cudaError_t launch_passes(const BatchNormActBackwardArgs& a, int multiprocessors
     config.attrs = &cooperative;
     config.numAttrs = 1;
     cudaError_t status = cudaLaunchKernelEx(
-        &config, batch_norm_act_backward_one_launch<T, V, kFromY>, dy, x, y, a.save_mean, a.save_invstd, a.weight,
+        &config, batch_norm_act_backward_one_launch<T, V, G>, dy, x, y, a.save_mean, a.save_invstd, a.weight,
         a.bias, dz, a.partial, a.dweight, a.dbias, inverse_rows, static_cast<T*>(a.dx), a.rows, a.channels,
         a.activation, a.passes == kBackwardAllPasses);
     if (status != cudaErrorCooperativeLaunchTooLarge) return status;
@@ -370,7 +378,7 @@ cudaError_t launch_passes(const BatchNormActBackwardArgs& a, int multiprocessors
   }
   if (a.passes != kBackwardDx) {
     size_t shared_bytes = static_cast<size_t>(shape.block.x) * V * shape.block.y * sizeof(float);
-    batch_norm_act_backward_reduce<T, V, kFromY><<<shape.grid, shape.block, shared_bytes, stream>>>(
+    batch_norm_act_backward_reduce<T, V, G><<<shape.grid, shape.block, shared_bytes, stream>>>(
         dy, x, y, a.save_mean, a.save_invstd, a.weight, a.bias, dz, a.partial, a.rows, a.channels, a.activation);
     cudaError_t status = cudaGetLastError();
     if (status != cudaSuccess) return status;
@@ -379,7 +387,7 @@ cudaError_t launch_passes(const BatchNormActBackwardArgs& a, int multiprocessors
     status = cudaGetLastError();
     if (status != cudaSuccess || a.passes == kBackwardReduce) return status;
   }
-  batch_norm_act_backward_dx<T, V, kFromY><<<shape.grid, shape.block, 0, stream>>>(
+  batch_norm_act_backward_dx<T, V, G><<<shape.grid, shape.block, 0, stream>>>(
       dy, x, y, dz, a.save_mean, a.save_invstd, a.weight, a.bias, a.dweight, a.dbias, inverse_rows,
       static_cast<T*>(a.dx), a.rows, a.channels, a.activation);
   return cudaGetLastError();
@@ -389,12 +397,15 @@ template <typename T>
 cudaError_t launch_typed(const BatchNormActBackwardArgs& a, bool vectors, int multiprocessors,
                          cudaStream_t stream) {
   constexpr int kVec = nhwc::Vec<T>::kSize;
-  if (a.y != nullptr) {
-    return vectors ? launch_passes<T, kVec, true>(a, multiprocessors, stream)
-                   : launch_passes<T, 1, true>(a, multiprocessors, stream);
+  const auto by_vectors = [&](auto gate) {
+    return vectors ? launch_passes<T, kVec, decltype(gate)::value>(a, multiprocessors, stream)
+                   : launch_passes<T, 1, decltype(gate)::value>(a, multiprocessors, stream);
+  };
+  if (a.y != nullptr) return by_vectors(std::integral_constant<Gate, Gate::kMaskOfY>{});
+  if (a.activation == kActivationRelu || a.activation == kActivationRelu6) {
+    return by_vectors(std::integral_constant<Gate, Gate::kMaskOfPre>{});
   }
-  return vectors ? launch_passes<T, kVec, false>(a, multiprocessors, stream)
-                 : launch_passes<T, 1, false>(a, multiprocessors, stream);
+  return by_vectors(std::integral_constant<Gate, Gate::kDerivative>{});
 }
 
 }  // namespace
@@ -410,6 +421,10 @@ cudaError_t launch_batch_norm_act_backward_nhwc(ElementType type, const BatchNor
   // masked_grad takes any code but ReLU's and ReLU6's for SiLU or Hardswish: no activation has no kernel here (the
   // ops run BatchNorm's backward alone for it)
   if (args.activation < kActivationRelu || args.activation > kActivationHardswish) return cudaErrorInvalidValue;
+  // y (a residual added before the activation) with ReLU or ReLU6 only: SiLU's and Hardswish's derivative is taken at
+  // the pre-activation, which y is not (the ops refuse a residual with them)
+  const bool mask = args.activation == kActivationRelu || args.activation == kActivationRelu6;
+  if (args.y != nullptr && !mask) return cudaErrorInvalidValue;
   switch (type) {
     case ElementType::kHalf:
       return launch_typed<__half>(args, vectors, multiprocessors, stream);
