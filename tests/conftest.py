@@ -1,6 +1,17 @@
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
+
+# pytest-xdist's workers share the host's cores: each of N workers takes cores / N CPU threads, and so do the scripts
+# the tests run. With one thread a core in every worker the CPU zoo tests crawled (docs/development.md; 27s: on an
+# H200 machine's 16 cores, 10 workers, test_model_zoo.py's backward and a script under test each ran past 300 s).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
+    _THREADS = max(1, (os.cpu_count() or 1) // _WORKERS)
+    os.environ["OMP_NUM_THREADS"] = str(_THREADS)
+    torch.set_num_threads(_THREADS)
 
 HAS_GPU = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU (the fused path runs on CUDA only)")
