@@ -81,8 +81,8 @@ __device__ inline float derivative(float v, int activation) {
 template <typename T, Gate G>
 __device__ inline float masked_grad(float dy, float xc, float y, float invstd, float weight, float bias,
                                     int activation) {
-  const float v = G == Gate::kMaskOfY ? y
-                                      : to_float(from_float<T>(__fadd_rn(__fmul_rn(__fmul_rn(xc, invstd), weight), bias)));
+  const float v =
+      G == Gate::kMaskOfY ? y : to_float(from_float<T>(__fadd_rn(__fmul_rn(__fmul_rn(xc, invstd), weight), bias)));
   if (G != Gate::kDerivative) return passes(v, activation) ? dy : 0.f;
   return __fmul_rn(dy, derivative(v, activation));
 }

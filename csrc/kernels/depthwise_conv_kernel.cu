@@ -24,11 +24,11 @@
 // depthwise_conv_wgrad_tile runs instead: tensor copies of whole bands into shared memory by one thread, read by warps
 // of output rows; on 7 x 7 images at stride 1 and 14 x 14 ones at stride 2, depthwise_conv_wgrad_plane: a thread
 // walks an image's rows of a few channels in registers (the wgrad's plans 1 and 2, timed under cudnn.benchmark, run a
-// walk shaped as before and the small-image kernel plan 0 passes over: wgrad_walk_plan_for). Before the tile, a stride-2 kernel with tiles of dy and x
-// staged in shared memory (1.56-2.37x its bytes' time), a stride-1 kernel with the three input rows in registers (255
-// of them, no prefetch: 1.55-2.69x) and two that read global memory directly (per-thread sums of a strip's taps; a
-// thread per channel vector walking an output row with the 3x3 window in registers, 2026-11-23 and -24, 1.2-26x slower
-// than PyTorch's) were not kept.
+// walk shaped as before and the small-image kernel plan 0 passes over: wgrad_walk_plan_for). Before the tile, a
+// stride-2 kernel with tiles of dy and x staged in shared memory (1.56-2.37x its bytes' time), a stride-1 kernel with
+// the three input rows in registers (255 of them, no prefetch: 1.55-2.69x) and two that read global memory directly
+// (per-thread sums of a strip's taps; a thread per channel vector walking an output row with the 3x3 window in
+// registers, 2026-11-23 and -24, 1.2-26x slower than PyTorch's) were not kept.
 #include "kernels/depthwise_conv_kernel.h"
 
 #include <atomic>
@@ -1025,11 +1025,12 @@ __global__ void __launch_bounds__(kWalkThreads, Blocks) depthwise_conv_wgrad_wal
 // and 16.4 us on 1024@7, 29.2 against 32.1 and 33.9 on 512@14; 4 at 3 was faster on 576@14 (37.5) and 576@14/2 (23.1),
 // whose 9 channel groups leave blocks of 8 images short of the multiprocessors: there the plan takes two bands of rows
 // an image (wgrad_plane_plan; the bands were measured in bench_depthwise only, not in the harness).
-// Plan 0 keeps the tile on 14 x 14 images at stride 1 (plan 2, timed under cudnn.benchmark, runs the plane kernel there):
-// on an H100 (bench_depthwise on bba6bba, bf16, x the bytes'
-// time) the plane kernel took v1 512@14 1.53, v2 384@14 1.69 and 576@14 1.31, where the tile had taken 1.20, 1.28 and
-// 1.18-1.20 (26aa); at 7 x 7 it took 1.31 and 1.33 against the walk's 1.50 and 1.60, at 14 x 14 / 2 1.31 and 1.30
-// against the tile's 1.33 and 1.30-1.32.
+// Plan 0 keeps the tile on 14 x 14 images at stride 1 (plan 2, timed under cudnn.benchmark, runs the plane kernel
+// there): on an H100 (bench_depthwise on bba6bba, bf16, x the bytes' time) the plane kernel took v1 512@14 1.53, v2
+// 384@14 1.69 and 576@14 1.31, where the tile had taken 1.20, 1.28 and 1.18-1.20 (26aa); at 7 x 7 it took 1.31 and
+// 1.33 against the walk's 1.50 and 1.60, at 14 x 14 / 2 1.31 and 1.30 against the tile's 1.33 and 1.30-1.32. On an
+// H200 in bf16 (27s, one run, GPU ms) it took 512@14 0.0446 against the tile's 0.0344, 512@14/2 0.0223 against 0.0242;
+// in float32 0.0540 against 0.0551 and 0.0373 against 0.0374.
 constexpr int kPlaneWarps = 8;   // items a block takes at a time
 constexpr int kPlaneBlocks = 2;  // blocks a multiprocessor (__launch_bounds__: at most 128 registers a thread)
 
@@ -1846,8 +1847,8 @@ cudaError_t wgrad_tile(const DepthwiseShape& s, const WgradWalkPlan& plan, const
 
 // The plan `which` (0, 1 or 2) at the shape's stride, or none (parts 0) where an image's sizes are not 32-bit, the grid
 // cannot hold the channel groups (PyTorch's kernel runs then) or plan 2 has no kernel of its own for the shape.
-// Plan 0: the plane kernel at padding 1 on 7 x 7 images at stride 1 and 14 x 14 ones at stride 2, else the tile where it
-// takes the shape, else the walk as wgrad_walk_plan shapes it.
+// Plan 0: the plane kernel at padding 1 on 7 x 7 images at stride 1 and 14 x 14 ones at stride 2, else the tile where
+// it takes the shape, else the walk as wgrad_walk_plan shapes it.
 // Plan 1: the walk as it ran before ace379a, b0e189b and 66737c4, kWalkColumns output columns a thread and 2 blocks a
 // multiprocessor in every type, the channel vectors split evenly between the blocks, never the tile. On an H200 (a
 // scratch harness, batch 256, 2026-11-26ab, bf16 twice and fp16 once, x the bytes' time, the first plan -> the
