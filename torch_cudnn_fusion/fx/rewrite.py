@@ -117,6 +117,16 @@ class FuseRow:
     convs: int  # the Conv2d layers (subclasses included) it holds: 1 in a conv pattern, 2 in a squeeze-and-excitation
     # block, 0 in a BatchNorm pattern or a module that was not traced (every row says: the coverage counts add them)
 
+    @classmethod
+    def fused(cls, path: str, pattern: str, module: str, note: str, *, convs: int) -> "FuseRow":
+        """A pattern replaced by a fused module (`module`: its class name); how it runs is filled in once it ran."""
+        return cls(path, pattern, True, module, "", note, convs)
+
+    @classmethod
+    def refused(cls, path: str, pattern: str, reason: str, *, convs: int) -> "FuseRow":
+        """A pattern, conv or module left as it is, and why."""
+        return cls(path, pattern, False, "", "", reason, convs)
+
     @property
     def runs_fused(self) -> Optional[bool]:
         """Whether its last forward ran fused (cuDNN); None when it has not run or was not replaced."""
@@ -489,13 +499,13 @@ class _GraphRewrite:
                 self.match_batch_norm_relu(node)
         for target, m in self.modules.items():  # convs forward never calls
             if isinstance(m, nn.Conv2d) and not isinstance(m, _FUSED_TYPES) and target not in called:
-                self.rows.append(FuseRow(_join(self.prefix, target), "Conv2d", False, "", "", "not called in forward",
-                                         1))
+                self.rows.append(FuseRow.refused(_join(self.prefix, target), "Conv2d", "not called in forward",
+                                                 convs=1))
         self.gm.graph.lint()
         self.gm.recompile()
 
     def refuse(self, path: str, pattern: str, reason: str, convs: int) -> None:
-        self.rows.append(FuseRow(path, pattern, False, "", "", reason, convs))
+        self.rows.append(FuseRow.refused(path, pattern, reason, convs=convs))
 
     def next_step(self, value: fx.Node) -> tuple[list[fx.Node], Optional[fx.Node], fx.Node]:
         """(the nn.Identity calls passed through, the sole user of `value` after them or None, the node that user
@@ -571,7 +581,7 @@ class _GraphRewrite:
         note = ""
         if trailing:
             note = f"{trailing} after it applied as before ({_NOT_EXPRESSED})"
-        self.rows.append(FuseRow(path, pattern, True, type(fused).__name__, "", note, 1))
+        self.rows.append(FuseRow.fused(path, pattern, type(fused).__name__, note, convs=1))
 
     def replace(self, node, chain, fused, residual, inner_after, bn_node) -> None:
         """The fused call goes right before the chain's last node: every input (x, the residual) exists there, so the
@@ -635,8 +645,8 @@ class _GraphRewrite:
             self.consumed.add(n)
             graph.erase_node(n)
         names.append("mul")
-        self.rows.append(FuseRow(_join(self.prefix, fc1_node.target), " -> ".join(names), True, "SqueezeExcite", "",
-                                 f"with {_join(self.prefix, fc2_node.target)}", convs=2))
+        self.rows.append(FuseRow.fused(_join(self.prefix, fc1_node.target), " -> ".join(names), "SqueezeExcite",
+                                       f"with {_join(self.prefix, fc2_node.target)}", convs=2))
         return [fc1_node.target, fc2_node.target]
 
     def match_batch_norm_relu(self, node: fx.Node) -> None:
@@ -667,13 +677,13 @@ class _GraphRewrite:
             for n in [nxt] + passed[::-1]:
                 self.consumed.add(n)
                 self.gm.graph.erase_node(n)
-        self.rows.append(FuseRow(path, pattern, True, "BatchNorm2dReLU", "", "", convs=0))
+        self.rows.append(FuseRow.fused(path, pattern, "BatchNorm2dReLU", "", convs=0))
 
 
 def _already_fused(path: str, m: nn.Module) -> FuseRow:
     """The row of a module fused before (fuse() of a fused model), with the Conv2d layers it holds."""
     convs = 2 if isinstance(m, SqueezeExcite) else 1 if isinstance(m, FusedConv2d) else 0
-    return FuseRow(path, type(m).__name__, True, type(m).__name__, "", "already fused", convs)
+    return FuseRow.fused(path, type(m).__name__, type(m).__name__, "already fused", convs=convs)
 
 
 # ---- nn.Sequential children, in order ----
@@ -700,7 +710,7 @@ def _fuse_sequential(seq: nn.Sequential, prefix: str, uses: collections.Counter,
                     i += 1
             if act in _BATCH_NORM_ALONE_ACTIVATIONS:
                 seq._modules[name] = BatchNorm2dReLU.from_bn(m, activation=act)
-                rows.append(FuseRow(path, f"{type(m).__name__} -> {act}", True, "BatchNorm2dReLU", "", "", convs=0))
+                rows.append(FuseRow.fused(path, f"{type(m).__name__} -> {act}", "BatchNorm2dReLU", "", convs=0))
         i += 1
 
 
@@ -708,8 +718,8 @@ def _sequential_conv(seq, prefix, children, i, uses, rows) -> int:
     name, conv = children[i]
     path = _join(prefix, name)
     if type(conv) is not nn.Conv2d:
-        rows.append(FuseRow(path, f"({type(conv).__name__})", False, "", "",
-                            f"{type(conv).__name__}: {WHY['conv_type']}", 1))
+        rows.append(FuseRow.refused(path, f"({type(conv).__name__})", f"{type(conv).__name__}: {WHY['conv_type']}",
+                                    convs=1))
         return 1
     parts, absorbed, bn, act, inner_after, trailing = ["Conv2d"], [], None, None, None, ""
     j = i + 1
@@ -717,7 +727,7 @@ def _sequential_conv(seq, prefix, children, i, uses, rows) -> int:
         candidate = children[j][1]
         problem = _batch_norm_problem(candidate)
         if problem:
-            rows.append(FuseRow(path, f"Conv2d -> {type(candidate).__name__}", False, "", "", problem, 1))
+            rows.append(FuseRow.refused(path, f"Conv2d -> {type(candidate).__name__}", problem, convs=1))
             return 2
         bn = candidate
         parts.append(_batch_norm_name(bn))
@@ -735,17 +745,18 @@ def _sequential_conv(seq, prefix, children, i, uses, rows) -> int:
     elif inner_after is not None:
         trailing = type(inner_after).__name__
     if not absorbed:
-        rows.append(FuseRow(path, "Conv2d", False, "", "",
-                            f"{trailing}: {_NOT_EXPRESSED}" if trailing else NOT_FUSED[(False, False, None)], 1))
+        rows.append(FuseRow.refused(path, "Conv2d",
+                                    f"{trailing}: {_NOT_EXPRESSED}" if trailing else NOT_FUSED[(False, False, None)],
+                                    convs=1))
         return 1
     pattern = _pattern_name(parts)
     if any(uses[id(m)] > 1 for m in [conv] + [m for _, m in absorbed]):
-        rows.append(FuseRow(path, pattern, False, "", "", f"a module of the pattern is used more than once in the "
-                                                          f"model: {WHY['called_twice']}", 1))
+        rows.append(FuseRow.refused(path, pattern, f"a module of the pattern is used more than once in the model: "
+                                                   f"{WHY['called_twice']}", convs=1))
         return j - i
     fused, reason = _fused_module(conv, bn, False, act)
     if fused is None:
-        rows.append(FuseRow(path, pattern, False, "", "", reason, 1))
+        rows.append(FuseRow.refused(path, pattern, reason, convs=1))
         return j - i
     seq._modules[name] = fused
     for child_name, child in absorbed:
@@ -757,7 +768,7 @@ def _sequential_conv(seq, prefix, children, i, uses, rows) -> int:
     note = ""
     if trailing:
         note = f"{trailing} after it applied as before ({_NOT_EXPRESSED})"
-    rows.append(FuseRow(path, pattern, True, type(fused).__name__, "", note, 1))
+    rows.append(FuseRow.fused(path, pattern, type(fused).__name__, note, convs=1))
     return j - i
 
 
@@ -775,9 +786,10 @@ def _rewrite(module: nn.Module, path: str, use_fx: bool, uses: collections.Count
         if gm is not None:
             _GraphRewrite(gm, path, rows).run()
             return gm
-        rows.append(FuseRow(path or "(model)", "torch.fx trace", False, "", "",
-                            f"{why_not}: rewriting its children instead"
-                            + ("" if sequential else " (residual adds in its own forward are not fused)"), convs=0))
+        rows.append(FuseRow.refused(path or "(model)", "torch.fx trace",
+                                    f"{why_not}: rewriting its children instead"
+                                    + ("" if sequential else " (residual adds in its own forward are not fused)"),
+                                    convs=0))
     if sequential:
         _fuse_sequential(module, path, uses, rows)
     for name, child in list(module._modules.items()):
@@ -785,9 +797,10 @@ def _rewrite(module: nn.Module, path: str, use_fx: bool, uses: collections.Count
             continue
         if isinstance(child, nn.Conv2d) and not isinstance(child, _FUSED_TYPES) and not sequential:
             # called from this forward, which runs as written: the report still counts it
-            rows.append(FuseRow(_join(path, name), type(child).__name__, False, "", "",
-                                f"called from the forward of {path or '(model)'}, which was not traced: patterns "
-                                "are fused in traced graphs and among an nn.Sequential's children", 1))
+            rows.append(FuseRow.refused(_join(path, name), type(child).__name__,
+                                        f"called from the forward of {path or '(model)'}, which was not traced: "
+                                        "patterns are fused in traced graphs and among an nn.Sequential's children",
+                                        convs=1))
             continue
         new = _rewrite(child, _join(path, name), use_fx, uses, names, rows)
         if new is not child:
