@@ -36,7 +36,7 @@ import torch
 import torch_cudnn_fusion as tcf
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
-from zoo import builder, outputs  # noqa: E402
+from zoo import builder, global_rel, outputs  # noqa: E402
 
 LAYOUTS = {"NCHW": torch.contiguous_format, "channels_last": torch.channels_last}
 ROUNDING = 2.0 ** -24  # float32's unit roundoff
@@ -90,11 +90,6 @@ def rounding_move(model: torch.nn.Module, x: torch.Tensor, weights: list[torch.T
     u = torch.rand(x64.shape, dtype=torch.float64, generator=generator).to(x64.device) * 2 - 1
     moved = gradients(copy.deepcopy(model).double(), x64 * (1 + u * ROUNDING), weights)
     return global_rel([moved[n] for n in reference], list(reference.values()))
-
-
-def global_rel(values: list[torch.Tensor], references: list[torch.Tensor]) -> float:
-    difference = sum(((v - r) ** 2).sum() for v, r in zip(values, references)) ** 0.5
-    return float(difference / sum((r ** 2).sum() for r in references) ** 0.5)
 
 
 def largest_differences(values: dict[str, torch.Tensor], references: dict[str, torch.Tensor], count: int) -> list[str]:

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 import torch_cudnn_fusion as tcf
 from conftest import CountingCall, gpu, train_and_eval_steps
-from zoo import FAMILIES, builder, conv_count, outputs, zoo_ids
+from zoo import FAMILIES, builder, conv_count, global_rel, outputs, zoo_ids
 
 pytestmark = gpu
 
@@ -55,11 +55,6 @@ def _gpu_ids():
 def _rel(value, reference) -> float:
     reference = reference.double()
     return ((value.double() - reference).norm() / reference.norm().clamp_min(1e-30)).item()
-
-
-def _global_rel(values, references) -> float:
-    diff = sum(((v.double() - r.double()) ** 2).sum() for v, r in zip(values, references))
-    return (diff.sqrt() / sum((r.double() ** 2).sum() for r in references).sqrt().clamp_min(1e-30)).item()
 
 
 def _no_dropout(model):
@@ -149,7 +144,7 @@ def _whole_model_errors(model, x, dtype) -> tuple[dict, dict, dict]:
         errors["loss"][label] = _rel(loss, loss_ref)
         grads = {n: p.grad for n, p in model_run.named_parameters() if p.grad is not None}
         assert set(grads) == set(names), f"{label}: the model's gradients are incomplete"
-        errors["gradient (global)"][label] = _global_rel([grads[n] for n in names], grad_ref)
+        errors["gradient (global)"][label] = global_rel([grads[n] for n in names], grad_ref)
         by_parameter[label] = {n: _rel(grads[n], r) for n, r in zip(names, grad_ref)}
         for name, buffer in model_run.named_buffers():
             if buffers_ref[name].is_floating_point():

@@ -102,3 +102,11 @@ def module_classes(model: nn.Module) -> dict[str, type]:
 
 def conv_count(model: nn.Module) -> int:
     return sum(isinstance(m, nn.Conv2d) for m in model.modules())
+
+
+def global_rel(values: list[torch.Tensor], references: list[torch.Tensor]) -> float:
+    """The norm of all differences over the norm of all references, in float64: a whole model's gradient error
+    (the GPU zoo test's and benchmarks/eager_float32_spread.py's)."""
+    difference = sum(((v.double() - r.double()) ** 2).sum() for v, r in zip(values, references))
+    norm = sum((r.double() ** 2).sum() for r in references)
+    return (difference.sqrt() / norm.sqrt().clamp_min(1e-30)).item()
