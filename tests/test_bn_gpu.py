@@ -1097,7 +1097,7 @@ def test_a_layer_that_runs_eager_s_composition_peaks_no_higher_than_an_in_place_
     True) does, so its forward's peak above its input is one output, not two: an eval BatchNorm2dReLU (densenet121's
     norm1 layers; an out-of-place ReLU there raised the model's eval peak 82 MiB above eager's), a training one on an
     NCHW input (decided eager), and a conv decided eager (26 output channels under bfloat16 autocast, regnet_y's
-    squeeze-excitation convs). Eager: the plain modules with ReLU(inplace=True)."""
+    squeeze-and-excitation convs). Eager: the plain modules with ReLU(inplace=True)."""
     torch.manual_seed(0)
     relu = nn.ReLU(inplace=True)
     if layer == "conv_decided_eager":

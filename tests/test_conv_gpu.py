@@ -178,10 +178,10 @@ def test_recorded_conv_call_runs_repeated_calls_and_steps_aside_when_the_call_ch
 
 
 def test_a_layer_that_runs_eager_checks_its_repeats_in_cpp_and_computes_what_eager_does(extension):
-    """A conv layer decided eager (bfloat16 with 26 output channels, not a multiple of 8: regnet_y's squeeze-excitation
-    convs) records its call too: a repeat is compared in C++ (ConvBiasActCall.matches) and runs eager's composition on
-    the tensors as passed, so autocast casts them as it casts nn.Conv2d's; a call that differs (the batch) goes back to
-    Python's decision. The output equals nn.Conv2d + ReLU's; the gradients match theirs."""
+    """A conv layer decided eager (bfloat16 with 26 output channels, not a multiple of 8: regnet_y's
+    squeeze-and-excitation convs) records its call too: a repeat is compared in C++ (ConvBiasActCall.matches) and runs
+    eager's composition on the tensors as passed, so autocast casts them as it casts nn.Conv2d's; a call that differs
+    (the batch) goes back to Python's decision. The output equals nn.Conv2d + ReLU's; the gradients match theirs."""
     torch.manual_seed(0)
     conv = torch.nn.Conv2d(104, 26, 1).cuda().to(memory_format=torch.channels_last)
     conv_e = copy.deepcopy(conv)

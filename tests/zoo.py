@@ -22,7 +22,7 @@ TIMM_MODELS = ["resnet18", "resnet50d", "resnext26ts", "efficientnet_b0", "mobil
                "mobilenetv3_small_050", "regnetx_002", "regnety_002", "regnety_008", "cspdarknet53",
                # more conv families, for fuse()'s structure: convs called from a forward that is not traced
                # (ghostnet's root), Conv2d subclasses (tf_efficientnet's Conv2dSame), multi-resolution branches (hrnet),
-               # blocks with squeeze-excitation variants (rexnet, ese_vovnet, lcnet), convs into cat (mixnet, dpn)
+               # blocks with squeeze-and-excitation variants (rexnet, ese_vovnet, lcnet), convs into cat (mixnet, dpn)
                "ghostnet_100", "hrnet_w18_small", "rexnet_100", "repvgg_a0", "efficientnetv2_rw_t", "tinynet_e",
                "lcnet_050", "dla34", "ese_vovnet19b_dw", "mixnet_s", "dpn48b", "skresnet18", "tf_efficientnet_b0"]
 # one model of each torchvision and timm family: the GPU zoo tests' default set, and benchmarks/zoo_speed.py's

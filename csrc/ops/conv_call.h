@@ -8,7 +8,7 @@
 // records its node as for a call from Python). Otherwise it returns nothing and Python decides again. As for
 // ConvBatchNormCall (conv_bn_call.h): Python's signature and the op's arguments parsed from Python cost more host
 // time per repeated call than a small layer's kernels. Where Python decided on eager's composition, it records the
-// call too, and asks matches() alone: a layer that runs eager (regnet_y's squeeze-excitation convs, whose channels
+// call too, and asks matches() alone: a layer that runs eager (regnet_y's squeeze-and-excitation convs, whose channels
 // are not multiples of 8) then pays eager's host time and a comparison, not Python's signature: about 1.4 ms less a
 // regnet_y_400mf training step on H100 (benchmarks/eager_records_ab.py, 2026-11-27).
 #pragma once
