@@ -7,8 +7,12 @@ export PYTHONUNBUFFERED=1
 bash scripts/gpu_build.sh > "$out/build.log" 2>&1 || { echo "build failed"; tail -30 "$out/build.log"; exit 1; }
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 python3 -c "import torch, torch_cudnn_fusion as t; from torch_cudnn_fusion import _extension as e; m=e.require(); print('GPU', torch.cuda.get_device_name(), '| torch', torch.__version__, '| cuDNN', m.cudnn_version(), '| frontend', m.frontend_version())"
+# With pytest-xdist (carried in .whl/), 8 workers, each given cores / 8 CPU threads by tests/conftest.py: the whole
+# folder took 329 s with 8 workers on an H200 (27r); in one process it takes over 10 minutes (docs/development.md).
+if python3 -c "import xdist" 2>/dev/null; then workers="-n ${WORKERS:-8}"; else workers=""; fi
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  timeout "${TEST_TIMEOUT:-330}" python3 -m pytest -q -p no:cacheprovider tests ${PYTEST_ARGS:-} > "$out/pytest.log" 2>&1
+  timeout -s INT "${TEST_TIMEOUT:-480}" python3 -m pytest -q -p no:cacheprovider $workers -rfEs tests ${PYTEST_ARGS:-} \
+    > "$out/pytest.log" 2>&1
   echo "pytest exit code: $?"
   grep -E "^(FAILED|ERROR)" "$out/pytest.log" | cut -c1-300 | head -40
   tail -3 "$out/pytest.log"
