@@ -343,6 +343,31 @@ def test_the_stride1_depthwise_wgrad_kernel_is_deterministic_and_matches_float64
     _assert_the_float32_wgrad_is_the_unrounded_sums(dz, x, args, first, eager, reference)
 
 
+def _square_wgrad_case(dtype, batch, channels, size, stride, device="cuda"):
+    """x and dz (seeded, channels_last) of a 3 x 3 depthwise conv at padding 1 on square images, and conv_wgrad's
+    arguments after them."""
+    torch.manual_seed(0)
+    out = (size - 1) // stride + 1
+    x = torch.randn(batch, channels, size, size, device=device).to(dtype).contiguous(memory_format=CL)
+    dz = torch.randn(batch, channels, out, out, device=device).to(dtype).contiguous(memory_format=CL)
+    return x, dz, ([channels, 1, 3, 3], [stride] * 2, [1, 1], [1, 1], [1, 1], channels)
+
+
+def _assert_the_square_wgrad_is_deterministic_and_matches_float64(dz, x, args, unrounded):
+    """conv_wgrad of _square_wgrad_case's tensors: poisoned output fully written, the same bits on every call, as
+    accurate as PyTorch's against float64; with `unrounded`, also written unrounded in float32 when asked for it."""
+    w_size, stride, channels = tuple(args[0]), args[1][0], args[5]
+    first = torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args)
+    assert first.shape == w_size and first.dtype == x.dtype and not first.isnan().any()
+    for _ in range(2):
+        assert torch.equal(torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args), first)
+    eager = torch.nn.grad.conv2d_weight(x, w_size, dz, stride, 1, 1, channels)
+    reference = torch.nn.grad.conv2d_weight(x.double(), w_size, dz.double(), stride, 1, 1, channels)
+    assert_as_accurate_as_eager("dweight", first, eager, reference, x.dtype)
+    if unrounded:
+        _assert_the_float32_wgrad_is_the_unrounded_sums(dz, x, args, first, eager, reference)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("batch, channels, size, stride", [
     (300, 1032, 7, 1),  # 38 blocks of 8 images over 17 channel groups (in float 33): each block takes several in
@@ -360,24 +385,11 @@ def test_the_plane_wgrad_of_small_images_is_deterministic_and_matches_float64(ex
     (depthwise_conv_wgrad_plane, a thread an image's rows of a few channels, then the sum of its blocks' partial sums
     in order): poisoned output fully written, the same bits on every call, as accurate as PyTorch's against float64
     in each dtype, and written unrounded in float32 when asked for it."""
-    torch.manual_seed(0)
-    out = (size - 1) // stride + 1
-    x = torch.randn(batch, channels, size, size, device="cuda").to(dtype).contiguous(memory_format=CL)
-    dz = torch.randn(batch, channels, out, out, device="cuda").to(dtype).contiguous(memory_format=CL)
-    w_size = (channels, 1, 3, 3)
-    args = (list(w_size), [stride] * 2, [1, 1], [1, 1], [1, 1], channels)
+    x, dz, args = _square_wgrad_case(dtype, batch, channels, size, stride)
     ran = _profile_kernels(lambda: torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args))
     assert any(f"depthwise_conv_wgrad_plane<{_KERNEL_TYPE[dtype]}, {stride}, {size}>" in n for n in ran), ran
     assert not any("depthwise_conv_wgrad_walk" in n or "depthwise_conv_wgrad_tile" in n for n in ran), ran
-    first = torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args)
-    assert first.shape == w_size and first.dtype == dtype and not first.isnan().any()
-    for _ in range(2):
-        assert torch.equal(torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args), first)
-    eager = torch.nn.grad.conv2d_weight(x, w_size, dz, stride, 1, 1, channels)
-    reference = torch.nn.grad.conv2d_weight(x.double(), w_size, dz.double(), stride, 1, 1, channels)
-    assert_as_accurate_as_eager("dweight", first, eager, reference, dtype)
-    if dtype != torch.float32:
-        _assert_the_float32_wgrad_is_the_unrounded_sums(dz, x, args, first, eager, reference)
+    _assert_the_square_wgrad_is_deterministic_and_matches_float64(dz, x, args, unrounded=dtype != torch.float32)
 
 
 @pytest.mark.parametrize("batch, channels, size, flat", [
@@ -487,26 +499,14 @@ def test_the_third_wgrad_plan_is_deterministic_and_matches_float64(third_wgrad_p
     under cudnn.benchmark): the kernel named runs, and no other of ours; poisoned output fully written, the same bits
     on every call, as accurate as PyTorch's against float64 in each dtype, and written unrounded in float32 when asked
     for it."""
-    torch.manual_seed(0)
-    out = (size - 1) // stride + 1
-    x = torch.randn(batch, channels, size, size, device="cuda").to(dtype).contiguous(memory_format=CL)
-    dz = torch.randn(batch, channels, out, out, device="cuda").to(dtype).contiguous(memory_format=CL)
-    w_size = (channels, 1, 3, 3)
-    args = (list(w_size), [stride] * 2, [1, 1], [1, 1], [1, 1], channels)
+    x, dz, args = _square_wgrad_case(dtype, batch, channels, size, stride)
     ran = _profile_kernels(lambda: torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args))
     ours = sorted({m.group(1) for m in map(_WGRAD_KERNEL.search, ran) if m})
     assert ours == ([kernel] if kernel else []), ran
     if kernel == "plane":
         assert any(f"depthwise_conv_wgrad_plane<{_KERNEL_TYPE[dtype]}, 1, 14>" in n for n in ran), ran
-    first = torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args)
-    assert first.shape == w_size and first.dtype == dtype and not first.isnan().any()
-    for _ in range(2):
-        assert torch.equal(torch.ops.cudnn_fusion.conv_wgrad(dz, x, *args), first)
-    eager = torch.nn.grad.conv2d_weight(x, w_size, dz, stride, 1, 1, channels)
-    reference = torch.nn.grad.conv2d_weight(x.double(), w_size, dz.double(), stride, 1, 1, channels)
-    assert_as_accurate_as_eager("dweight", first, eager, reference, dtype)
-    if kernel and dtype != torch.float32:
-        _assert_the_float32_wgrad_is_the_unrounded_sums(dz, x, args, first, eager, reference)
+    _assert_the_square_wgrad_is_deterministic_and_matches_float64(dz, x, args,
+                                                                  unrounded=kernel and dtype != torch.float32)
 
 
 @pytest.fixture
