@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import threading
@@ -41,7 +42,21 @@ def _report_progress(build_dir: str, sources: int, done: threading.Event, every_
               f"{time.time() - start:.0f} s", file=sys.stderr, flush=True)
 
 
-def _jit_build() -> ModuleType:
+def _import_prebuilt() -> ModuleType:
+    """The _C built by `pip install` (or `setup.py build_ext --inplace`) where torch had CUDA; ModuleNotFoundError
+    naming it where there is none (`from . import _C` would raise a plain ImportError then, as for a broken one)."""
+    return importlib.import_module(f"{__package__}._C")
+
+
+def _prebuilt_problem(exc: ImportError) -> str | None:
+    """Why a prebuilt _C that is there did not import (an undefined symbol from a build for another torch, a library
+    not found, a damaged file), or None where there is none for this Python (a source checkout, a CPU-only install)."""
+    if isinstance(exc, ModuleNotFoundError) and exc.name == f"{__package__}._C":
+        return None
+    return f"the prebuilt {__package__}._C did not import ({exc})"
+
+
+def _jit_build(why: str | None = None) -> ModuleType:
     from torch.utils import cpp_extension
 
     cuda_home = _build_paths.cuda_home(cpp_extension.CUDA_HOME, torch.version.cuda)
@@ -60,7 +75,8 @@ def _jit_build() -> ModuleType:
     if note:
         print(f"torch_cudnn_fusion: {note}", file=sys.stderr, flush=True)
     print(
-        "torch_cudnn_fusion: loading the cuDNN extension from torch's extension cache, building it first if it is "
+        (f"torch_cudnn_fusion: {why}. " if why else "torch_cudnn_fusion: ")
+        + "loading the cuDNN extension from torch's extension cache, building it first if it is "
         f"not there ({build_dir}; a few minutes with one core per file)...",
         file=sys.stderr,
         flush=True,
@@ -113,12 +129,13 @@ def load() -> ModuleType | None:
             return None
         _configure_debug_output()
         try:
-            from . import _C as module  # built by `pip install` where torch had CUDA
-        except ImportError:
+            module = _import_prebuilt()
+        except ImportError as prebuilt_exc:
+            why = _prebuilt_problem(prebuilt_exc)
             try:
-                module = _jit_build()
+                module = _jit_build(why)
             except Exception as exc:  # a failed build must not crash the model: layers run eager and say why
-                _error = f"the cuDNN extension could not be built: {exc}"
+                _error = f"the cuDNN extension could not be built: {exc}" + (f"; {why}" if why else "")
                 return None
         from .ops import library
 

@@ -1,0 +1,89 @@
+"""The extension loader's reasons, on the CPU: a prebuilt _C that is there but does not import is named, with its
+ImportError, in the just-in-time build's message and in load_error() when that build fails too; a missing _C is not
+a problem to report."""
+
+import importlib.machinery
+import importlib.util
+
+import pytest
+import torch
+
+from torch_cudnn_fusion import _extension
+
+PREBUILT = "torch_cudnn_fusion._C"
+
+
+def test_no_prebuilt_module_is_not_a_problem():
+    if importlib.util.find_spec(PREBUILT) is not None:
+        pytest.skip("this install has a prebuilt _C")
+    with pytest.raises(ModuleNotFoundError) as caught:
+        _extension._import_prebuilt()
+    assert _extension._prebuilt_problem(caught.value) is None
+
+
+def test_a_prebuilt_file_that_is_not_a_library_is_named(tmp_path, monkeypatch):
+    import torch_cudnn_fusion
+
+    if importlib.util.find_spec(PREBUILT) is not None:
+        pytest.skip("this install has a prebuilt _C")
+    (tmp_path / f"_C{importlib.machinery.EXTENSION_SUFFIXES[0]}").write_bytes(b"not an ELF file")
+    monkeypatch.setattr(torch_cudnn_fusion, "__path__", [*torch_cudnn_fusion.__path__, str(tmp_path)])
+    with pytest.raises(ImportError) as caught:
+        _extension._import_prebuilt()
+    problem = _extension._prebuilt_problem(caught.value)
+    assert problem is not None and str(tmp_path) in problem
+
+
+@pytest.mark.parametrize("exc", [
+    ImportError("/site/torch_cudnn_fusion/_C.so: undefined symbol: _ZN3tcf4initEv"),
+    ImportError("libcudnn.so.9: cannot open shared object file: No such file or directory"),
+    ModuleNotFoundError("No module named 'torch_cudnn_fusion.ops.missing'", name="torch_cudnn_fusion.ops.missing"),
+])
+def test_a_prebuilt_module_that_does_not_import_is_named_with_its_error(exc):
+    problem = _extension._prebuilt_problem(exc)
+    assert problem is not None and PREBUILT in problem and str(exc) in problem
+
+
+@pytest.fixture
+def fresh_loader(monkeypatch):
+    """load() as on a GPU machine that has not loaded the extension yet (the state is restored afterwards)."""
+    monkeypatch.setattr(_extension, "_module", None)
+    monkeypatch.setattr(_extension, "_error", None)
+    monkeypatch.setattr(_extension, "_on_load", [])
+    monkeypatch.setattr(torch.version, "cuda", torch.version.cuda or "13.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+
+def _raise(exc):
+    def fn(*args, **kwargs):
+        raise exc
+    return fn
+
+
+def test_a_failed_build_after_a_broken_prebuilt_module_gives_both_reasons(fresh_loader, monkeypatch):
+    monkeypatch.setattr(_extension, "_import_prebuilt", _raise(ImportError("undefined symbol: _ZN3tcf4initEv")))
+    asked = []
+
+    def build(why=None):
+        asked.append(why)
+        raise RuntimeError("nvcc not found")
+
+    monkeypatch.setattr(_extension, "_jit_build", build)
+    assert _extension.load() is None
+    assert asked and "undefined symbol: _ZN3tcf4initEv" in asked[0]
+    error = _extension.load_error()
+    assert "could not be built: nvcc not found" in error and "undefined symbol: _ZN3tcf4initEv" in error
+
+
+def test_a_failed_build_without_a_prebuilt_module_gives_the_build_error_alone(fresh_loader, monkeypatch):
+    monkeypatch.setattr(_extension, "_import_prebuilt", _raise(ModuleNotFoundError(name=PREBUILT)))
+    asked = []
+
+    def build(why=None):
+        asked.append(why)
+        raise RuntimeError("nvcc not found")
+
+    monkeypatch.setattr(_extension, "_jit_build", build)
+    assert _extension.load() is None
+    assert asked == [None]
+    assert _extension.load_error() == "the cuDNN extension could not be built: nvcc not found"
