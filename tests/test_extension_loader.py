@@ -54,36 +54,32 @@ def fresh_loader(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
 
 
-def _raise(exc):
-    def fn(*args, **kwargs):
-        raise exc
-    return fn
+def _load_failing_to_build(monkeypatch, prebuilt_error):
+    """load() with the prebuilt import raising `prebuilt_error` and the just-in-time build failing; the reasons the
+    build was given, and load_error()."""
 
+    def prebuilt():
+        raise prebuilt_error
 
-def test_a_failed_build_after_a_broken_prebuilt_module_gives_both_reasons(fresh_loader, monkeypatch):
-    monkeypatch.setattr(_extension, "_import_prebuilt", _raise(ImportError("undefined symbol: _ZN3tcf4initEv")))
     asked = []
 
     def build(why=None):
         asked.append(why)
         raise RuntimeError("nvcc not found")
 
+    monkeypatch.setattr(_extension, "_import_prebuilt", prebuilt)
     monkeypatch.setattr(_extension, "_jit_build", build)
     assert _extension.load() is None
-    assert asked and "undefined symbol: _ZN3tcf4initEv" in asked[0]
-    error = _extension.load_error()
+    return asked, _extension.load_error()
+
+
+def test_a_failed_build_after_a_broken_prebuilt_module_gives_both_reasons(fresh_loader, monkeypatch):
+    asked, error = _load_failing_to_build(monkeypatch, ImportError("undefined symbol: _ZN3tcf4initEv"))
+    assert len(asked) == 1 and "undefined symbol: _ZN3tcf4initEv" in asked[0]
     assert "could not be built: nvcc not found" in error and "undefined symbol: _ZN3tcf4initEv" in error
 
 
 def test_a_failed_build_without_a_prebuilt_module_gives_the_build_error_alone(fresh_loader, monkeypatch):
-    monkeypatch.setattr(_extension, "_import_prebuilt", _raise(ModuleNotFoundError(name=PREBUILT)))
-    asked = []
-
-    def build(why=None):
-        asked.append(why)
-        raise RuntimeError("nvcc not found")
-
-    monkeypatch.setattr(_extension, "_jit_build", build)
-    assert _extension.load() is None
+    asked, error = _load_failing_to_build(monkeypatch, ModuleNotFoundError(name=PREBUILT))
     assert asked == [None]
-    assert _extension.load_error() == "the cuDNN extension could not be built: nvcc not found"
+    assert error == "the cuDNN extension could not be built: nvcc not found"
