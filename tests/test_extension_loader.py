@@ -58,16 +58,13 @@ def _load_failing_to_build(monkeypatch, prebuilt_error):
     """load() with the prebuilt import raising `prebuilt_error` and the just-in-time build failing; the reasons the
     build was given, and load_error()."""
 
-    def prebuilt():
-        raise prebuilt_error
-
     asked = []
 
     def build(why=None):
         asked.append(why)
         raise RuntimeError("nvcc not found")
 
-    monkeypatch.setattr(_extension, "_import_prebuilt", prebuilt)
+    monkeypatch.setattr(_extension, "_import_prebuilt", _raising(prebuilt_error))
     monkeypatch.setattr(_extension, "_jit_build", build)
     assert _extension.load() is None
     return asked, _extension.load_error()
@@ -83,3 +80,39 @@ def test_a_failed_build_without_a_prebuilt_module_gives_the_build_error_alone(fr
     asked, error = _load_failing_to_build(monkeypatch, ModuleNotFoundError(name=PREBUILT))
     assert asked == [None]
     assert error == "the cuDNN extension could not be built: nvcc not found"
+
+
+def test_the_build_names_the_prebuilt_problem_first(tmp_path, monkeypatch, capsys):
+    """_jit_build's own first line carries the reason it was given (the build stopped at cpp_extension.load)."""
+    from torch.utils import cpp_extension
+
+    from torch_cudnn_fusion import _build_paths
+
+    for name in ("frontend_include_dir", "cudnn_include_dir"):
+        monkeypatch.setattr(_build_paths, name, lambda: tmp_path)
+    monkeypatch.setattr(_build_paths, "cuda_home", lambda *args: tmp_path)
+    monkeypatch.setattr(_build_paths, "libstdcxx_link_args", lambda *args: ([], ""))
+    monkeypatch.setattr(_build_paths, "link_args", lambda: [])
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", cpp_extension.CUDA_HOME)  # _jit_build sets it: restored after
+    monkeypatch.setattr(cpp_extension, "_get_build_directory", lambda *args, **kwargs: str(tmp_path))
+    monkeypatch.setattr(cpp_extension, "load", _raising(RuntimeError("stopped before compiling")))
+    why = _extension._prebuilt_problem(ImportError("undefined symbol: _ZN3tcf4initEv"))
+    with pytest.raises(RuntimeError, match="stopped before compiling"):
+        _extension._jit_build(why)
+    first = _first_line_of_ours(capsys.readouterr().err)
+    assert first.startswith(f"torch_cudnn_fusion: {why}. loading the cuDNN extension"), first
+    with pytest.raises(RuntimeError, match="stopped before compiling"):
+        _extension._jit_build(None)
+    first = _first_line_of_ours(capsys.readouterr().err)
+    assert first.startswith("torch_cudnn_fusion: loading the cuDNN extension"), first
+
+
+def _first_line_of_ours(err: str) -> str:
+    """The first stderr line the package wrote (torch's cpp_extension may warn before it)."""
+    return next(line for line in err.splitlines() if line.startswith("torch_cudnn_fusion: "))
+
+
+def _raising(exc):
+    def fn(*args, **kwargs):
+        raise exc
+    return fn
