@@ -544,6 +544,23 @@ def test_the_report_counts_every_conv_and_only_convs(use_fx):
     assert tcf.fuse(fused, use_fx=use_fx)[1].conv_coverage()[:2] == (1, 2)
 
 
+def test_a_conv_its_traced_forward_never_calls_is_reported_and_counted():
+    class Spare(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = conv_bn_relu_seq()
+            self.spare = nn.Conv2d(8, 8, 1)  # registered, never called
+
+        def forward(self, x):
+            return self.body(x)
+
+    _, report = tcf.fuse(Spare())
+    spare = [row for row in report if row.path == "spare"]
+    assert len(spare) == 1, str(report)
+    assert not spare[0].replaced and spare[0].reason == "not called in forward" and spare[0].convs == 1
+    assert report.conv_coverage()[:2] == (1, 2)
+
+
 def test_fuse_non_traceable_model_rewrites_its_children_and_says_why():
     class DataDependent(nn.Module):
         def __init__(self):

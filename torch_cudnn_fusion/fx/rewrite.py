@@ -499,8 +499,7 @@ class _GraphRewrite:
                 self.match_batch_norm_relu(node)
         for target, m in self.modules.items():  # convs forward never calls
             if isinstance(m, nn.Conv2d) and not isinstance(m, _FUSED_TYPES) and target not in called:
-                self.rows.append(FuseRow.refused(_join(self.prefix, target), "Conv2d", "not called in forward",
-                                                 convs=1))
+                self.refuse(_join(self.prefix, target), "Conv2d", "not called in forward", convs=1)
         self.gm.graph.lint()
         self.gm.recompile()
 
