@@ -265,6 +265,16 @@ __global__ void __launch_bounds__(nhwc::kThreads) depthwise_conv_forward(
 // layers up to 28 x 28 output), was slower on every one: 1.96-3.14x the bytes' time at its best split, against
 // 1.15-2.12x for the walk then. A barrier stands between its copies and its compute, and a thread's filter loads and
 // start spread over fewer rows.
+// Not kept either (H100, bf16, 2026-11-28, each against this walk in the same device call; the patches and tables in
+// benchmarks/results/depthwise_walk_variants_*2026-11-28u*): 7 columns a thread on the 7- and 14-wide outputs (3
+// blocks a multiprocessor) took v1's 1024-channel 7 x 7 forward from 1.21 to 1.30x the bytes' time and moved the
+// other such layers by -0.02 to +0.03; blocks of 16 channel vectors by several strips, so that neighbouring strips'
+// input columns meet in L1, were 0.02-0.25 slower on every layer (L1's hit rate 37-44% -> 32-39%); the stride-1 walk
+// unrolled whole with its band of 7 compiled in and no adds into rows outside the band issued 5-11% fewer
+// instructions in about the same time on the small layers, and took v1's 32-channel 112 x 112 forward from 1.07 to
+// 1.21 and v2's 144-channel 56 x 56 one from 1.10 to 1.27. On the H100 (Nsight Compute) this walk's 7 x 7 and 14 x 14
+// forwards run at 47-66% of DRAM's bandwidth and 70-77% of L2's throughput, with 61-66% of issue slots used by about
+// 14 resident warps of 64.
 constexpr int kWalkVector = 4;    // channels a thread: 8 bytes in 16-bit types, 16 in float
 constexpr int kWalkColumns = 4;   // output columns a thread
 constexpr int kWalkSlots = 4;     // input rows a thread holds in shared memory: the one in use and up to 2 in flight
