@@ -1877,7 +1877,6 @@ WgradWalkPlan wgrad_walk_plan_for(const DepthwiseShape& s, int multiprocessors, 
   WgradWalkPlan plan{};
   if (s.h * s.w * s.channels > 0x7fffffff || s.out_h * s.out_w * s.channels > 0x7fffffff) return plan;
   const bool plane = plane_takes<T>(s);
-  const bool plane_here = plane && (which == 0) == plane_is_first(s);  // this plan's kernel is the plane kernel
   if (which == 1) {
     plan = s.stride == 1 ? wgrad_walk_plan<T, 1, kWgradWalkSlots[1], kWgradWalkAhead[1], 2, kWalkColumns>(
                                s, multiprocessors, true)
@@ -1886,14 +1885,17 @@ WgradWalkPlan wgrad_walk_plan_for(const DepthwiseShape& s, int multiprocessors, 
     plan.second = true;
   } else if (which == 2 && !plane) {
     return plan;  // plan 2 has no kernel of its own for the shape
-  } else if (plane_here && wgrad_plane_plan<T>(s, multiprocessors, plan)) {
-    // the plane kernel's plan, filled in
-  } else if (plane_here && which == 2) {
-    return plan;  // the plane kernel's occupancy could not be read
-  } else if (!(s.stride == 1 ? wgrad_tile_plan<T, 1>(s, multiprocessors, plan)
-                             : wgrad_tile_plan<T, 2>(s, multiprocessors, plan))) {
-    plan = s.stride == 1 ? wgrad_walk_plan<T, 1>(s, multiprocessors, false)
-                         : wgrad_walk_plan<T, 2>(s, multiprocessors, false);
+  } else {
+    // plan 0, or plan 2 on a shape the plane kernel takes: the plane kernel where it is this plan's kernel; else (or
+    // where its occupancy could not be read) plan 0 runs the tile or the walk, and plan 2 nothing
+    const bool plane_here = plane && (which == 0) == plane_is_first(s);
+    const bool planned = plane_here && wgrad_plane_plan<T>(s, multiprocessors, plan);
+    if (!planned && plane_here && which == 2) return plan;
+    if (!planned && !(s.stride == 1 ? wgrad_tile_plan<T, 1>(s, multiprocessors, plan)
+                                    : wgrad_tile_plan<T, 2>(s, multiprocessors, plan))) {
+      plan = s.stride == 1 ? wgrad_walk_plan<T, 1>(s, multiprocessors, false)
+                           : wgrad_walk_plan<T, 2>(s, multiprocessors, false);
+    }
   }
   if (plan.channel_groups > 65535) plan.parts = 0;
   return plan;
