@@ -1886,8 +1886,9 @@ WgradWalkPlan wgrad_walk_plan_for(const DepthwiseShape& s, int multiprocessors, 
   } else if (which == 2 && !plane) {
     return plan;  // plan 2 has no kernel of its own for the shape
   } else {
-    // plan 0, or plan 2 on a shape the plane kernel takes: the plane kernel where it is this plan's kernel; else (or
-    // where its occupancy could not be read) plan 0 runs the tile or the walk, and plan 2 nothing
+    // plan 0, or plan 2 on a shape the plane kernel takes: the plane kernel where it is this plan's (plane_is_first:
+    // plan 0's but at 14 x 14 / 1, plan 2's there), else the tile, else the walk; where it is this plan's but its
+    // occupancy could not be read, plan 0 runs the tile or the walk and plan 2 nothing
     const bool plane_here = plane && (which == 0) == plane_is_first(s);
     const bool planned = plane_here && wgrad_plane_plan<T>(s, multiprocessors, plan);
     if (!planned && plane_here && which == 2) return plan;
