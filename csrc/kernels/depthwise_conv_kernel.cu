@@ -274,7 +274,11 @@ __global__ void __launch_bounds__(nhwc::kThreads) depthwise_conv_forward(
 // instructions in about the same time on the small layers, and took v1's 32-channel 112 x 112 forward from 1.07 to
 // 1.21 and v2's 144-channel 56 x 56 one from 1.10 to 1.27. On the H100 (Nsight Compute) this walk's 7 x 7 and 14 x 14
 // forwards run at 47-66% of DRAM's bandwidth and 70-77% of L2's throughput, with 61-66% of issue slots used by about
-// 14 resident warps of 64.
+// 14 resident warps of 64. More warps with less work a thread were slower (H100, bf16, 2026-11-28, the same bits;
+// benchmarks/results/depthwise_walk_occupancy_*): 2 columns x 4 channels at 5 blocks a multiprocessor (95 registers),
+// 4 x 2 at 6 and 2 x 2 at 8 took v1's 1024-channel 7 x 7 forward from 1.21 to 1.43, 1.48 and 1.62x the bytes' time
+// and each stride-1 forward, plain forward and dgrad up by 0.03-0.42 (not profiled; a guess at why: more copies and
+// index arithmetic a byte, and fewer input columns shared in registers).
 constexpr int kWalkVector = 4;    // channels a thread: 8 bytes in 16-bit types, 16 in float
 constexpr int kWalkColumns = 4;   // output columns a thread
 constexpr int kWalkSlots = 4;     // input rows a thread holds in shared memory: the one in use and up to 2 in flight
