@@ -13,7 +13,8 @@ fused plans, cudnn.benchmark's searches; "seconds" in its row): on an H100 the f
 on average and the next three 200 s (2026-11-27). Pass --models in parts to fit a device call. The JSON keeps every
 sample ("train_samples", "inference_samples"). A process's host speed moves both variants' steps (27n: eager's own
 step by up to 31 % between processes), so --processes N times each model in N fresh processes, one after another,
-and prints every process's ratio and their median. The model list comes from tests/zoo.py, which imports pytest.
+and prints every process's ratio and their median (its JSON is written after each process, so a run stopped by a
+time limit keeps the processes that finished). The model list comes from tests/zoo.py, which imports pytest.
 
     python benchmarks/zoo_speed.py [--models torchvision:resnet18,timm:efficientnet_b0] [--batch 128]
                                    [--dtype bfloat16|float16] [--repeats 10] [--calls 3] [--json out.json]
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -142,10 +144,11 @@ def print_table(rows: list) -> None:
 
 
 
-def run_in_processes(model_ids: list, args) -> list:
+def run_in_processes(model_ids: list, args, json_path: Optional[str] = None) -> list:
     """Each model timed in `args.processes` fresh processes, one after another (this script with --processes 1): a
     process's host speed moves both variants' steps, so a ratio from one process says little on its own. The rows
-    carry "process" (0, 1, ...); a process that fails leaves a row with its error."""
+    carry "process" (0, 1, ...); a process that fails leaves a row with its error. With `json_path`, the rows so far
+    are written there after each process, so that a run cut short (a time limit) keeps what it measured."""
     rows = []
     passed = ["--batch", str(args.batch), "--size", str(args.size), "--dtype", args.dtype, "--warmup",
               str(args.warmup), "--repeats", str(args.repeats), "--calls", str(args.calls)]
@@ -169,7 +172,16 @@ def run_in_processes(model_ids: list, args) -> list:
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items() if not k.endswith("_samples") and k != "header"}),
                       flush=True)
+                if json_path:
+                    write_process_rows(json_path, rows, args.processes)
     return rows
+
+
+def write_process_rows(path: str, rows: list, processes: int) -> None:
+    """--processes' JSON: the first header a child gave (GPU, versions, settings), the process count, every row."""
+    head = next((row["header"] for row in rows if "header" in row), {})
+    with open(path, "w") as f:
+        json.dump({**head, "processes": processes, "rows": rows}, f, indent=1)
 
 
 def print_processes(rows: list) -> None:
@@ -205,12 +217,9 @@ def main() -> None:
         p.error(f"--processes must be at least 1, got {args.processes}")
     model_ids = [m for m in args.models.split(",") if m]
     if args.processes > 1:  # this process only starts the others: it touches no GPU
-        rows = run_in_processes(model_ids, args)
-        head = next((row["header"] for row in rows if "header" in row), {})
-        out = {**head, "processes": args.processes, "rows": rows}
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(out, f, indent=1)
+        rows = run_in_processes(model_ids, args, args.json)
+        if args.json:  # also where no model was given: the file states that none was timed
+            write_process_rows(args.json, rows, args.processes)
         print_processes(rows)
         return
     torch.backends.cudnn.benchmark = True

@@ -50,3 +50,29 @@ def test_the_table_gives_each_process_ratio_and_their_median(capsys):
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.split()[:2] == ["m", "3"]  # three processes measured
     assert "0.900, 1.100, 0.950 (0.950)" in line and line.endswith("0.750, 0.750 (0.750)"), line
+
+
+def test_a_run_stopped_in_a_later_process_keeps_the_rows_before_it_in_its_json(monkeypatch, tmp_path):
+    calls = []
+
+    def fake_run(command, capture_output, text):
+        calls.append(command)
+        if len(calls) == 3:  # a time limit's SIGINT arrives while the third process runs
+            raise KeyboardInterrupt
+        path = command[command.index("--json") + 1]
+        row = {"model": "torchvision:a", "train": {"eager": 10.0, "fused": 9.0 + len(calls)}}
+        with open(path, "w") as f:
+            json.dump({"gpu": "GPU X", "rows": [row]}, f)
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(zoo_speed.subprocess, "run", fake_run)
+    out = tmp_path / "rows.json"
+    try:
+        zoo_speed.run_in_processes(["torchvision:a"], _args(3), str(out))
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("the third process's interrupt did not reach the caller")
+    written = json.loads(out.read_text())
+    assert written["gpu"] == "GPU X" and written["processes"] == 3
+    assert [(r["process"], r["train"]["fused"]) for r in written["rows"]] == [(0, 10.0), (1, 11.0)]
