@@ -147,9 +147,12 @@ def print_table(rows: list) -> None:
 def run_in_processes(model_ids: list, args, json_path: Optional[str] = None) -> list:
     """Each model timed in `args.processes` fresh processes, one after another (this script with --processes 1): a
     process's host speed moves both variants' steps, so a ratio from one process says little on its own. The rows
-    carry "process" (0, 1, ...); a process that fails leaves a row with its error. With `json_path`, the rows so far
-    are written there after each process, so that a run cut short (a time limit) keeps what it measured."""
+    carry "process" (0, 1, ...); a process that fails leaves a row with its error. With `json_path`, the file is
+    written before the first process and after each one with the rows so far, so that a run cut short (a time limit)
+    keeps what it measured."""
     rows = []
+    if json_path:
+        write_process_rows(json_path, rows, args.processes)
     passed = ["--batch", str(args.batch), "--size", str(args.size), "--dtype", args.dtype, "--warmup",
               str(args.warmup), "--repeats", str(args.repeats), "--calls", str(args.calls)]
     with tempfile.TemporaryDirectory() as folder:
@@ -218,8 +221,6 @@ def main() -> None:
     model_ids = [m for m in args.models.split(",") if m]
     if args.processes > 1:  # this process only starts the others: it touches no GPU
         rows = run_in_processes(model_ids, args, args.json)
-        if args.json:  # also where no model was given: the file states that none was timed
-            write_process_rows(args.json, rows, args.processes)
         print_processes(rows)
         return
     torch.backends.cudnn.benchmark = True

@@ -74,3 +74,14 @@ def test_a_run_stopped_in_a_later_process_keeps_the_rows_before_it_in_its_json(m
     written = json.loads(out.read_text())
     assert written["gpu"] == "GPU X" and written["processes"] == 3
     assert [(r["process"], r["train"]["fused"]) for r in written["rows"]] == [(0, 10.0), (1, 11.0)]
+
+
+def test_a_run_stopped_in_its_first_process_leaves_a_file_with_no_rows(monkeypatch, tmp_path):
+    def fake_run(command, capture_output, text):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(zoo_speed.subprocess, "run", fake_run)
+    out = tmp_path / "rows.json"
+    with pytest.raises(KeyboardInterrupt):
+        zoo_speed.run_in_processes(["torchvision:a"], _args(2), str(out))
+    assert json.loads(out.read_text()) == {"processes": 2, "rows": []}
