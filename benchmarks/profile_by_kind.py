@@ -7,10 +7,11 @@ kernels, so a kernel put in the wrong kind shows in the output.
 Two more times tell the host's share: "loop ms", a step's median among back-to-back steps (the host runs ahead, as
 in a training loop), and "host ms", the host's time to issue one step from an idle GPU. "step ms" times one step
 from an idle GPU: where the host issues kernels slower than they run, it waits on the host. Every variant is timed
-before any is profiled, each time built afresh: a process that has run torch.profiler may launch kernels slower after it.
+before any is profiled, each time built afresh: a process that has run torch.profiler may launch kernels slower after
+it.
 
-    python benchmarks/profile_by_kind.py [--model mobilenet_v1|mobilenet_v2|resnet50] [--batch 256] [--no-compile]
-                                         [--fused-compile] [--dtype bfloat16|float16] [--json out.json]
+    python benchmarks/profile_by_kind.py [--model mobilenet_v1|mobilenet_v2|resnet50|timm:cspdarknet53] [--batch 256]
+                                         [--no-compile] [--fused-compile] [--dtype bfloat16|float16] [--json out.json]
 """
 
 from __future__ import annotations
@@ -57,10 +58,15 @@ def kind_of(kernel: str) -> str:
 
 
 def load_model(name: str) -> torch.nn.Module:
+    """mobilenet_v1 (ours), a torchvision.models name, or library:name as zoo_speed.py takes it (timm:cspdarknet53)."""
     if name == "mobilenet_v1":
         from torch_cudnn_fusion.models import mobilenet_v1
 
         return mobilenet_v1()
+    if ":" in name:
+        from zoo_speed import build
+
+        return build(name)
     import torchvision
 
     return getattr(torchvision.models, name)()
@@ -109,7 +115,8 @@ def by_kind(kernels: dict[str, float]) -> dict[str, dict]:
 def model_arguments(p: argparse.ArgumentParser, default_model: str, compile_option: bool = True) -> None:
     """The arguments of every whole-model benchmark here: --model, --batch, --json and (compile_option) --no-compile."""
     p.add_argument("--model", default=default_model,
-                   help="mobilenet_v1 (torch_cudnn_fusion.models) or a torchvision.models name")
+                   help="mobilenet_v1 (torch_cudnn_fusion.models), a torchvision.models name or library:name "
+                   "(timm:cspdarknet53)")
     p.add_argument("--batch", type=int, default=256)
     if compile_option:
         p.add_argument("--no-compile", action="store_true")
