@@ -44,8 +44,8 @@ def test_each_model_runs_in_its_own_processes_and_a_failed_one_is_a_row(monkeypa
 
 
 def test_the_table_gives_each_process_ratio_and_their_median(capsys):
-    rows = [{"model": "m", "process": i, "train": {"eager": 10.0, "fused": f}, "inference": {"eager": 4.0, "fused": 3.0}}
-            for i, f in enumerate((9.0, 11.0, 9.5))]
+    rows = [{"model": "m", "process": i, "train": {"eager": 10.0, "fused": f},
+             "inference": {"eager": 4.0, "fused": 3.0}} for i, f in enumerate((9.0, 11.0, 9.5))]
     rows.append({"model": "m", "process": 3, "error": "process exited 1: boom"})
     rows[2]["inference"] = {"error": "RuntimeError: out of memory"}  # a mode that failed in one process
     zoo_speed.print_processes(rows)
