@@ -14,11 +14,14 @@ on average and the next three 200 s (2026-11-27). Pass --models in parts to fit 
 sample ("train_samples", "inference_samples"). A process's host speed moves both variants' steps (27n: eager's own
 step by up to 31 % between processes), so --processes N times each model in N fresh processes, one after another,
 and prints every process's ratio and their median (its JSON is written after each process, so a run stopped by a
-time limit keeps the processes that finished). The model list comes from tests/zoo.py, which imports pytest.
+time limit keeps the processes that finished). --gpu-time also replays each variant's step from a CUDA graph
+(timing.graph_replay_ms, after all the sampled timings): the kernels' time with no host cost, which tells a fused step
+the host holds back from one whose GPU work is slower than eager's. The model list comes from tests/zoo.py, which
+imports pytest.
 
     python benchmarks/zoo_speed.py [--models torchvision:resnet18,timm:efficientnet_b0] [--batch 128]
                                    [--dtype bfloat16|float16] [--repeats 10] [--calls 3] [--json out.json]
-                                   [--processes 4]
+                                   [--processes 4] [--gpu-time]
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 import torch_cudnn_fusion as tcf  # noqa: E402
-from timing import interleaved_samples_ms  # noqa: E402
+from timing import graph_replay_ms, interleaved_samples_ms  # noqa: E402
 from zoo import FAMILIES, INPUT_SIZE, outputs  # noqa: E402
 
 
@@ -99,12 +102,16 @@ def measure(model_id: str, args) -> dict:
         row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
         return row
     variants = {"eager": model, "fused": fused}
-    for mode in ("train", "inference"):
+
+    def steps(mode: str) -> dict:
         for variant in variants.values():
             variant.train(mode == "train")
         make = train_step if mode == "train" else inference
-        fns = {name: make(variant, x, target, dtype) if mode == "train" else make(variant, x, dtype)
-               for name, variant in variants.items()}
+        return {name: make(variant, x, target, dtype) if mode == "train" else make(variant, x, dtype)
+                for name, variant in variants.items()}
+
+    for mode in ("train", "inference"):
+        fns = steps(mode)
         try:
             samples = interleaved_samples_ms(fns, warmup=args.warmup, repeats=args.repeats, calls=args.calls)
             row[mode] = {name: statistics.median(values) for name, values in samples.items()}
@@ -113,14 +120,26 @@ def measure(model_id: str, args) -> dict:
             row[mode] = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
         if mode == "train":
             row["convs_fused"], row["convs"] = convs_fused(fused, report)
+    # after every sampled timing, so that a capture that fails cannot leave them a stream in a bad state
+    for mode in ("train", "inference") if args.gpu_time else ():
+        row[f"{mode}_gpu"] = {}
+        for name, fn in steps(mode).items():
+            try:
+                row[f"{mode}_gpu"][name] = graph_replay_ms(fn, calls=args.calls, replays=args.repeats)
+            except Exception as error:  # noqa: BLE001 — a step that cannot be captured is reported
+                row[f"{mode}_gpu"][name] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
     row["runtime_fallbacks"] = tcf.plan_cache_stats()["runtime_fallbacks"]
     tcf.clear_plan_cache()  # each model builds its own plans: the cache holds none of another's
     return row
 
 
 def ratio(row: dict, mode: str) -> float:
+    """fused ÷ eager for `mode` ("train", "inference", or "train_gpu" / "inference_gpu"), nan where either is
+    missing or failed."""
     times = row.get(mode, {})
-    return times["fused"] / times["eager"] if "fused" in times and "eager" in times else float("nan")
+    fused, eager = times.get("fused"), times.get("eager")
+    timed = isinstance(fused, (int, float)) and isinstance(eager, (int, float))
+    return fused / eager if timed else float("nan")
 
 
 def print_table(rows: list) -> None:
@@ -141,6 +160,26 @@ def print_table(rows: list) -> None:
     slower = [f"{row['model']} {mode} {ratio(row, mode):.3f}x" for row in rows for mode in ("train", "inference")
               if ratio(row, mode) > 1.0]
     print("fused slower than eager: " + (", ".join(slower) if slower else "none"))
+    graphed = [row for row in rows if "train_gpu" in row]
+    if not graphed:
+        return
+    print(f"\nGPU time a step, CUDA-graph replay (no host cost)\n{'model':<34}" + "".join(
+        f"{mode + ' ' + n:>20}" for mode in ("train", "infer") for n in (*names, "ratio")))
+    for row in graphed:
+        cells = []
+        for mode in ("train_gpu", "inference_gpu"):
+            for n in names:
+                value = row[mode].get(n)
+                cells.append(f"{value:>20.2f}" if isinstance(value, float) else f"{'failed':>20}")
+            cells.append(f"{ratio(row, mode):>19.3f}x")
+        print(f"{row['model']:<34}" + "".join(cells))
+    failed = [f"{row['model']} {mode[:-4]} {n}: {row[mode][n]}" for row in graphed
+              for mode in ("train_gpu", "inference_gpu") for n in names if isinstance(row[mode].get(n), str)]
+    for line in failed:
+        print("not captured: " + line)
+    slower = [f"{row['model']} {mode[:-4]} {ratio(row, mode):.3f}x" for row in graphed
+              for mode in ("train_gpu", "inference_gpu") if ratio(row, mode) > 1.0]
+    print("fused's GPU time above eager's: " + (", ".join(slower) if slower else "none"))
 
 
 
@@ -154,7 +193,8 @@ def run_in_processes(model_ids: list, args, json_path: Optional[str] = None) -> 
     if json_path:
         write_process_rows(json_path, rows, args.processes)
     passed = ["--batch", str(args.batch), "--size", str(args.size), "--dtype", args.dtype, "--warmup",
-              str(args.warmup), "--repeats", str(args.repeats), "--calls", str(args.calls)]
+              str(args.warmup), "--repeats", str(args.repeats), "--calls", str(args.calls),
+              *(["--gpu-time"] if args.gpu_time else [])]
     with tempfile.TemporaryDirectory() as folder:
         for model_id in model_ids:
             for process in range(args.processes):
@@ -188,17 +228,21 @@ def write_process_rows(path: str, rows: list, processes: int) -> None:
 
 
 def print_processes(rows: list) -> None:
-    """Per model: fused's training and inference ratio to eager in each process, and their medians."""
-    print(f"\n{'model':<34}{'processes':>10}  train ratio per process (median)  |  inference")
+    """Per model: fused's training and inference ratio to eager in each process, and their medians (with --gpu-time,
+    also the ratios of their CUDA-graph replays)."""
+    modes = ("train", "inference", "train_gpu", "inference_gpu") if any("train_gpu" in r for r in rows) else (
+        "train", "inference")
+    print(f"\n{'model':<34}{'processes':>10}  train ratio per process (median)  |  inference"
+          + ("  |  train, GPU time  |  inference, GPU time" if len(modes) > 2 else ""))
     for model_id in dict.fromkeys(row["model"] for row in rows):
         mine = [row for row in rows if row["model"] == model_id and "error" not in row]
         cells = []
-        for mode in ("train", "inference"):
+        for mode in modes:
             ratios = [ratio(row, mode) for row in mine]
             ratios = [r for r in ratios if r == r]  # a mode that failed gives nan
             text = ", ".join(f"{r:.3f}" for r in ratios)
             cells.append(f"{text} ({statistics.median(ratios):.3f})" if ratios else "-")
-        print(f"{model_id:<34}{len(mine):>10}  {cells[0]}  |  {cells[1]}")
+        print(f"{model_id:<34}{len(mine):>10}  " + "  |  ".join(cells))
 
 
 def main() -> None:
@@ -215,6 +259,8 @@ def main() -> None:
     p.add_argument("--processes", type=int, default=1,
                    help="time each model in this many fresh processes, one after another, and give every process's "
                         "ratio and their median")
+    p.add_argument("--gpu-time", action="store_true",
+                   help="also each variant's step replayed from a CUDA graph: its GPU time without the host's")
     args = p.parse_args()
     if args.processes < 1:
         p.error(f"--processes must be at least 1, got {args.processes}")
@@ -226,7 +272,7 @@ def main() -> None:
     torch.backends.cudnn.benchmark = True
     out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
            "batch": args.batch, "size": args.size, "dtype": args.dtype, "repeats": args.repeats, "calls": args.calls,
-           "rows": []}
+           "gpu_time": args.gpu_time, "rows": []}
     print(f"{out['gpu']}, torch {out['torch']}, cuDNN {out['cudnn']}; batch {args.batch}, {args.size}x{args.size}, "
           f"{args.dtype} autocast, channels_last, cudnn.benchmark; ms a step, median of {args.repeats} samples of "
           f"{args.calls} back-to-back steps, eager and fused interleaved", flush=True)

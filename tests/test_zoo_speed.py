@@ -1,6 +1,7 @@
 """benchmarks/zoo_speed.py's --processes (no GPU needed): each model timed in fresh processes, their rows gathered
 with the process's number and the children's header, a failed process kept as a row with its error, the JSON
-written after each process, and the table of per-process ratios with their median."""
+written after each process, the table of per-process ratios with their median, and --gpu-time's CUDA-graph
+times: passed to every process, tabled with their ratios, a failed capture named."""
 
 import json
 import subprocess
@@ -14,8 +15,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import zoo_speed  # noqa: E402
 
 
-def _args(processes):
-    return SimpleNamespace(batch=128, size=224, dtype="bfloat16", warmup=3, repeats=10, calls=3, processes=processes)
+def _args(processes, gpu_time=False):
+    return SimpleNamespace(batch=128, size=224, dtype="bfloat16", warmup=3, repeats=10, calls=3, processes=processes,
+                           gpu_time=gpu_time)
 
 
 def test_each_model_runs_in_its_own_processes_and_a_failed_one_is_a_row(monkeypatch):
@@ -85,3 +87,51 @@ def test_a_run_stopped_in_its_first_process_leaves_a_file_with_no_rows(monkeypat
     with pytest.raises(KeyboardInterrupt):
         zoo_speed.run_in_processes(["torchvision:a"], _args(2), str(out))
     assert json.loads(out.read_text()) == {"processes": 2, "rows": []}
+
+
+def test_gpu_time_reaches_every_process_and_is_left_out_without_it(monkeypatch):
+    calls = []
+
+    def fake_run(command, capture_output, text):
+        calls.append(command)
+        return subprocess.CompletedProcess(command, 1, "", "boom")
+
+    monkeypatch.setattr(zoo_speed.subprocess, "run", fake_run)
+    zoo_speed.run_in_processes(["torchvision:a"], _args(2, gpu_time=True))
+    zoo_speed.run_in_processes(["torchvision:a"], _args(1))
+    assert ["--gpu-time" in c for c in calls] == [True, True, False]
+
+
+def test_the_gpu_time_table_gives_ratios_names_a_failed_capture_and_a_slower_fused_step(capsys):
+    capture_error = "RuntimeError: operation not permitted when stream is capturing"
+    rows = [{"model": "a", "convs_fused": 2, "convs": 2, "train": {"eager": 30.0, "fused": 31.0},
+             "inference": {"eager": 8.0, "fused": 6.0}, "train_gpu": {"eager": 20.0, "fused": 15.0},
+             "inference_gpu": {"eager": 5.0, "fused": capture_error}},
+            {"model": "b", "convs_fused": 1, "convs": 1, "train": {"eager": 10.0, "fused": 9.0},
+             "inference": {"eager": 4.0, "fused": 3.0}, "train_gpu": {"eager": 8.0, "fused": 8.8},
+             "inference_gpu": {"eager": 3.0, "fused": 2.4}}]
+    zoo_speed.print_table(rows)
+    out = capsys.readouterr().out.splitlines()
+    gpu = out[out.index(next(line for line in out if line.startswith("GPU time a step"))):]
+    row_a = next(line for line in gpu if line.startswith("a "))
+    assert "0.750x" in row_a and "failed" in row_a and "nanx" in row_a, row_a
+    assert "1.100x" in next(line for line in gpu if line.startswith("b ")) and "0.800x" in gpu[3]
+    assert f"not captured: a inference fused: {capture_error}" in gpu
+    assert gpu[-1] == "fused's GPU time above eager's: b train 1.100x"
+    assert "fused slower than eager: a train 1.033x" in out  # the sampled steps' line stays as it was
+
+
+def test_the_gpu_time_table_is_left_out_of_a_run_without_it(capsys):
+    zoo_speed.print_table([{"model": "a", "convs_fused": 1, "convs": 1, "train": {"eager": 2.0, "fused": 1.0},
+                            "inference": {"eager": 2.0, "fused": 1.0}}])
+    assert "GPU time" not in capsys.readouterr().out
+
+
+def test_the_process_table_adds_the_gpu_time_ratios_where_they_were_taken(capsys):
+    rows = [{"model": "m", "process": i, "train": {"eager": 10.0, "fused": 9.0}, "inference": {"eager": 4.0,
+             "fused": 3.0}, "train_gpu": {"eager": 8.0, "fused": g}, "inference_gpu": {"eager": 2.0, "fused": 1.0}}
+            for i, g in enumerate((6.0, 7.0))]
+    zoo_speed.print_processes(rows)
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.endswith("0.900, 0.900 (0.900)  |  0.750, 0.750 (0.750)  |  0.750, 0.875 (0.812)  |  0.500, 0.500 "
+                         "(0.500)"), line
