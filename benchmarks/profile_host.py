@@ -4,7 +4,8 @@ run, beside each step's kernel time. Where a step's host time exceeds its kernel
 and "loop ms"), this shows where the host spends it and whether it waits on the GPU (synchronizing calls, allocations).
 The profiler adds its own cost to every operator: compare the variants with one another, not with untraced timings.
 
-    python benchmarks/profile_host.py [--model mobilenet_v1|mobilenet_v2|resnet50] [--batch 256] [--json out.json]
+    python benchmarks/profile_host.py [--model mobilenet_v1|mobilenet_v2|resnet50|timm:cspdarknet53] [--batch 256]
+                                      [--json out.json]
 """
 
 from __future__ import annotations
