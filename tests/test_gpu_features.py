@@ -253,6 +253,58 @@ def test_cuda_graph_capture_and_replay_forward_backward(extension):
             torch.testing.assert_close(got, want)
 
 
+class _BlockNet(nn.Module):
+    """conv -> BatchNorm -> ReLU, a depthwise one, and a 1x1 conv -> BatchNorm whose output adds the block's input
+    before a ReLU: the three patterns fuse() turns into Conv2dBNReLU (dense and depthwise) and Conv2dBNAddReLU."""
+
+    def __init__(self, c=32):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(16, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU())
+        self.dw = nn.Sequential(nn.Conv2d(c, c, 3, padding=1, groups=c, bias=False), nn.BatchNorm2d(c), nn.ReLU())
+        self.pw = nn.Conv2d(c, c, 1, bias=False)
+        self.bn = nn.BatchNorm2d(c)
+        self.head = nn.Linear(c, 10)
+
+    def forward(self, x):
+        x = self.stem(x)
+        y = torch.relu(self.bn(self.pw(self.dw(x))) + x)
+        return self.head(y.mean((2, 3)))
+
+
+def test_cuda_graph_capture_of_a_fused_models_training_step(extension):
+    # A fuse()d model's whole training step (BatchNorm on batch statistics: running statistics and the step count
+    # written on the GPU) captured once and replayed on a new batch gives what the same model gives run uncaptured
+    # from the same state: output, every gradient and every buffer.
+    torch.manual_seed(0)
+    fused, report = tcf.fuse(_BlockNet().cuda().to(memory_format=CL))
+    assert report.conv_coverage()[:2] == (3, 3), report
+    fused.train()
+
+    def forward(x):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return fused(x)
+
+    static_x = torch.randn(8, 16, 14, 14, device="cuda").contiguous(memory_format=CL)
+    graph, static_y = capture_training_step(forward, fused, static_x)
+    buffers = list(fused.buffers())
+    before = [b.clone() for b in buffers]
+    fresh = torch.randn(8, 16, 14, 14, device="cuda").contiguous(memory_format=CL)
+    static_x.copy_(fresh)
+    graph.replay()
+    torch.cuda.synchronize()
+    replayed = [static_y.clone(), *(p.grad.clone() for p in fused.parameters()), *(b.clone() for b in buffers)]
+    for buffer, value in zip(buffers, before):  # back to the state the replay started from
+        buffer.copy_(value)
+    expected = forward(fresh)
+    grads = torch.autograd.grad(expected.float().sum(), list(fused.parameters()))
+    for index, (got, want) in enumerate(zip(replayed, [expected, *grads, *buffers])):
+        if want.is_floating_point():
+            assert torch.isfinite(got).all() and rel_err(got, want) < 1e-3, (index, rel_err(got, want))
+        else:  # num_batches_tracked
+            assert torch.equal(got, want), (index, got, want)
+    assert sum(row.convs for row in report.replaced if fused.get_submodule(row.path).fusion_status.fused) == 3
+
+
 def test_plan_cache_hits_on_second_call_and_clears(extension):
     tcf.clear_plan_cache()
     layer = _layer(tcf.Conv2dReLU, 16, 16, 3, padding=1)
