@@ -142,8 +142,23 @@ def ratio(row: dict, mode: str) -> float:
     return fused / eager if timed else float("nan")
 
 
+def _mode_cells(row: dict, mode: str, names: list, missing: str, ratio_width: int) -> list:
+    """A mode's cells in a table row: each variant's ms (`missing` where it failed or is absent), then the ratio."""
+    times = row[mode]
+    cells = [f"{times[n]:>20.2f}" if isinstance(times.get(n), (int, float)) else f"{missing:>20}" for n in names]
+    return cells + [f"{ratio(row, mode):>{ratio_width}.3f}x"]
+
+
+def _slower(rows: list, modes: dict) -> str:
+    """The models and modes (`modes`: key in the row -> the name printed) where fused's ratio is above 1, or none."""
+    slower = [f"{row['model']} {label} {ratio(row, mode):.3f}x" for row in rows for mode, label in modes.items()
+              if ratio(row, mode) > 1.0]
+    return ", ".join(slower) if slower else "none"
+
+
 def print_table(rows: list) -> None:
-    """The rows as a table, then the models and modes where fused was slower than eager."""
+    """The rows as a table, then the models and modes where fused was slower than eager; with --gpu-time's rows, a
+    second table of the CUDA-graph replays, the captures that failed and where fused's GPU time was above eager's."""
     names = ["eager", "fused"]
     print(f"\n{'model':<34}{'convs fused':>12}" + "".join(f"{'train ' + n:>20}" for n in names) + f"{'ratio':>8}"
           + "".join(f"{'infer ' + n:>20}" for n in names) + f"{'ratio':>8}")
@@ -153,34 +168,24 @@ def print_table(rows: list) -> None:
             continue
         cells = [f"{row['convs_fused']:>5} / {row['convs']:<4}"]
         for mode in ("train", "inference"):
-            times = row[mode]
-            cells += [f"{times[n]:>20.2f}" if n in times else f"{'-':>20}" for n in names]
-            cells.append(f"{ratio(row, mode):>7.3f}x")
+            cells += _mode_cells(row, mode, names, "-", 7)
         print(f"{row['model']:<34}" + "".join(cells))
-    slower = [f"{row['model']} {mode} {ratio(row, mode):.3f}x" for row in rows for mode in ("train", "inference")
-              if ratio(row, mode) > 1.0]
-    print("fused slower than eager: " + (", ".join(slower) if slower else "none"))
+    print("fused slower than eager: " + _slower(rows, {"train": "train", "inference": "inference"}))
     graphed = [row for row in rows if "train_gpu" in row]
     if not graphed:
         return
+    gpu_modes = {"train_gpu": "train", "inference_gpu": "inference"}
     print(f"\nGPU time a step, CUDA-graph replay (no host cost)\n{'model':<34}" + "".join(
         f"{mode + ' ' + n:>20}" for mode in ("train", "infer") for n in (*names, "ratio")))
     for row in graphed:
-        cells = []
-        for mode in ("train_gpu", "inference_gpu"):
+        print(f"{row['model']:<34}" + "".join(cell for mode in gpu_modes for cell in
+                                              _mode_cells(row, mode, names, "failed", 19)))
+    for row in graphed:
+        for mode, label in gpu_modes.items():
             for n in names:
-                value = row[mode].get(n)
-                cells.append(f"{value:>20.2f}" if isinstance(value, float) else f"{'failed':>20}")
-            cells.append(f"{ratio(row, mode):>19.3f}x")
-        print(f"{row['model']:<34}" + "".join(cells))
-    failed = [f"{row['model']} {mode[:-4]} {n}: {row[mode][n]}" for row in graphed
-              for mode in ("train_gpu", "inference_gpu") for n in names if isinstance(row[mode].get(n), str)]
-    for line in failed:
-        print("not captured: " + line)
-    slower = [f"{row['model']} {mode[:-4]} {ratio(row, mode):.3f}x" for row in graphed
-              for mode in ("train_gpu", "inference_gpu") if ratio(row, mode) > 1.0]
-    print("fused's GPU time above eager's: " + (", ".join(slower) if slower else "none"))
-
+                if isinstance(row[mode].get(n), str):
+                    print(f"not captured: {row['model']} {label} {n}: {row[mode][n]}")
+    print("fused's GPU time above eager's: " + _slower(graphed, gpu_modes))
 
 
 def run_in_processes(model_ids: list, args, json_path: Optional[str] = None) -> list:
