@@ -663,3 +663,40 @@ def test_mobilenet_v1_shape_and_width():
     assert small(torch.randn(1, 3, 64, 64)).shape == (1, 5)
     with pytest.raises(ValueError, match="width_multiplier must be > 0"):
         mobilenet_v1(width_multiplier=0)
+
+
+class _Readers(nn.Module):
+    """A conv whose output is read by `readers` (each a callable of the conv's output), the results concatenated."""
+
+    def __init__(self, *readers):
+        super().__init__()
+        self.conv = nn.Conv2d(8, 8, 3, padding=1)
+        self.readers = nn.ModuleList(r for r in readers if isinstance(r, nn.Module))
+        self.functions = [r for r in readers if not isinstance(r, nn.Module)]
+
+    def forward(self, x):
+        y = self.conv(x)
+        return torch.cat([r(y) for r in self.readers] + [f(y) for f in self.functions], 1)
+
+
+@pytest.mark.parametrize("readers, reason", [
+    # a reader that would have continued a pattern: the shared output is why
+    ((nn.BatchNorm2d(8), torch.sigmoid), "its output goes to 2 operations (BatchNorm2d, sigmoid): its output is also "
+                                         "used elsewhere"),
+    ((nn.Identity(), torch.sigmoid), "also used elsewhere"),  # what follows an nn.Identity is not looked at
+    ((nn.ReLU(), torch.sigmoid), "its output goes to 2 operations (ReLU, sigmoid): its output is also used elsewhere"),
+    ((lambda y: F.relu(y + 1.0 * y.detach()), torch.tanh), "also used elsewhere"),
+    # readers none of which is fusable after a conv: nothing fusable follows, whatever their number
+    ((torch.sigmoid, torch.tanh, torch.sigmoid), "nothing fusable follows it (patterns: Conv2d -> BatchNorm2d / ReLU / "
+                                                 "add -> ReLU); its output goes to 3 operations (sigmoid × 2, tanh)"),
+    ((nn.GELU(), torch.sigmoid), "nothing fusable follows it"),
+    ((lambda y: y + y.detach(), torch.tanh), "nothing fusable follows it"),  # an add with no ReLU after it
+    ((nn.AvgPool2d(1),), "nothing fusable follows it (patterns: Conv2d -> BatchNorm2d / ReLU / add -> ReLU); its "
+                         "output goes to AvgPool2d"),
+], ids=["batchnorm", "identity", "relu", "add-relu", "three-unfusable", "gelu", "add-alone", "one-reader"])
+def test_a_conv_left_alone_is_reported_shared_only_where_a_reader_would_fuse(readers, reason):
+    model = _Readers(*readers)
+    _, report = tcf.fuse(model)
+    row = next(row for row in report if row.path == "conv")
+    assert not row.replaced and reason in row.reason, row.reason
+    assert ("also used elsewhere" in row.reason) != ("nothing fusable follows" in row.reason), row.reason

@@ -455,15 +455,16 @@ def _is_product(node: fx.Node, value: fx.Node, x: fx.Node) -> bool:
 
 
 def _describe_users(node: fx.Node, modules: dict) -> str:
-    names = []
+    """The operations that read `node`, in order, a repeated one once with its count ("cat × 6, the output")."""
+    names = collections.Counter()  # keeps the order of first use
     for user in node.users:
         if user.op == "call_module":
-            names.append(type(modules[user.target]).__name__)
+            names[type(modules[user.target]).__name__] += 1
         elif user.op == "output":
-            names.append("the output")
+            names["the output"] += 1
         else:
-            names.append(getattr(user.target, "__name__", str(user.target)))
-    return ", ".join(names) or "nothing"
+            names[getattr(user.target, "__name__", str(user.target))] += 1
+    return ", ".join(name if count == 1 else f"{name} × {count}" for name, count in names.items()) or "nothing"
 
 
 class _GraphRewrite:
@@ -561,11 +562,7 @@ class _GraphRewrite:
         if len(chain) == 1:
             if trailing:
                 return self.refuse(path, f"Conv2d -> {trailing}", f"{trailing}: {_NOT_EXPRESSED}", 1)
-            users = len(node.users)
-            why = (f"its output goes to {users} operations ({_describe_users(node, self.modules)}): "
-                   f"{WHY['shared_output']}" if users > 1 else
-                   f"{NOT_FUSED[(False, False, None)]}; its output goes to {_describe_users(node, self.modules)}")
-            return self.refuse(path, "Conv2d", why, 1)
+            return self.refuse(path, "Conv2d", self.why_alone(node), 1)
         pattern = _pattern_name(parts)
         for n in chain:
             # stateless modules may be shared (torchvision's ResNet blocks call one ReLU twice)
@@ -581,6 +578,32 @@ class _GraphRewrite:
         if trailing:
             note = f"{trailing} after it applied as before ({_NOT_EXPRESSED})"
         self.rows.append(FuseRow.fused(path, pattern, type(fused).__name__, note, convs=1))
+
+    def why_alone(self, conv: fx.Node) -> str:
+        """Why a conv with no pattern after it is left as it is: its output is shared, and one of its readers would
+        have continued a pattern (see continues); else nothing fusable follows it (densenet's 3x3 convs feed only
+        concatenations)."""
+        users = list(conv.users)
+        described = _describe_users(conv, self.modules)
+        if len(users) > 1 and any(self.continues(conv, user) for user in users):
+            return f"its output goes to {len(users)} operations ({described}): {WHY['shared_output']}"
+        if len(users) > 1:
+            described = f"{len(users)} operations ({described})"
+        return f"{NOT_FUSED[(False, False, None)]}; its output goes to {described}"
+
+    def continues(self, value: fx.Node, user: fx.Node) -> bool:
+        """Whether match_conv would take `user` into a pattern after `value`, were it `value`'s only reader: a
+        BatchNorm, a fusable activation, an add with a ReLU after it, or an nn.Identity (what follows it is not
+        looked at)."""
+        if user.op == "call_module" and (_is_batch_norm(self.modules[user.target])
+                                         or type(self.modules[user.target]) is nn.Identity):
+            return True
+        if _node_activation(user, value, self.modules)[0] is not None:
+            return True
+        if _residual_of_add(user, value) is None:
+            return False
+        _, after, reads = self.next_step(user)
+        return after is not None and _node_activation(after, reads, self.modules)[0] == "relu"
 
     def replace(self, node, chain, fused, residual, inner_after, bn_node) -> None:
         """The fused call goes right before the chain's last node: every input (x, the residual) exists there, so the
