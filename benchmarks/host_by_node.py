@@ -10,7 +10,7 @@ The hooks add their own host time per module and node, so compare the variants b
 
 --inference times the models in eval under torch.no_grad instead (the forward's modules only; no nodes, no step).
 
-Models: torchvision names, or mobilenet_v1 (profile_by_kind.load_model).
+Models: torchvision names, library:name (timm:cspdarknet53) or mobilenet_v1 (profile_by_kind.load_model).
 
 Writes $OUT/nodes.json (or ./nodes.json).
 """

@@ -504,7 +504,7 @@ class _GraphRewrite:
         self.gm.graph.lint()
         self.gm.recompile()
 
-    def refuse(self, path: str, pattern: str, reason: str, convs: int) -> None:
+    def refuse(self, path: str, pattern: str, reason: str, *, convs: int) -> None:
         self.rows.append(FuseRow.refused(path, pattern, reason, convs=convs))
 
     def next_step(self, value: fx.Node) -> tuple[list[fx.Node], Optional[fx.Node], fx.Node]:
@@ -522,9 +522,9 @@ class _GraphRewrite:
         path = _join(self.prefix, node.target)
         conv = self.modules[node.target]
         if type(conv) is not nn.Conv2d:
-            return self.refuse(path, f"({type(conv).__name__})", f"{type(conv).__name__}: {WHY['conv_type']}", 1)
+            return self.refuse(path, f"({type(conv).__name__})", f"{type(conv).__name__}: {WHY['conv_type']}", convs=1)
         if len(node.args) != 1 or node.kwargs:
-            return self.refuse(path, "Conv2d", "called with other than one positional input", 1)
+            return self.refuse(path, "Conv2d", "called with other than one positional input", convs=1)
         parts, chain, value = ["Conv2d"], [node], node
         bn = bn_node = inner_after = residual = None
         act, trailing = None, ""
@@ -533,7 +533,7 @@ class _GraphRewrite:
             bn = self.modules[nxt.target]
             problem = _batch_norm_problem(bn)
             if problem:
-                return self.refuse(path, _pattern_name(parts + [type(bn).__name__]), problem, 1)
+                return self.refuse(path, _pattern_name(parts + [type(bn).__name__]), problem, convs=1)
             parts.append(_batch_norm_name(bn))
             chain += passed + [nxt]
             value = bn_node = nxt
@@ -561,18 +561,18 @@ class _GraphRewrite:
                     trailing = name
         if len(chain) == 1:
             if trailing:
-                return self.refuse(path, f"Conv2d -> {trailing}", f"{trailing}: {_NOT_EXPRESSED}", 1)
-            return self.refuse(path, "Conv2d", self.why_alone(node), 1)
+                return self.refuse(path, f"Conv2d -> {trailing}", f"{trailing}: {_NOT_EXPRESSED}", convs=1)
+            return self.refuse(path, "Conv2d", self.why_alone(node), convs=1)
         pattern = _pattern_name(parts)
         for n in chain:
             # stateless modules may be shared (torchvision's ResNet blocks call one ReLU twice)
             m = self.modules[n.target] if n.op == "call_module" else None
             if m is not None and self.calls[n.target] > 1 and not (_activation_of_module(m) or type(m) is nn.Identity):
                 return self.refuse(path, pattern, f"{_join(self.prefix, n.target)} is called {self.calls[n.target]} "
-                                                  f"times in forward: {WHY['called_twice']}", 1)
+                                                  f"times in forward: {WHY['called_twice']}", convs=1)
         fused, reason = _fused_module(conv, bn, residual is not None, act)
         if fused is None:
-            return self.refuse(path, pattern, reason, 1)
+            return self.refuse(path, pattern, reason, convs=1)
         self.replace(node, chain, fused, residual, inner_after, bn_node)
         note = ""
         if trailing:
@@ -692,7 +692,7 @@ class _GraphRewrite:
         if not problem and self.calls[node.target] > 1:
             problem = f"called {self.calls[node.target]} times in forward: {WHY['called_twice']}"
         if problem:
-            return self.refuse(path, pattern, problem, 0)
+            return self.refuse(path, pattern, problem, convs=0)
         _set_module(self.gm, node.target, BatchNorm2dReLU.from_bn(bn, activation=act))
         if nxt is not None:
             nxt.replace_all_uses_with(node)
