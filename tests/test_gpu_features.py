@@ -310,6 +310,52 @@ def test_cuda_graph_capture_of_a_fused_models_training_step(extension):
     assert ran_fused() == 3
 
 
+def test_cuda_graph_capture_of_a_fused_models_step_with_its_optimizer(extension):
+    # The step a training loop captures whole (zero_grad, forward, backward, SGD with momentum), as zoo_speed.py
+    # --gpu-time replays it: one replay on a new batch moves the parameters, the momentum buffers and the BatchNorm
+    # buffers as far as the same step run uncaptured from the same state moves them.
+    torch.manual_seed(0)
+    fused, report = tcf.fuse(_BlockNet().cuda().to(memory_format=CL))
+    fused.train()
+    opt = torch.optim.SGD(fused.parameters(), lr=0.1, momentum=0.9)
+    static_x = torch.randn(8, 16, 14, 14, device="cuda").contiguous(memory_format=CL)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = fused(static_x).float().sum()
+        loss.backward()
+        opt.step()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):  # decisions made, plans built and momentum buffers created before the capture
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    layers = [fused.get_submodule(row.path) for row in report.replaced if row.convs]
+    assert len(layers) == 3 and all(layer.fusion_status.fused for layer in layers)  # captured fused, not eager
+    state = [*fused.parameters(), *fused.buffers(), *(opt.state[p]["momentum_buffer"] for p in fused.parameters())]
+    before = [t.detach().clone() for t in state]
+    static_x.copy_(torch.randn_like(static_x))
+    graph.replay()
+    torch.cuda.synchronize()
+    replayed = [t.detach().clone() for t in state]
+    with torch.no_grad():
+        for t, value in zip(state, before):
+            t.copy_(value)
+    step()
+    for index, (got, t, start) in enumerate(zip(replayed, state, before)):
+        if not start.is_floating_point():  # num_batches_tracked
+            assert torch.equal(got, t) and not torch.equal(got, start), (index, got, t, start)
+            continue
+        moved, expected = got.double() - start.double(), t.detach().double() - start.double()
+        assert expected.norm() > 0 and rel_err(moved, expected) < 1e-3, (index, rel_err(moved, expected))
+
+
 def test_plan_cache_hits_on_second_call_and_clears(extension):
     tcf.clear_plan_cache()
     layer = _layer(tcf.Conv2dReLU, 16, 16, 3, padding=1)
