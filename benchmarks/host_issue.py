@@ -22,9 +22,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_mobilenet import train_step_fn  # noqa: E402
 from profile_by_kind import model_arguments, run_header, setup  # noqa: E402
+from timing import SLEEP_CYCLES  # noqa: E402
 
 PHASES = ("forward", "backward", "step", "all")
-SLEEP_CYCLES = 600_000_000  # about 0.3 s at the H100's clock: longer than any step's issue time here
 
 
 def timed_step(step, marks: dict, asleep: bool) -> dict[str, float]:

@@ -31,7 +31,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_cudnn_fusion as tcf  # noqa: E402
 from bench_mobilenet import inference_fn, train_step_fn  # noqa: E402
-from timing import interleaved_median_ms, median_ms  # noqa: E402
+from timing import SLEEP_CYCLES, interleaved_median_ms, median_ms  # noqa: E402
 
 # Patterns in the order a kernel's name is tested against them (the first that matches gives its kind): a
 # BatchNorm kernel that also applies ReLU (Triton's fused ones, cuDNN's) counts as BatchNorm; cuDNN names its kernels
@@ -91,11 +91,16 @@ def kernel_ms_per_step(fn, steps: int) -> dict[str, float]:
     return out
 
 
-def host_ms(fn, repeats: int) -> float:
-    """The host's median time to issue one call of `fn` (its wall time from an idle GPU, not waiting for it)."""
+def host_ms(fn, repeats: int, asleep: bool = False) -> float:
+    """The host's median time to issue one call of `fn`: its wall time from an idle GPU, not waiting for it at the end.
+    A call can still wait inside, on the GPU (a full launch queue, a synchronizing call); asleep: each call is issued
+    behind a sleep kernel (timing.SLEEP_CYCLES), so that nothing in it waits on the GPU's work unless it issues more
+    than the launch queue holds: the issue time alone (host_issue.py's "asleep" condition)."""
     samples = []
     for _ in range(repeats):
         torch.cuda.synchronize()
+        if asleep:
+            torch.cuda._sleep(SLEEP_CYCLES)
         start = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - start) * 1000.0)

@@ -41,7 +41,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_mobilenet import train_step_fn  # noqa: E402
-from host_issue import SLEEP_CYCLES  # noqa: E402
+from timing import SLEEP_CYCLES  # noqa: E402
 from profile_by_kind import kind_of, model_arguments, run_header, setup  # noqa: E402
 from timing import interleaved_median_ms  # noqa: E402
 

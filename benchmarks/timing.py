@@ -7,6 +7,10 @@ import time
 
 import torch
 
+# A sleep kernel's length in clock cycles (torch.cuda._sleep), about 0.3 s at an H100's clock: queued before a step,
+# it holds the GPU busy for longer than any step here takes the host to issue, so no call in the step waits on the GPU.
+SLEEP_CYCLES = 600_000_000
+
 
 def graph_replay_ms(fn, calls: int = 10, replays: int = 11) -> float:
     """GPU time per call of `fn()` with no host cost: `calls` calls captured in one CUDA graph, the median of

@@ -19,3 +19,14 @@ def test_load_model_takes_ours_a_torchvision_name_and_library_colon_name(name, m
         pytest.importorskip("torchvision")
     model = profile_by_kind.load_model(name)
     assert type(model).__module__.startswith(module), type(model)
+
+
+@pytest.mark.parametrize("asleep", [False, True])
+def test_host_ms_queues_a_sleep_kernel_before_each_call_only_when_asleep(monkeypatch, asleep):
+    events = []
+    monkeypatch.setattr(profile_by_kind.torch.cuda, "synchronize", lambda: events.append("sync"))
+    monkeypatch.setattr(profile_by_kind.torch.cuda, "_sleep", lambda cycles: events.append(("sleep", cycles)))
+    ms = profile_by_kind.host_ms(lambda: events.append("call"), 3, asleep=asleep)
+    before_call = [("sleep", profile_by_kind.SLEEP_CYCLES)] if asleep else []
+    assert events == ["sync", *before_call, "call"] * 3 + ["sync"], events
+    assert ms >= 0
