@@ -71,22 +71,34 @@ def train_and_eval_steps(fused, x):
         yield "training" if training else "eval"
 
 
-def capture_training_step(forward, model, static_x):
-    """(graph, static_y): forward(static_x) and the backward of its sum captured in one CUDA graph, after three warm-up
-    steps on a side stream (decisions made, plans built before capture) and with the model's gradients cleared, so
-    that each replay writes them afresh."""
+def capture(step, before_capture=None):
+    """(graph, what the captured call returned): step() captured in one CUDA graph after three warm-up calls on a side
+    stream (decisions made, plans built and optimizer state created before capture); before_capture() runs between
+    the two."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(3):
-            forward(static_x).float().sum().backward()
+            step()
     torch.cuda.current_stream().wait_stream(side)
-    model.zero_grad(set_to_none=True)
+    if before_capture is not None:
+        before_capture()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        static_y = forward(static_x)
-        static_y.float().sum().backward()
-    return graph, static_y
+        result = step()
+    return graph, result
+
+
+def capture_training_step(forward, model, static_x):
+    """(graph, static_y): forward(static_x) and the backward of its sum captured in one CUDA graph (capture), with the
+    model's gradients cleared before the capture, so that each replay writes them afresh."""
+
+    def step():
+        y = forward(static_x)
+        y.float().sum().backward()
+        return y
+
+    return capture(step, before_capture=lambda: model.zero_grad(set_to_none=True))
 
 
 def without_ambiguous_relu6_gradient(grad_y, pre_activation, dtype):

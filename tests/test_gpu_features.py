@@ -15,7 +15,7 @@ from torch import nn
 
 import torch_cudnn_fusion as tcf
 
-from conftest import capture_training_step, gpu, rel_err
+from conftest import capture, capture_training_step, gpu, rel_err
 
 pytestmark = gpu
 CL = torch.channels_last
@@ -327,15 +327,7 @@ def test_cuda_graph_capture_of_a_fused_models_step_with_its_optimizer(extension)
         loss.backward()
         opt.step()
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):  # decisions made, plans built and momentum buffers created before the capture
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph, _ = capture(step)  # the warm-up calls create the momentum buffers before the capture
     layers = [fused.get_submodule(row.path) for row in report.replaced if row.convs]
     assert len(layers) == 3 and all(layer.fusion_status.fused for layer in layers)  # captured fused, not eager
     state = [*fused.parameters(), *fused.buffers(), *(opt.state[p]["momentum_buffer"] for p in fused.parameters())]
