@@ -197,7 +197,8 @@ def test_functional_errors_name_the_argument():
     x = torch.randn(2, 8, 4, 4)
     with pytest.raises(ValueError, match="running_mean and running_var must be given together"):
         tcf.batch_norm_act(x, torch.zeros(8), None, training=True)
-    with pytest.raises(ValueError, match="activation must be 'relu', 'relu6', 'silu', 'hardswish', 'identity' or None, got 'tanh'"):
+    with pytest.raises(ValueError, match="activation must be 'relu', 'relu6', 'silu', 'hardswish', 'leaky_relu', "
+                                         "'identity' or None, got 'tanh'"):
         tcf.batch_norm_act(x, None, None, training=True, activation="tanh")
 
 
@@ -471,19 +472,24 @@ def test_fuse_traced_silu_and_hardswish_functions_and_modules():
     torch.testing.assert_close(model.state_dict(), eager.state_dict(), rtol=0, atol=0)
 
 
-def test_conv_bn_takes_silu_and_hardswish_the_relu_modules_do_not_and_bad_activations_are_named():
+def test_conv_bn_takes_silu_hardswish_and_leaky_relu_the_relu_modules_do_not_and_bad_activations_are_named():
     conv, bn = nn.Conv2d(4, 8, 1), nn.BatchNorm2d(8)
     assert tcf.Conv2dBN.from_modules(conv, bn, activation="silu").activation == "silu"
     assert tcf.Conv2dBN(4, 8, 1, activation="hardswish").activation == "hardswish"
-    with pytest.raises(ValueError, match="Conv2dBN: activation must be 'relu', 'relu6', 'silu', 'hardswish' or None, "
-                                         "got 'gelu'"):
+    leaky = tcf.Conv2dBN.from_modules(conv, bn, activation="leaky_relu", negative_slope=0.2)
+    assert (leaky.activation, leaky.negative_slope) == ("leaky_relu", 0.2) and "negative_slope=0.2" in repr(leaky)
+    assert tcf.Conv2dBN(4, 8, 1, activation="leaky_relu").negative_slope == 0.01  # nn.LeakyReLU's default
+    with pytest.raises(TypeError, match="Conv2dBN: negative_slope must be a real number, got str"):
+        tcf.Conv2dBN(4, 8, 1, activation="leaky_relu", negative_slope="0.1")
+    with pytest.raises(ValueError, match="Conv2dBN: activation must be 'relu', 'relu6', 'silu', 'hardswish', "
+                                         "'leaky_relu' or None, got 'gelu'"):
         tcf.Conv2dBN(4, 8, 1, activation="gelu")
     # the ReLU modules take what their names say: SiLU and Hardswish are Conv2dBN's (as fuse() makes them)
     for make, name in ((lambda a: tcf.Conv2dBNReLU(4, 8, 1, activation=a), "Conv2dBNReLU"),
                        (lambda a: tcf.Conv2dBNAddReLU.from_modules(conv, bn, activation=a), "Conv2dBNAddReLU"),
                        (lambda a: tcf.BatchNorm2dReLU.from_bn(bn, activation=a), "BatchNorm2dReLU")):
         assert make("relu6").activation == "relu6"
-        for activation in ("silu", "hardswish"):
+        for activation in ("silu", "hardswish", "leaky_relu"):
             with pytest.raises(ValueError, match=f"{name}: activation must be 'relu', 'relu6' or None, "
                                                  f"got '{activation}'"):
                 make(activation)
@@ -700,3 +706,74 @@ def test_a_conv_left_alone_is_reported_shared_only_where_a_reader_would_fuse(rea
     row = next(row for row in report if row.path == "conv")
     assert not row.replaced and reason in row.reason, row.reason
     assert ("also used elsewhere" in row.reason) != ("nothing fusable follows" in row.reason), row.reason
+
+
+class _LeakyNet(nn.Module):
+    """LeakyReLU after a conv + BatchNorm in the three forms models write it (an nn.LeakyReLU, F.leaky_relu with its
+    slope, timm's BatchNormAct2d holding one), and after a conv alone."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.bn1, self.act1 = nn.Conv2d(8, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), \
+            nn.LeakyReLU(0.1, inplace=True)
+        self.conv2, self.bn2 = nn.Conv2d(16, 16, 1, bias=False), nn.BatchNorm2d(16)
+        self.conv3, self.bn3 = nn.Conv2d(16, 16, 3, padding=1, groups=16, bias=False), nn.BatchNorm2d(16)
+        self.conv4 = nn.Conv2d(16, 16, 1)
+
+    def forward(self, x):
+        x = self.act1(self.bn1(self.conv1(x)))
+        x = F.leaky_relu(self.bn2(self.conv2(x)), negative_slope=0.2)
+        x = F.leaky_relu(self.bn3(self.conv3(x)))  # the default slope, 0.01
+        return F.leaky_relu(self.conv4(x), 0.3)  # no BatchNorm: not fused
+
+
+def test_fuse_leaky_relu_after_conv_and_batch_norm_with_its_slope():
+    torch.manual_seed(0)
+    plain = _LeakyNet()
+    eager = copy.deepcopy(plain)
+    model, report = tcf.fuse(plain)
+    rows = rows_by_path(report)
+    for path, pattern, slope in (("conv1", "Conv2d -> BatchNorm2d -> LeakyReLU", 0.1),
+                                 ("conv2", "Conv2d -> BatchNorm2d -> leaky_relu", 0.2),
+                                 ("conv3", "Conv2d -> BatchNorm2d -> leaky_relu", 0.01)):
+        fused = model.get_submodule(path)
+        assert rows[path].module == "Conv2dBN" and rows[path].pattern == pattern and rows[path].reason == "", rows[path]
+        assert (fused.activation, fused.negative_slope) == ("leaky_relu", slope), path
+    assert not rows["conv4"].replaced and "LeakyReLU without a BatchNorm" in rows["conv4"].reason
+    assert type(plain.act1) is nn.LeakyReLU and type(plain.conv1) is nn.Conv2d  # the original is untouched
+    x = torch.randn(2, 8, 6, 6) * 3
+    for mode in (True, False):  # on the CPU: the eager composition, so exactly eager's numbers
+        model.train(mode), eager.train(mode)
+        torch.testing.assert_close(model(x), eager(x), rtol=0, atol=0)
+    model.train(), eager.train()
+    model(x).sum().backward(), eager(x).sum().backward()
+    for (name, got), want in zip(model.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(got.grad, want.grad, rtol=0, atol=0, msg=name)
+
+
+def test_fuse_leaky_relu_in_a_sequential_and_in_timm_batch_norm_act():
+    class BatchNormAct2d(nn.BatchNorm2d):  # timm's, as test_fuse_timm_batch_norm_act's stand-in
+        def __init__(self, channels, act):
+            super().__init__(channels)
+            self.drop, self.act = nn.Identity(), act
+
+        def forward(self, x):
+            return self.act(self.drop(F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                                                   self.training, self.momentum, self.eps)))
+
+    BatchNormAct2d.__module__ = "timm.layers.norm_act"
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1, bias=False), BatchNormAct2d(16, nn.LeakyReLU(0.1)),
+                          nn.Conv2d(16, 16, 1, bias=False), nn.BatchNorm2d(16), nn.LeakyReLU(0.05))
+    eager = copy.deepcopy(plain)
+    for use_fx in (True, False):
+        model, report = tcf.fuse(plain, use_fx=use_fx)
+        rows = rows_by_path(report)
+        assert rows["0"].pattern == "Conv2d -> BatchNormAct2d(LeakyReLU)" and rows["0"].module == "Conv2dBN"
+        assert rows["2"].pattern == "Conv2d -> BatchNorm2d -> LeakyReLU" and rows["2"].module == "Conv2dBN"
+        assert [model.get_submodule(p).negative_slope for p in ("0", "2")] == [0.1, 0.05], use_fx
+        x = torch.randn(2, 8, 6, 6)
+        for mode in (True, False):
+            model.train(mode), eager.train(mode)
+            torch.testing.assert_close(model(x), eager(x), rtol=0, atol=0)
+        plain.load_state_dict(eager.state_dict())  # statistics were shared with the fused model: align again

@@ -1,4 +1,4 @@
-"""BatchNorm (+ residual) (+ ReLU / ReLU6) on the GPU: each implementation against eager and a float64 reference,
+"""BatchNorm (+ residual) (+ activation) on the GPU: each implementation against eager and a float64 reference,
 forward, every gradient and the running statistics; the modules' decisions; MobileNet v1 fused vs eager."""
 
 import copy
@@ -16,9 +16,11 @@ from conftest import CountingCall, assert_as_accurate_as_eager, gpu, rel_err
 
 pytestmark = gpu
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
-ACTIVATIONS = ["relu", "relu6", "silu", "hardswish", None]
-ACT_CODE = {None: 0, "relu": 1, "relu6": 2, "silu": 3, "hardswish": 4}
-ACT = {"relu": F.relu, "relu6": F.relu6, "silu": F.silu, "hardswish": F.hardswish, None: lambda t: t}
+ACTIVATIONS = ["relu", "relu6", "silu", "hardswish", "leaky_relu", None]
+ACT_CODE = {None: 0, "relu": 1, "relu6": 2, "silu": 3, "hardswish": 4, "leaky_relu": 5}
+SLOPE = 0.2  # LeakyReLU's negative slope in these tests: not the default 0.01, so that a slope lost on the way shows
+ACT = {"relu": F.relu, "relu6": F.relu6, "silu": F.silu, "hardswish": F.hardswish,
+       "leaky_relu": lambda t: F.leaky_relu(t, SLOPE), None: lambda t: t}
 
 
 def reference(x, rm, rv, w, b, momentum, eps, activation, residual):
@@ -62,8 +64,8 @@ def test_batch_norm_act_matches_eager_and_float64(extension, dtype, activation, 
     if implementation == "legacy" and (activation == "relu6" or (residual and activation is None)):
         assert refusal, "the legacy API has no ReLU6 and adds a residual only before an activation"
         return
-    if residual and activation in ("silu", "hardswish"):
-        assert "SiLU and Hardswish after a residual add are not fused" in refusal, refusal
+    if residual and activation in ("silu", "hardswish", "leaky_relu"):
+        assert "SiLU, Hardswish and LeakyReLU after a residual add are not fused" in refusal, refusal
         return
     if implementation == "graph" and residual and activation is None:
         # cuDNN 9.19 on H200 builds BN + add only with a ReLU after the add ("add_Y_connections.size() != 1")
@@ -73,7 +75,8 @@ def test_batch_norm_act_matches_eager_and_float64(extension, dtype, activation, 
     impl = 0 if implementation == "graph" else 1
 
     def fused(x, w, b, res, rm, rv):
-        out = torch.ops.cudnn_fusion.batch_norm_act(x, w, b, rm, rv, res, momentum, eps, ACT_CODE[activation], impl)
+        out = torch.ops.cudnn_fusion.batch_norm_act(x, w, b, rm, rv, res, momentum, eps, ACT_CODE[activation], impl,
+                                                    negative_slope=SLOPE)
         rm.copy_(out[3]), rv.copy_(out[4])
         return out[0]
 
@@ -122,19 +125,19 @@ def test_backward_chosen_by_timing_under_cudnn_benchmark_is_correct(extension, s
 @pytest.mark.parametrize("shape", [(4, 30, 9, 9), (64, 64, 56, 56), (16, 72, 61, 67)],
                          ids=["30ch", "64ch-56x56", "72ch-61x67"])
 @pytest.mark.parametrize("activation, residual", [("relu", False), ("relu", True), ("relu6", False), ("relu6", True),
-                                                  ("silu", False), ("hardswish", False)],
-                         ids=["relu", "relu-residual", "relu6", "relu6-residual", "silu", "hardswish"])
+                                                  ("silu", False), ("hardswish", False), ("leaky_relu", False)],
+                         ids=["relu", "relu-residual", "relu6", "relu6-residual", "silu", "hardswish", "leaky_relu"])
 def test_batch_norm_backward_kernel_folds_the_activation_in(extension, dtype, shape, activation, residual):
-    """NHWC BatchNorm + ReLU/ReLU6/SiLU/Hardswish backward is our kernel, which applies the activation's mask or
-    derivative as it reads dy (its input recomputed from x, or ReLU's mask read from y after a residual add; SiLU and
-    Hardswish take no residual): every gradient against eager and float64, at a
+    """NHWC BatchNorm + ReLU/ReLU6/SiLU/Hardswish/LeakyReLU backward is our kernel, which applies the activation's
+    mask or derivative as it reads dy (its input recomputed from x, or ReLU's mask read from y after a residual add;
+    SiLU, Hardswish and LeakyReLU take no residual): every gradient against eager and float64, at a
     channel count no 16-byte vector divides (one element at a time) and at sizes spread over many blocks, whose
     threads take different numbers of rows (dx walks each thread's rows back from its last)."""
     x, w, b, rm, rv, res, grad = make_inputs(dtype, residual, shape)
     act = ACT_CODE[activation]
 
     def fused(x, w, b, res, rm, rv):
-        return torch.ops.cudnn_fusion.batch_norm_act(x, w, b, rm, rv, res, 0.1, 1e-5, act, 0)[0]
+        return torch.ops.cudnn_fusion.batch_norm_act(x, w, b, rm, rv, res, 0.1, 1e-5, act, 0, negative_slope=SLOPE)[0]
 
     def eager(x, w, b, res, rm, rv):
         return reference(x, rm, rv, w, b, 0.1, 1e-5, activation, res)
@@ -149,7 +152,7 @@ def test_batch_norm_backward_kernel_folds_the_activation_in(extension, dtype, sh
     assert not any("batch_norm_act_backward_finalize" in n for n in names), "the partial sums' total ran apart"
     assert any("batch_norm_act_backward_dx" in n for n in names) == residual, names
     assert not names & {"aten::threshold_backward", "aten::hardtanh_backward", "aten::silu_backward",
-                        "aten::hardswish_backward"}, "a separate activation backward ran"
+                        "aten::hardswish_backward", "aten::leaky_relu_backward"}, "a separate activation backward ran"
     y_e, grads_e, _, _ = run(eager, x, w, b, res, grad, rm, rv)
     d = lambda t: t.double() if t is not None else None
     y_r, grads_r, _, _ = run(eager, d(x), d(w), d(b), d(res), d(grad), d(rm), d(rv))
@@ -160,13 +163,13 @@ def test_batch_norm_backward_kernel_folds_the_activation_in(extension, dtype, sh
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-@pytest.mark.parametrize("activation", ["silu", "hardswish"])
+@pytest.mark.parametrize("activation", ["silu", "hardswish", "leaky_relu"])
 @pytest.mark.parametrize("path", ["legacy_api", "nchw"])
-def test_silu_and_hardswish_backward_in_aten_where_our_kernel_does_not_run(extension, dtype, activation, path):
+def test_silu_hardswish_leaky_relu_backward_in_aten_where_our_kernel_does_not_run(extension, dtype, activation, path):
     """Where our NHWC kernel does not run the backward — the legacy cuDNN BatchNorm API (the graph refused), or an NCHW
-    x passed to the op (the layers decide eager for NCHW, so only a direct call reaches it) — the op takes SiLU's or
-    Hardswish's backward from ATen on the activation's input recomputed from x and the saved statistics, then
-    BatchNorm's backward alone. The output, every gradient and the running statistics against eager and float64."""
+    x passed to the op (the layers decide eager for NCHW, so only a direct call reaches it) — the op takes SiLU's,
+    Hardswish's or LeakyReLU's backward from ATen on the activation's input recomputed from x and the saved
+    statistics, then BatchNorm's backward alone. The output, every gradient and the running statistics against eager and float64."""
     x, w, b, rm, rv, _, grad = make_inputs(dtype, False)
     impl = 1 if path == "legacy_api" else 0
     if path == "nchw":
@@ -177,7 +180,8 @@ def test_silu_and_hardswish_backward_in_aten_where_our_kernel_does_not_run(exten
         assert refusals["legacy"] == "", refusals["legacy"]
 
     def fused(x, w, b, res, rm, rv):
-        out = torch.ops.cudnn_fusion.batch_norm_act(x, w, b, rm, rv, None, 0.1, 1e-5, ACT_CODE[activation], impl)
+        out = torch.ops.cudnn_fusion.batch_norm_act(x, w, b, rm, rv, None, 0.1, 1e-5, ACT_CODE[activation], impl,
+                                                    negative_slope=SLOPE)
         rm.copy_(out[3]), rv.copy_(out[4])
         return out[0]
 
@@ -203,7 +207,7 @@ def test_silu_and_hardswish_backward_in_aten_where_our_kernel_does_not_run(exten
         assert rel_err(s, s_r) <= 2 * rel_err(s_e, s_r) + 1e-6, name
 
 
-def test_silu_and_hardswish_after_a_residual_add_run_eager_with_the_reason(extension, no_tf32):
+def test_silu_hardswish_leaky_relu_after_a_residual_add_run_eager_with_the_reason(extension, no_tf32):
     """SiLU's and Hardswish's backward reads the sum before them, which the op does not keep: with a residual the
     layer runs eager's composition and says why, strict mode raises, and the op itself refuses the call."""
     torch.manual_seed(0)
@@ -214,15 +218,18 @@ def test_silu_and_hardswish_after_a_residual_add_run_eager_with_the_reason(exten
     residual = torch.randn(4, 32, 8, 8, device="cuda").to(memory_format=torch.channels_last)
     y = fused(x, residual)
     status = fused.fusion_status
-    assert not status.fused and "SiLU and Hardswish after a residual add are not fused" in status.reason, status
+    assert not status.fused and "SiLU, Hardswish and LeakyReLU after a residual add are not fused" in status.reason, \
+        status
     torch.testing.assert_close(y, F.silu(bn_e(conv_e(x)) + residual), rtol=0, atol=0)
-    with pytest.raises(tcf.FusionError, match="SiLU and Hardswish after a residual add"):
+    with pytest.raises(tcf.FusionError, match="SiLU, Hardswish and LeakyReLU after a residual add"):
         tcf.Conv2dBN.from_modules(copy.deepcopy(conv), copy.deepcopy(bn), activation="hardswish", strict=True)(
             x, residual)
     z = torch.randn(4, 32, 8, 8, device="cuda").to(memory_format=torch.channels_last)
     ones, zeros = torch.ones(32, device="cuda"), torch.zeros(32, device="cuda")
-    with pytest.raises(RuntimeError, match="SiLU and Hardswish take no residual here"):
+    with pytest.raises(RuntimeError, match="SiLU, Hardswish and LeakyReLU take no residual here"):
         torch.ops.cudnn_fusion.batch_norm_act(z, ones, zeros, None, None, residual, 0.1, 1e-5, 3, 0)
+    with pytest.raises(RuntimeError, match="SiLU, Hardswish and LeakyReLU take no residual here"):
+        torch.ops.cudnn_fusion.batch_norm_act(z, ones, zeros, None, None, residual, 0.1, 1e-5, 5, 0)
 
 
 def test_conv_bn_relu_training_step_runs_no_separate_relu_backward(extension, no_tf32):
@@ -519,6 +526,8 @@ CONV_BN_VARIANTS = {
     "residual": (tcf.Conv2dBNAddReLU, "relu", False, 1, 0.1, True, True, True),
     "silu": (tcf.Conv2dBN, "silu", False, 1, 0.1, True, True, False),
     "hardswish-depthwise-conv_bias": (tcf.Conv2dBN, "hardswish", True, 64, 0.1, True, True, False),
+    "leaky_relu": (tcf.Conv2dBN, "leaky_relu", False, 1, 0.1, True, True, False),
+    "leaky_relu-depthwise": (tcf.Conv2dBN, "leaky_relu", False, 64, 0.1, True, True, False),
 }
 
 
@@ -613,7 +622,7 @@ def test_conv_bn_training_steps_run_as_one_op_and_match_eager(extension, no_tf32
     conv, bn = conv.cuda().to(memory_format=torch.channels_last), bn.cuda()
     conv_e, bn_e = copy.deepcopy(conv), copy.deepcopy(bn)
     conv_r, bn_r = copy.deepcopy(conv).double(), copy.deepcopy(bn).double()
-    fused = cls.from_modules(conv, bn, activation=activation)
+    fused = cls.from_modules(conv, bn, activation=activation, negative_slope=SLOPE)  # LeakyReLU's (the rest ignore it)
     autocast = dtype != torch.float32
     for step in range(3):
         x = torch.randn(8, cin, 14, 14, device="cuda").to(memory_format=torch.channels_last)

@@ -269,7 +269,8 @@ def _eager_twin(module, x, residual):
     if residual is not None:
         y = y + residual
     activation = {"relu": torch.relu, "relu6": torch.nn.functional.relu6, "silu": torch.nn.functional.silu,
-                  "hardswish": torch.nn.functional.hardswish}.get(module.activation)
+                  "hardswish": torch.nn.functional.hardswish,
+                  "leaky_relu": lambda t: F.leaky_relu(t, module.negative_slope)}.get(module.activation)
     return y if activation is None else activation(y)
 
 

@@ -11,19 +11,20 @@ import enum
 
 
 class Activation(enum.IntEnum):
-    """The activation argument of the conv ops (IDENTITY, RELU, RELU6) and the BatchNorm ops (all five)
-    (csrc/core/graph_key.h)."""
+    """The activation argument of the conv ops (IDENTITY, RELU, RELU6) and the BatchNorm ops (all six; LEAKY_RELU's
+    negative slope is an argument of its own) (csrc/core/graph_key.h)."""
 
     IDENTITY = 0
     RELU = 1
     RELU6 = 2
     SILU = 3
     HARDSWISH = 4
+    LEAKY_RELU = 5
 
     @classmethod
     def from_name(cls, name: str | None, accepted: tuple | None = None, where: str = "") -> "Activation":
-        """The code of `name` ("relu", "relu6", "silu", "hardswish", "identity" or None, the modules' and functions'
-        spelling); a ValueError naming what is accepted when `name` is not one of `accepted` (default: all of them).
+        """The code of `name` ("relu", "relu6", "silu", "hardswish", "leaky_relu", "identity" or None, the modules' and
+        functions' spelling); a ValueError naming what is accepted when `name` is not one of `accepted` (default: all of them).
         `where` (a module's name) leads the message."""
         accepted = ACTIVATION_NAMES if accepted is None else accepted
         if name not in accepted:
@@ -33,9 +34,10 @@ class Activation(enum.IntEnum):
 
 
 _ACTIVATION_NAMES = {"relu": Activation.RELU, "relu6": Activation.RELU6, "silu": Activation.SILU,
-                     "hardswish": Activation.HARDSWISH, "identity": Activation.IDENTITY, None: Activation.IDENTITY}
-# What the BatchNorm ops and the conv + BatchNorm modules take: SiLU and Hardswish are applied to the BatchNorm's
-# output, their backward folded into our BatchNorm backward kernel.
+                     "hardswish": Activation.HARDSWISH, "leaky_relu": Activation.LEAKY_RELU,
+                     "identity": Activation.IDENTITY, None: Activation.IDENTITY}
+# What the BatchNorm ops and the conv + BatchNorm modules take: SiLU, Hardswish and LeakyReLU are applied to the
+# BatchNorm's output, their backward folded into our BatchNorm backward kernel.
 ACTIVATION_NAMES = tuple(_ACTIVATION_NAMES)
 # What the conv ops (conv + bias (+ residual) + activation graphs) take.
 CONV_ACTIVATION_NAMES = ("relu", "relu6", "identity", None)

@@ -28,14 +28,16 @@ const char* graph_kind_name(GraphKind kind);
 const char* graph_short_name(GraphKind kind);
 
 // The activation after a BatchNorm or a conv (and its backward). The conv ops take kNone, kRelu and kRelu6; the
-// BatchNorm ops take all five.
-enum class Activation : int64_t { kNone = 0, kRelu = 1, kRelu6 = 2, kSilu = 3, kHardswish = 4 };
+// BatchNorm ops take all six (LeakyReLU with its negative slope, an argument of its own).
+enum class Activation : int64_t { kNone = 0, kRelu = 1, kRelu6 = 2, kSilu = 3, kHardswish = 4, kLeakyRelu = 5 };
 
-// SiLU and Hardswish are in no cuDNN graph and no legacy BatchNorm call (cuDNN 9.19 refuses their backward before
-// the BatchNorm backward, and has no hardswish mode): the BatchNorm ops apply them to the output in place and fold
-// their backward into our NHWC kernel. A BatchNorm problem (plan key, legacy descriptors) carries the activation its
-// cuDNN call runs: graph_activation's.
-inline bool applied_after_cudnn(Activation a) { return a == Activation::kSilu || a == Activation::kHardswish; }
+// SiLU, Hardswish and LeakyReLU are in no cuDNN graph and no legacy BatchNorm call (cuDNN 9.19 refuses SiLU's backward
+// before the BatchNorm backward, and has no hardswish mode): the BatchNorm ops apply them to the output in place and
+// fold their backward into our NHWC kernel. A BatchNorm problem (plan key, legacy descriptors) carries the activation
+// its cuDNN call runs: graph_activation's.
+inline bool applied_after_cudnn(Activation a) {
+  return a == Activation::kSilu || a == Activation::kHardswish || a == Activation::kLeakyRelu;
+}
 inline Activation graph_activation(Activation a) { return applied_after_cudnn(a) ? Activation::kNone : a; }
 
 // How a plan is chosen among the candidates cuDNN's heuristics offer (torch_cudnn_fusion.EnginePolicy).

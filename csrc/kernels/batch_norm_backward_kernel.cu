@@ -1,7 +1,8 @@
 // BatchNorm's training backward with its activation's backward folded in, for dense NHWC tensors. With
 // xc = x - mean (the saved batch mean), a = invstd * weight and M the rows (N*H*W):
 //   g        = dy where the activation passed, else 0   (ReLU: v > 0; ReLU6: 0 < v < 6);
-//              dy * silu'(v) or dy * hardswish'(v) after SiLU or Hardswish
+//              dy * silu'(v) or dy * hardswish'(v) after SiLU or Hardswish; dy where v > 0, else dy * slope, after
+//              LeakyReLU
 //   dbias    = sum of g over the rows;  dweight = invstd * sum of g * xc
 //   dx       = a * (g - dbias / M - xc * invstd * dweight / M)
 // v is the forward output y (read) when a residual was added before the activation, else the pre-activation
@@ -59,10 +60,13 @@ __device__ inline bool passes(float v, int activation) {
 // What the kernels' g is taken from, a template argument so that each instantiation holds one's code: the ReLU or
 // ReLU6 mask of the pre-activation, recomputed from x (kMaskOfPre), or of the forward output y, read where a residual
 // was added before the activation (kMaskOfY); or SiLU's or Hardswish's derivative at the recomputed pre-activation
-// (kDerivative; they never take a residual: their derivative needs the input, which is not kept). With the derivative
-// in every instantiation (09e4f51..1576728) the bfloat16 one-launch kernel of 8-element vectors spilled 156 bytes
-// (0 before) and took 6.10 ms of an H200's MobileNet v1 step against 3.50 (profile_by_kind, 2026-11-27s and -26k).
-enum class Gate { kMaskOfPre, kMaskOfY, kDerivative };
+// (kDerivative; they never take a residual: their derivative needs the input, which is not kept); or LeakyReLU's
+// gate at the recomputed pre-activation (kLeaky: dy where v > 0, else dy * negative_slope, as PyTorch's
+// leaky_relu_backward computes it in float32), an instantiation of its own so that the others' code stays as it
+// was. With the derivative in every instantiation (09e4f51..1576728) the bfloat16 one-launch kernel of 8-element
+// vectors spilled 156 bytes (0 before) and took 6.10 ms of an H200's MobileNet v1 step against 3.50 (profile_by_kind,
+// 2026-11-27s and -26k).
+enum class Gate { kMaskOfPre, kMaskOfY, kDerivative, kLeaky };
 
 // SiLU's or Hardswish's derivative at v, its input (the BatchNorm output rounded to the storage type, as eager's
 // activation reads it), computed as PyTorch's silu_backward and hardswish_backward compute it in float32.
@@ -80,9 +84,10 @@ __device__ inline float derivative(float v, int activation) {
 // g for one element: dy through the activation (ReLU, ReLU6: its mask; SiLU, Hardswish: dy times the derivative).
 template <typename T, Gate G>
 __device__ inline float masked_grad(float dy, float xc, float y, float invstd, float weight, float bias,
-                                    int activation) {
+                                    int activation, float negative_slope) {
   const float v =
       G == Gate::kMaskOfY ? y : to_float(from_float<T>(__fadd_rn(__fmul_rn(__fmul_rn(xc, invstd), weight), bias)));
+  if (G == Gate::kLeaky) return v > 0.f ? dy : __fmul_rn(dy, negative_slope);
   if (G != Gate::kDerivative) return passes(v, activation) ? dy : 0.f;
   return __fmul_rn(dy, derivative(v, activation));
 }
@@ -98,7 +103,7 @@ __device__ void reduce_rows(const T* __restrict__ dy, const T* __restrict__ x, c
                             const float* __restrict__ save_mean, const float* __restrict__ save_invstd,
                             const float* __restrict__ weight, const float* __restrict__ bias, T* __restrict__ dz,
                             float* __restrict__ partial, int64_t rows, int64_t channels, int activation,
-                            float* shared) {
+                            float negative_slope, float* shared) {
   constexpr bool kFromY = G == Gate::kMaskOfY;
   using P = Pack<T, V>;
   const int64_t groups = channels / V;
@@ -117,7 +122,7 @@ __device__ void reduce_rows(const T* __restrict__ dy, const T* __restrict__ x, c
       for (int v = 0; v < V; ++v) {
         float xc = __fsub_rn(to_float(x_p.v[v]), ch.mean[v]);
         float g = masked_grad<T, G>(to_float(dy_p.v[v]), xc, kFromY ? to_float(y_p.v[v]) : 0.f, ch.invstd[v],
-                                         ch.weight[v], ch.bias[v], activation);
+                                         ch.weight[v], ch.bias[v], activation, negative_slope);
         sum_g[v] += g;
         sum_gx[v] += g * xc;
         g_p.v[v] = from_float<T>(g);
@@ -157,10 +162,10 @@ __global__ void __launch_bounds__(nhwc::kThreads, kBlocksPerMultiprocessor)
                                    const float* __restrict__ save_mean, const float* __restrict__ save_invstd,
                                    const float* __restrict__ weight, const float* __restrict__ bias,
                                    T* __restrict__ dz, float* __restrict__ partial, int64_t rows, int64_t channels,
-                                   int activation) {
+                                   int activation, float negative_slope) {
   extern __shared__ float shared[];  // [blockDim.y][blockDim.x * V]
   reduce_rows<T, V, G>(dy, x, y, save_mean, save_invstd, weight, bias, dz, partial, rows, channels, activation,
-                            shared);
+                            negative_slope, shared);
 }
 
 // Pass 2, one block per 32 channels: dbias and dweight.
@@ -186,7 +191,7 @@ __device__ void dx_rows(const T* __restrict__ dy, const T* __restrict__ x, const
                         const T* __restrict__ dz, const float* __restrict__ save_mean,
                         const float* __restrict__ save_invstd, const float* __restrict__ weight,
                         const float* __restrict__ bias, const float* dweight, const float* dbias, float inverse_rows,
-                        T* __restrict__ dx, int64_t rows, int64_t channels, int activation) {
+                        T* __restrict__ dx, int64_t rows, int64_t channels, int activation, float negative_slope) {
   constexpr bool kFromY = G == Gate::kMaskOfY;
   using P = Pack<T, V>;
   const int64_t groups = channels / V;
@@ -210,7 +215,8 @@ __device__ void dx_rows(const T* __restrict__ dy, const T* __restrict__ x, const
       float xc = __fsub_rn(to_float(x_p.v[v]), ch.mean[v]);
       float g = dz != nullptr ? to_float(dy_p.v[v])
                               : masked_grad<T, G>(to_float(dy_p.v[v]), xc, kFromY ? to_float(y_p.v[v]) : 0.f,
-                                                       ch.invstd[v], ch.weight[v], ch.bias[v], activation);
+                                                       ch.invstd[v], ch.weight[v], ch.bias[v], activation,
+                                                       negative_slope);
       dx_p.v[v] = from_float<T>(scale[v] * (g - mean_g[v] - xc * slope[v]));
     }
     *reinterpret_cast<P*>(dx + offset) = dx_p;
@@ -249,9 +255,9 @@ __global__ void __launch_bounds__(nhwc::kThreads, kBlocksPerMultiprocessor)
                                const float* __restrict__ save_invstd, const float* __restrict__ weight,
                                const float* __restrict__ bias, const float* __restrict__ dweight,
                                const float* __restrict__ dbias, float inverse_rows, T* __restrict__ dx, int64_t rows,
-                               int64_t channels, int activation) {
+                               int64_t channels, int activation, float negative_slope) {
   dx_rows<T, V, G>(dy, x, y, dz, save_mean, save_invstd, weight, bias, dweight, dbias, inverse_rows, dx, rows,
-                        channels, activation);
+                        channels, activation, negative_slope);
 }
 
 // Pass 2 inside the one-launch kernel: the blocks share out tiles of 8 channels; in each, 32 lanes add the partial
@@ -307,17 +313,17 @@ __global__ void __launch_bounds__(nhwc::kThreads, kBlocksPerMultiprocessor)
                                        const float* __restrict__ weight, const float* __restrict__ bias,
                                        T* __restrict__ dz, float* partial, float* dweight, float* dbias,
                                        float inverse_rows, T* __restrict__ dx, int64_t rows, int64_t channels,
-                                       int activation, bool with_dx) {
+                                       int activation, float negative_slope, bool with_dx) {
   extern __shared__ float shared[];  // max(blockDim.y * blockDim.x * V, 32 * 16) floats
   auto grid = cooperative_groups::this_grid();
   reduce_rows<T, V, G>(dy, x, y, save_mean, save_invstd, weight, bias, dz, partial, rows, channels, activation,
-                            shared);
+                            negative_slope, shared);
   grid.sync();
   finalize_tiles(partial, static_cast<int>(gridDim.y), save_invstd, dweight, dbias, channels, shared);
   if (!with_dx) return;
   grid.sync();
   dx_rows<T, V, G>(dy, x, y, dz, save_mean, save_invstd, weight, bias, dweight, dbias, inverse_rows, dx, rows,
-                        channels, activation);
+                        channels, activation, negative_slope);
 }
 
 constexpr int kFinalizeSharedFloats = 32 * 16;
@@ -372,14 +378,15 @@ cudaError_t launch_passes(const BatchNormActBackwardArgs& a, int multiprocessors
     cudaError_t status = cudaLaunchKernelEx(
         &config, batch_norm_act_backward_one_launch<T, V, G>, dy, x, y, a.save_mean, a.save_invstd, a.weight,
         a.bias, dz, a.partial, a.dweight, a.dbias, inverse_rows, static_cast<T*>(a.dx), a.rows, a.channels,
-        a.activation, a.passes == kBackwardAllPasses);
+        a.activation, a.negative_slope, a.passes == kBackwardAllPasses);
     if (status != cudaErrorCooperativeLaunchTooLarge) return status;
     cudaGetLastError();  // the device runs fewer blocks at once than its occupancy said (MPS): three launches
   }
   if (a.passes != kBackwardDx) {
     size_t shared_bytes = static_cast<size_t>(shape.block.x) * V * shape.block.y * sizeof(float);
     batch_norm_act_backward_reduce<T, V, G><<<shape.grid, shape.block, shared_bytes, stream>>>(
-        dy, x, y, a.save_mean, a.save_invstd, a.weight, a.bias, dz, a.partial, a.rows, a.channels, a.activation);
+        dy, x, y, a.save_mean, a.save_invstd, a.weight, a.bias, dz, a.partial, a.rows, a.channels, a.activation,
+        a.negative_slope);
     cudaError_t status = cudaGetLastError();
     if (status != cudaSuccess) return status;
     batch_norm_act_backward_finalize<<<static_cast<unsigned>((a.channels + 31) / 32), dim3(32, 32), 0, stream>>>(
@@ -389,7 +396,7 @@ cudaError_t launch_passes(const BatchNormActBackwardArgs& a, int multiprocessors
   }
   batch_norm_act_backward_dx<T, V, G><<<shape.grid, shape.block, 0, stream>>>(
       dy, x, y, dz, a.save_mean, a.save_invstd, a.weight, a.bias, a.dweight, a.dbias, inverse_rows,
-      static_cast<T*>(a.dx), a.rows, a.channels, a.activation);
+      static_cast<T*>(a.dx), a.rows, a.channels, a.activation, a.negative_slope);
   return cudaGetLastError();
 }
 
@@ -405,6 +412,7 @@ cudaError_t launch_typed(const BatchNormActBackwardArgs& a, bool vectors, int mu
   if (a.activation == kActivationRelu || a.activation == kActivationRelu6) {
     return by_vectors(std::integral_constant<Gate, Gate::kMaskOfPre>{});
   }
+  if (a.activation == kActivationLeakyRelu) return by_vectors(std::integral_constant<Gate, Gate::kLeaky>{});
   return by_vectors(std::integral_constant<Gate, Gate::kDerivative>{});
 }
 
@@ -418,11 +426,11 @@ int64_t batch_norm_act_backward_partial_rows(int64_t rows, int64_t channels, boo
 
 cudaError_t launch_batch_norm_act_backward_nhwc(ElementType type, const BatchNormActBackwardArgs& args, bool vectors,
                                                 int multiprocessors, cudaStream_t stream) {
-  // masked_grad takes any code but ReLU's and ReLU6's for SiLU or Hardswish: no activation has no kernel here (the
-  // ops run BatchNorm's backward alone for it)
-  if (args.activation < kActivationRelu || args.activation > kActivationHardswish) return cudaErrorInvalidValue;
-  // y (a residual added before the activation) with ReLU or ReLU6 only: SiLU's and Hardswish's derivative is taken at
-  // the pre-activation, which y is not (the ops refuse a residual with them)
+  // masked_grad takes any code but ReLU's, ReLU6's and LeakyReLU's for SiLU or Hardswish: no activation has no kernel
+  // here (the ops run BatchNorm's backward alone for it)
+  if (args.activation < kActivationRelu || args.activation > kActivationLeakyRelu) return cudaErrorInvalidValue;
+  // y (a residual added before the activation) with ReLU or ReLU6 only: the others' gate is taken at the
+  // pre-activation, which y is not (the ops refuse a residual with them)
   const bool mask = args.activation == kActivationRelu || args.activation == kActivationRelu6;
   if (args.y != nullptr && !mask) return cudaErrorInvalidValue;
   switch (type) {

@@ -396,26 +396,25 @@ TORCH_LIBRARY(cudnn_fusion, m) {
       "int[2] padding_post, int[2] dilation, int groups, int policy=0, ScalarType? out_dtype=None) -> Tensor");
   m.def(
       "batch_norm_act(Tensor x, Tensor weight, Tensor bias, Tensor? running_mean, Tensor? running_var, "
-      "Tensor? residual, float momentum, float eps, int activation, int implementation, int policy=0) -> "
-      "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "Tensor? residual, float momentum, float eps, int activation, int implementation, int policy=0, "
+      "float negative_slope=0.01) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "batch_norm_act_update(Tensor x, Tensor weight, Tensor bias, Tensor(a!) running_mean, Tensor(b!) running_var, "
       "Tensor(c!)? num_batches_tracked, Tensor? residual, float momentum, float eps, int activation, "
-      "int implementation, int policy=0) -> (Tensor, Tensor, Tensor, Tensor)");
+      "int implementation, int policy=0, float negative_slope=0.01) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "batch_norm_act_backward(Tensor grad_y, Tensor x, Tensor? y, Tensor weight, Tensor bias, Tensor save_mean, "
       "Tensor save_invstd, Tensor reserve, float eps, int activation, bool has_residual, int implementation, "
-      "int policy=0) -> "
-      "(Tensor, Tensor, Tensor, Tensor)");
+      "int policy=0, float negative_slope=0.01) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "batch_norm_act_backward_reduce(Tensor grad_y, Tensor x, Tensor? y, Tensor weight, Tensor bias, "
-      "Tensor save_mean, Tensor save_invstd, int activation) -> (Tensor, Tensor, Tensor)");
+      "Tensor save_mean, Tensor save_invstd, int activation, float negative_slope=0.01) -> (Tensor, Tensor, Tensor)");
   m.def(
       "batch_norm_act_backward_reduce_(Tensor(a!) grad_y, Tensor x, Tensor? y, Tensor weight, Tensor bias, "
-      "Tensor save_mean, Tensor save_invstd, int activation) -> (Tensor, Tensor)");
+      "Tensor save_mean, Tensor save_invstd, int activation, float negative_slope=0.01) -> (Tensor, Tensor)");
   m.def(
       "batch_norm_act_backward_(Tensor(a!) grad_y, Tensor x, Tensor weight, Tensor bias, Tensor save_mean, "
-      "Tensor save_invstd, int activation) -> (Tensor, Tensor)");
+      "Tensor save_invstd, int activation, float negative_slope=0.01) -> (Tensor, Tensor)");
   m.def(
       "batch_norm_backward_dx(Tensor grad_z, Tensor x, Tensor weight, Tensor bias, Tensor save_mean, "
       "Tensor save_invstd, Tensor grad_weight, Tensor grad_bias) -> Tensor");
@@ -423,7 +422,8 @@ TORCH_LIBRARY(cudnn_fusion, m) {
       "conv_batch_norm_act(Tensor x, Tensor conv_weight, Tensor? conv_bias, int[2] stride, int[2] padding, "
       "int[2] dilation, int groups, Tensor weight, Tensor bias, Tensor(a!)? running_mean, Tensor(b!)? running_var, "
       "Tensor(c!)? num_batches_tracked, Tensor? residual, float momentum, float eps, int activation, "
-      "int implementation, ScalarType? conv_dtype=None, int policy=0) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "int implementation, ScalarType? conv_dtype=None, int policy=0, float negative_slope=0.01) -> "
+      "(Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("space_to_depth(Tensor x, int[2] padding_pre, int[2] out_size, ScalarType? dtype=None) -> Tensor");
   m.def("global_avg_pool(Tensor x) -> Tensor");  // ops/pool_ops.cpp
   m.def(
@@ -456,11 +456,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                     const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
                     const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
                     const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, std::vector<int64_t>,
-                    std::vector<int64_t>, std::vector<int64_t>, int64_t, double, int64_t, int64_t, int64_t>(),
+                    std::vector<int64_t>, std::vector<int64_t>, int64_t, double, int64_t, int64_t, int64_t, double>(),
            py::arg("x"), py::arg("conv_weight"), py::arg("conv_bias"), py::arg("weight"), py::arg("bias"),
            py::arg("running_mean"), py::arg("running_var"), py::arg("num_batches_tracked"), py::arg("residual"),
            py::arg("stride"), py::arg("padding"), py::arg("dilation"), py::arg("groups"), py::arg("eps"),
-           py::arg("activation"), py::arg("implementation"), py::arg("policy"))
+           py::arg("activation"), py::arg("implementation"), py::arg("policy"), py::arg("negative_slope") = 0.01)
       .def("run", &tcf::ConvBatchNormCall::run,
            "y of cudnn_fusion::conv_batch_norm_act for this call, or None when it differs from the recorded one");
   py::class_<tcf::BatchNormCall>(m, "BatchNormCall",
@@ -468,10 +468,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                  "cudnn_fusion::batch_norm_act_update (see csrc/ops/bn_call.h)")
       .def(py::init<const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
                     const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-                    const std::optional<at::Tensor>&, double, int64_t, int64_t, int64_t>(),
+                    const std::optional<at::Tensor>&, double, int64_t, int64_t, int64_t, double>(),
            py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("running_mean"), py::arg("running_var"),
            py::arg("num_batches_tracked"), py::arg("residual"), py::arg("eps"), py::arg("activation"),
-           py::arg("implementation"), py::arg("policy"))
+           py::arg("implementation"), py::arg("policy"), py::arg("negative_slope") = 0.01)
       .def("run", &tcf::BatchNormCall::run,
            "y of cudnn_fusion::batch_norm_act_update for this call, or None when it differs from the recorded one");
   py::class_<tcf::ConvBiasActCall>(m, "ConvBiasActCall",
@@ -583,7 +583,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .value("RELU", tcf::Activation::kRelu)
       .value("RELU6", tcf::Activation::kRelu6)
       .value("SILU", tcf::Activation::kSilu)
-      .value("HARDSWISH", tcf::Activation::kHardswish);
+      .value("HARDSWISH", tcf::Activation::kHardswish)
+      .value("LEAKY_RELU", tcf::Activation::kLeakyRelu);
   py::enum_<tcf::BatchNormImplementation>(m, "BatchNormImplementation")
       .value("CUDNN_GRAPH", tcf::BatchNormImplementation::kGraph)
       .value("CUDNN_LEGACY", tcf::BatchNormImplementation::kLegacy);

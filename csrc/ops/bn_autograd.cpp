@@ -24,57 +24,60 @@ using ForwardOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor
 ForwardOutputs call_forward(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                             const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var,
                             const std::optional<at::Tensor>& residual, double momentum, double eps, int64_t activation,
-                            int64_t implementation, int64_t policy) {
+                            int64_t implementation, int64_t policy, double negative_slope) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("cudnn_fusion::batch_norm_act", "")
                        .typed<decltype(batch_norm_act_forward)>();
   return op.call(x, weight, bias, running_mean, running_var, residual, momentum, eps, activation, implementation,
-                 policy);
+                 policy, negative_slope);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_backward(
     const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& y, const at::Tensor& weight,
     const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd, const at::Tensor& reserve,
-    double eps, int64_t activation, bool has_residual, int64_t implementation, int64_t policy) {
+    double eps, int64_t activation, bool has_residual, int64_t implementation, int64_t policy,
+    double negative_slope) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("cudnn_fusion::batch_norm_act_backward", "")
                        .typed<decltype(batch_norm_act_backward)>();
   // y is saved only with an activation (its mask); without one it is undefined here
   return op.call(grad_y, x, y.defined() ? std::optional<at::Tensor>(y) : std::nullopt, weight, bias, save_mean,
-                 save_invstd, reserve, eps, activation, has_residual, implementation, policy);
+                 save_invstd, reserve, eps, activation, has_residual, implementation, policy, negative_slope);
 }
 
 // The two steps of BatchNorm's backward after a residual add (bn_ops.h: batch_norm_backward_in_two_steps)
 std::tuple<at::Tensor, at::Tensor, at::Tensor> call_backward_reduce(
     const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& y, const at::Tensor& weight,
-    const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd, int64_t activation) {
+    const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd, int64_t activation,
+    double negative_slope) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("cudnn_fusion::batch_norm_act_backward_reduce", "")
                        .typed<decltype(batch_norm_act_backward_reduce)>();
   return op.call(grad_y, x, y.defined() ? std::optional<at::Tensor>(y) : std::nullopt, weight, bias, save_mean,
-                 save_invstd, activation);
+                 save_invstd, activation, negative_slope);
 }
 
 // The in-place variants, for a grad_y the node may overwrite (bn_ops.h: batch_norm_backward_may_overwrite)
 std::tuple<at::Tensor, at::Tensor> call_backward_reduce_(const at::Tensor& grad_y, const at::Tensor& x,
                                                          const at::Tensor& y, const at::Tensor& weight,
                                                          const at::Tensor& bias, const at::Tensor& save_mean,
-                                                         const at::Tensor& save_invstd, int64_t activation) {
+                                                         const at::Tensor& save_invstd, int64_t activation,
+                                                         double negative_slope) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("cudnn_fusion::batch_norm_act_backward_reduce_", "")
                        .typed<decltype(batch_norm_act_backward_reduce_)>();
   return op.call(grad_y, x, y.defined() ? std::optional<at::Tensor>(y) : std::nullopt, weight, bias, save_mean,
-                 save_invstd, activation);
+                 save_invstd, activation, negative_slope);
 }
 
 std::tuple<at::Tensor, at::Tensor> call_backward_(const at::Tensor& grad_y, const at::Tensor& x,
                                                   const at::Tensor& weight, const at::Tensor& bias,
                                                   const at::Tensor& save_mean, const at::Tensor& save_invstd,
-                                                  int64_t activation) {
+                                                  int64_t activation, double negative_slope) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("cudnn_fusion::batch_norm_act_backward_", "")
                        .typed<decltype(batch_norm_act_backward_)>();
-  return op.call(grad_y, x, weight, bias, save_mean, save_invstd, activation);
+  return op.call(grad_y, x, weight, bias, save_mean, save_invstd, activation, negative_slope);
 }
 
 at::Tensor call_backward_dx(const at::Tensor& grad_z, const at::Tensor& x, const at::Tensor& weight,
@@ -99,11 +102,12 @@ class BatchNormActFunction : public torch::autograd::Function<BatchNormActFuncti
                                const at::Tensor& bias, const std::optional<at::Tensor>& running_mean,
                                const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& residual,
                                double momentum, double eps, int64_t activation, int64_t implementation,
-                               int64_t policy, const variable_list* computed) {
+                               int64_t policy, double negative_slope, const variable_list* computed) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     auto out = computed != nullptr ? *computed
                                    : as_list(call_forward(x, weight, bias, running_mean, running_var, residual,
-                                                          momentum, eps, activation, implementation, policy));
+                                                          momentum, eps, activation, implementation, policy,
+                                                          negative_slope));
     // y only where the backward reads it for the activation's mask: saving it otherwise would make an in-place op
     // on the output (a following SiLU(inplace=True)) fail backward, where eager BatchNorm, which saves no output,
     // works; and it would keep y alive until this node's backward
@@ -117,6 +121,7 @@ class BatchNormActFunction : public torch::autograd::Function<BatchNormActFuncti
     // fill kernels per backward (seen in the H200 profile). backward() handles an undefined grad_y itself.
     ctx->set_materialize_grads(false);
     ctx->saved_data["eps"] = eps;
+    ctx->saved_data["negative_slope"] = negative_slope;
     SavedInts()
         .add(activation)
         .add(implementation)
@@ -146,11 +151,12 @@ class BatchNormActFunction : public torch::autograd::Function<BatchNormActFuncti
     bool need_residual = has_residual && ctx->needs_input_grad(edge);
     auto grad_y = std::move(grad_outputs[0]);
     if (!grad_y.defined() || !(need_x || need_weight || need_bias || need_residual)) {
-      return variable_list(12);  // one per forward argument, all undefined
+      return variable_list(13);  // one per forward argument, all undefined
     }
     auto saved = ctx->get_saved_variables();
     const auto &x = saved[0], &y = saved[1], &weight = saved[2], &bias = saved[3], &mean = saved[4],
                &invstd = saved[5];
+    const double negative_slope = ctx->saved_data["negative_slope"].toDouble();
     at::Tensor grad_x, grad_residual, grad_weight, grad_bias;
     bool channels_last = x.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
     bool our_kernel = batch_norm_backward_in_our_kernel(activation, implementation, channels_last);
@@ -162,21 +168,23 @@ class BatchNormActFunction : public torch::autograd::Function<BatchNormActFuncti
     bool overwrite = our_kernel && batch_norm_backward_may_overwrite(grad_y, x);
     if (batch_norm_backward_in_two_steps(activation, has_residual, implementation, channels_last)) {
       if (overwrite) {
-        std::tie(grad_weight, grad_bias) = call_backward_reduce_(grad_y, x, y, weight, bias, mean, invstd, activation);
+        std::tie(grad_weight, grad_bias) =
+            call_backward_reduce_(grad_y, x, y, weight, bias, mean, invstd, activation, negative_slope);
         grad_residual = std::move(grad_y);
       } else {
         std::tie(grad_residual, grad_weight, grad_bias) =
-            call_backward_reduce(grad_y, x, y, weight, bias, mean, invstd, activation);
+            call_backward_reduce(grad_y, x, y, weight, bias, mean, invstd, activation, negative_slope);
         grad_y.reset();  // freed here where autograd held it alone, before dx is allocated
       }
       if (need_x) grad_x = call_backward_dx(grad_residual, x, weight, bias, mean, invstd, grad_weight, grad_bias);
     } else if (overwrite && !has_residual) {
-      std::tie(grad_weight, grad_bias) = call_backward_(grad_y, x, weight, bias, mean, invstd, activation);
+      std::tie(grad_weight, grad_bias) = call_backward_(grad_y, x, weight, bias, mean, invstd, activation,
+                                                        negative_slope);
       grad_x = std::move(grad_y);
     } else {
       std::tie(grad_x, grad_residual, grad_weight, grad_bias) =
           call_backward(grad_y, x, y, weight, bias, mean, invstd, saved[6], ctx->saved_data["eps"].toDouble(),
-                        activation, has_residual, implementation, policy);
+                        activation, has_residual, implementation, policy, negative_slope);
     }
     return {need_x ? grad_x : none,
             need_weight ? grad_weight : none,
@@ -184,6 +192,7 @@ class BatchNormActFunction : public torch::autograd::Function<BatchNormActFuncti
             none,
             none,
             need_residual ? grad_residual : none,
+            none,
             none,
             none,
             none,
@@ -197,16 +206,17 @@ ForwardOutputs batch_norm_act_autograd(const at::Tensor& x, const at::Tensor& we
                                        const std::optional<at::Tensor>& running_mean,
                                        const std::optional<at::Tensor>& running_var,
                                        const std::optional<at::Tensor>& residual, double momentum, double eps,
-                                       int64_t activation, int64_t implementation, int64_t policy) {
+                                       int64_t activation, int64_t implementation, int64_t policy,
+                                       double negative_slope) {
   auto requires_grad = [](const std::optional<at::Tensor>& t) { return t.has_value() && t->requires_grad(); };
   if (!at::GradMode::is_enabled() ||
       !(x.requires_grad() || weight.requires_grad() || bias.requires_grad() || requires_grad(residual))) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;  // nothing to record
     return call_forward(x, weight, bias, running_mean, running_var, residual, momentum, eps, activation,
-                        implementation, policy);
+                        implementation, policy, negative_slope);
   }
   auto out = BatchNormActFunction::apply(x, weight, bias, running_mean, running_var, residual, momentum, eps,
-                                         activation, implementation, policy, nullptr);
+                                         activation, implementation, policy, negative_slope, nullptr);
   return {out[0], out[1], out[2], out[3], out[4], out[5]};
 }
 
@@ -216,12 +226,13 @@ UpdateOutputs call_update_forward(const at::Tensor& x, const at::Tensor& weight,
                                   const at::Tensor& running_mean, const at::Tensor& running_var,
                                   const std::optional<at::Tensor>& num_batches_tracked,
                                   const std::optional<at::Tensor>& residual, double momentum, double eps,
-                                  int64_t activation, int64_t implementation, int64_t policy) {
+                                  int64_t activation, int64_t implementation, int64_t policy,
+                                  double negative_slope) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("cudnn_fusion::batch_norm_act_update", "")
                        .typed<decltype(batch_norm_act_update_forward)>();
   return op.call(x, weight, bias, running_mean, running_var, num_batches_tracked, residual, momentum, eps, activation,
-                 implementation, policy);
+                 implementation, policy, negative_slope);
 }
 
 // batch_norm_act_update: the op runs below autograd (it writes the running statistics and the count in place), and
@@ -230,13 +241,14 @@ UpdateOutputs batch_norm_act_update_autograd(const at::Tensor& x, const at::Tens
                                              const at::Tensor& running_mean, const at::Tensor& running_var,
                                              const std::optional<at::Tensor>& num_batches_tracked,
                                              const std::optional<at::Tensor>& residual, double momentum, double eps,
-                                             int64_t activation, int64_t implementation, int64_t policy) {
+                                             int64_t activation, int64_t implementation, int64_t policy,
+                                             double negative_slope) {
   auto requires_grad = [](const std::optional<at::Tensor>& t) { return t.has_value() && t->requires_grad(); };
   variable_list computed;
   {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     auto out = call_update_forward(x, weight, bias, running_mean, running_var, num_batches_tracked, residual, momentum,
-                                   eps, activation, implementation, policy);
+                                   eps, activation, implementation, policy, negative_slope);
     if (!at::GradMode::is_enabled() ||
         !(x.requires_grad() || weight.requires_grad() || bias.requires_grad() || requires_grad(residual))) {
       return out;  // nothing to record
@@ -244,7 +256,7 @@ UpdateOutputs batch_norm_act_update_autograd(const at::Tensor& x, const at::Tens
     computed = {std::get<0>(out), std::get<1>(out), std::get<2>(out), std::get<3>(out)};
   }
   auto out = BatchNormActFunction::apply(x, weight, bias, running_mean, running_var, residual, momentum, eps,
-                                         activation, implementation, policy, &computed);
+                                         activation, implementation, policy, negative_slope, &computed);
   return {out[0], out[1], out[2], out[3]};
 }
 
@@ -259,12 +271,13 @@ ConvForwardOutputs call_conv_forward(const at::Tensor& x, const at::Tensor& conv
                                      const std::optional<at::Tensor>& num_batches_tracked,
                                      const std::optional<at::Tensor>& residual, double momentum, double eps,
                                      int64_t activation, int64_t implementation,
-                                     std::optional<at::ScalarType> conv_dtype, int64_t policy) {
+                                     std::optional<at::ScalarType> conv_dtype, int64_t policy, double negative_slope) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("cudnn_fusion::conv_batch_norm_act", "")
                        .typed<decltype(conv_batch_norm_act_forward)>();
   return op.call(x, conv_weight, conv_bias, stride, padding, dilation, groups, weight, bias, running_mean, running_var,
-                 num_batches_tracked, residual, momentum, eps, activation, implementation, conv_dtype, policy);
+                 num_batches_tracked, residual, momentum, eps, activation, implementation, conv_dtype, policy,
+                 negative_slope);
 }
 
 // The conv's autograd node in a training Conv2d + BatchNorm layer: its inputs are x, the conv weight and bias, its
@@ -332,14 +345,15 @@ ConvForwardOutputs conv_batch_norm_act_autograd(const at::Tensor& x, const at::T
                                                 const std::optional<at::Tensor>& num_batches_tracked,
                                                 const std::optional<at::Tensor>& residual, double momentum, double eps,
                                                 int64_t activation, int64_t implementation,
-                                                std::optional<at::ScalarType> conv_dtype, int64_t policy) {
+                                                std::optional<at::ScalarType> conv_dtype, int64_t policy,
+                                                double negative_slope) {
   auto requires_grad = [](const std::optional<at::Tensor>& t) { return t.has_value() && t->requires_grad(); };
   if (!at::GradMode::is_enabled() || !(x.requires_grad() || conv_weight.requires_grad() || requires_grad(conv_bias) ||
                                        weight.requires_grad() || bias.requires_grad() || requires_grad(residual))) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;  // nothing to record
     return call_conv_forward(x, conv_weight, conv_bias, stride, padding, dilation, groups, weight, bias, running_mean,
                              running_var, num_batches_tracked, residual, momentum, eps, activation, implementation,
-                             conv_dtype, policy);
+                             conv_dtype, policy, negative_slope);
   }
   // One op call computes both layers; its results get two autograd nodes, the conv's and BatchNorm's, as eager's
   // conv and BatchNorm nodes (eager has five under autocast: the two casts, conv, BatchNorm, ReLU). Two, not one:
@@ -354,13 +368,13 @@ ConvForwardOutputs conv_batch_norm_act_autograd(const at::Tensor& x, const at::T
     auto [y, z, save_mean, save_invstd, reserve] =
         call_conv_forward(x_cast, weight_cast, bias_cast, stride, padding, dilation, groups, weight, bias,
                           running_mean, running_var, num_batches_tracked, residual, momentum, eps, activation,
-                          implementation, conv_dtype, policy);
+                          implementation, conv_dtype, policy, negative_slope);
     conv_computed = {x_cast, weight_cast, z};
     bn_computed = {y, save_mean, save_invstd, reserve};
   }
   auto z = ConvFunction::apply(x, conv_weight, conv_bias, stride, padding, dilation, groups, &conv_computed)[0];
   auto out = BatchNormActFunction::apply(z, weight, bias, running_mean, running_var, residual, momentum, eps,
-                                         activation, implementation, policy, &bn_computed);
+                                         activation, implementation, policy, negative_slope, &bn_computed);
   return {out[0], z, out[1], out[2], out[3]};
 }
 

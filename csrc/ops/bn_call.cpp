@@ -10,7 +10,7 @@ BatchNormCall::BatchNormCall(const at::Tensor& x, const std::optional<at::Tensor
                              const std::optional<at::Tensor>& bias, const at::Tensor& running_mean,
                              const at::Tensor& running_var, const std::optional<at::Tensor>& num_batches_tracked,
                              const std::optional<at::Tensor>& residual, double eps, int64_t activation,
-                             int64_t implementation, int64_t policy)
+                             int64_t implementation, int64_t policy, double negative_slope)
     : record_({&x, pointer(weight), pointer(bias), &running_mean, &running_var, pointer(num_batches_tracked),
                pointer(residual)},
               false),  // the op copies nothing it hands cuDNN: any alignment
@@ -18,6 +18,7 @@ BatchNormCall::BatchNormCall(const at::Tensor& x, const std::optional<at::Tensor
       activation_(activation),
       implementation_(implementation),
       policy_(policy),
+      negative_slope_(negative_slope),
       affine_(weight, bias, x.dim() >= 2 ? x.size(1) : 0, x.options(), "BatchNormCall") {
   TORCH_CHECK(x.is_cuda(), "cudnn_fusion: BatchNormCall records CUDA calls, got x on ", x.device());
   TORCH_CHECK(x.dim() >= 2, "cudnn_fusion: BatchNormCall records x with a channel dimension, got ", x.dim(), "D");
@@ -40,7 +41,8 @@ std::optional<at::Tensor> BatchNormCall::run(const at::Tensor& x, const std::opt
                        .findSchemaOrThrow("cudnn_fusion::batch_norm_act_update", "")
                        .typed<decltype(batch_norm_act_update_forward)>();
   auto out = op.call(x, affine_.scale(weight), affine_.shift(bias), *running_mean, *running_var,
-                     num_batches_tracked, residual, momentum, eps_, activation_, implementation_, policy_);
+                     num_batches_tracked, residual, momentum, eps_, activation_, implementation_, policy_,
+                     negative_slope_);
   return std::get<0>(out);
 }
 

@@ -24,7 +24,7 @@ class BatchNormCall {
   BatchNormCall(const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
                 const at::Tensor& running_mean, const at::Tensor& running_var,
                 const std::optional<at::Tensor>& num_batches_tracked, const std::optional<at::Tensor>& residual,
-                double eps, int64_t activation, int64_t implementation, int64_t policy);
+                double eps, int64_t activation, int64_t implementation, int64_t policy, double negative_slope);
 
   // y of the op, or nothing when this call differs from the record (then nothing ran; also where the running
   // statistics are absent).
@@ -38,6 +38,7 @@ class BatchNormCall {
   CallRecord record_;  // x, weight, bias, running_mean, running_var, num_batches_tracked, residual
   double eps_;
   int64_t activation_, implementation_, policy_;
+  double negative_slope_;
   RecordedAffine affine_;
 };
 

@@ -85,6 +85,7 @@ void batch_norm_act_backward_with_kernel(const at::Tensor& dy, const at::Tensor&
                                          const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& save_mean,
                                          const at::Tensor& save_invstd, const at::Tensor& dz, const at::Tensor& dx,
                                          const at::Tensor& dweight, const at::Tensor& dbias, Activation activation,
+                                         double negative_slope,
                                          BatchNormBackwardPasses passes = kBackwardAllPasses) {
   const int64_t channels = x.size(1);
   const int64_t rows = x.numel() / channels;
@@ -116,6 +117,7 @@ void batch_norm_act_backward_with_kernel(const at::Tensor& dy, const at::Tensor&
                                 rows,
                                 channels,
                                 static_cast<int>(activation),
+                                static_cast<float>(negative_slope),
                                 passes};
   auto status = launch_batch_norm_act_backward_nhwc(element_type(x.scalar_type()), args, vectors, multiprocessors,
                                                     current_stream());
@@ -134,8 +136,8 @@ at::Tensor dy_into(const at::Tensor& grad_y, const at::Tensor& output) {
 }
 
 // BatchNorm's output before its activation, recomputed from x and the saved statistics and rounded to x's dtype, as
-// the forward wrote it: what eager's SiLU or Hardswish backward reads. ((x - mean) * invstd) * weight + bias, each
-// step rounded to float32, in the order our backward kernel (masked_grad) and ATen's forward compute it.
+// the forward wrote it: what eager's SiLU, Hardswish or LeakyReLU backward reads. ((x - mean) * invstd) * weight +
+// bias, each step rounded to float32, in the order our backward kernel (masked_grad) and ATen's forward compute it.
 at::Tensor batch_norm_output(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                              const at::Tensor& save_mean, const at::Tensor& save_invstd) {
   auto per_channel = [](const at::Tensor& t) { return t.to(at::kFloat).view({1, -1, 1, 1}); };
@@ -305,7 +307,8 @@ bool legacy_backward(const BatchNormProblem& p, const at::Tensor& x, const at::T
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_forward(
     const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const std::optional<at::Tensor>& running_mean,
     const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& residual, double momentum,
-    double eps, int64_t activation_value, int64_t implementation_value, int64_t policy) {
+    double eps, int64_t activation_value, int64_t implementation_value, int64_t policy,
+    double negative_slope) {
   check_4d_cuda(x, "x");
   auto activation = batch_norm_activation_from(activation_value);
   auto implementation = implementation_from(implementation_value);
@@ -319,19 +322,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     check_per_channel(*running_var, "running_var", x);
   }
   if (residual.has_value()) check_same_as(*residual, "residual", x);
-  TORCH_CHECK(!(residual.has_value() && applied_after_cudnn(activation)), "cudnn_fusion: SiLU and Hardswish take no "
-              "residual here (their backward reads the sum before the activation, which is not kept), got a residual "
-              "with activation ", activation_value);
+  TORCH_CHECK(!(residual.has_value() && applied_after_cudnn(activation)), "cudnn_fusion: SiLU, Hardswish and "
+              "LeakyReLU take no residual here (their backward reads the sum before the activation, which is not "
+              "kept), got a residual with activation ", activation_value);
   TORCH_CHECK(x.numel() / x.size(1) > 1, "cudnn_fusion: expected more than 1 value per channel when training, got x "
               "of shape ", x.sizes());
 
   c10::DeviceGuard guard(x.device());
   bool channels_last = x.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
   auto format = memory_format(channels_last);
-  // cuDNN runs BatchNorm (+ add) (+ ReLU / ReLU6); SiLU and Hardswish are applied to its output here, in place
+  // cuDNN runs BatchNorm (+ add) (+ ReLU / ReLU6); SiLU, Hardswish and LeakyReLU are applied to its output here, in
+  // place
   auto p = problem_of(x, channels_last, running_stats, residual.has_value(), graph_activation(activation), policy);
   auto after_cudnn = [&](at::Tensor& out) {
-    if (applied_after_cudnn(activation)) apply_activation_(out, activation);
+    if (applied_after_cudnn(activation)) apply_activation_(out, activation, negative_slope);
   };
   auto x_dense = x.contiguous(format);
   auto residual_dense = residual.has_value() ? residual->contiguous(format) : at::Tensor();
@@ -365,7 +369,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
       auto var = running_stats ? running_var->clone() : at::Tensor();
       auto out = std::get<0>(at::native_batch_norm(x_dense, weight, bias, mean, var, true, momentum, eps));
       if (p.has_residual) out.add_(residual_dense);
-      apply_activation_(out, p.activation);
+      apply_activation_(out, p.activation, negative_slope);
     };
     done = run_batch_norm_graph(GraphKind::kBatchNormForward, p,
                                 {alignment_of(x_dense), alignment_of(residual_dense), alignment_of(y)},
@@ -391,14 +395,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   }
   auto [out, mean, invstd] = at::native_batch_norm(x_dense, weight, bias, mean_copy, var_copy, true, momentum, eps);
   if (p.has_residual) out.add_(residual_dense);
-  apply_activation_(out, activation);
+  apply_activation_(out, activation, negative_slope);
   return {out.contiguous(format), mean, invstd, running_stats ? mean_copy : next_mean,
           running_stats ? var_copy : next_var, at::empty({0}, x.options().dtype(at::kByte))};
 }
 
 bool batch_norm_backward_reads_y(int64_t activation, bool has_residual, int64_t implementation, bool channels_last) {
   auto act = batch_norm_activation_from(activation);
-  // SiLU's and Hardswish's derivative comes from their input, recomputed from x: never from y
+  // SiLU's, Hardswish's and LeakyReLU's derivative comes from their input, recomputed from x: never from y
   if (act == Activation::kNone || applied_after_cudnn(act)) return false;
   return implementation_from(implementation) == BatchNormImplementation::kLegacy || has_residual || !channels_last;
 }
@@ -406,13 +410,14 @@ bool batch_norm_backward_reads_y(int64_t activation, bool has_residual, int64_t 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward(
     const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& y, const at::Tensor& weight,
     const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd, const at::Tensor& reserve,
-    double eps, int64_t activation_value, bool has_residual, int64_t implementation_value, int64_t policy) {
+    double eps, int64_t activation_value, bool has_residual, int64_t implementation_value, int64_t policy,
+    double negative_slope) {
   check_4d_cuda(x, "x");
   check_same_as(grad_y, "grad_y", x);
   auto activation = batch_norm_activation_from(activation_value);
   auto implementation = implementation_from(implementation_value);
-  TORCH_CHECK(!(has_residual && applied_after_cudnn(activation)), "cudnn_fusion: SiLU and Hardswish take no residual "
-              "here, got has_residual with activation ", activation_value);
+  TORCH_CHECK(!(has_residual && applied_after_cudnn(activation)), "cudnn_fusion: SiLU, Hardswish and LeakyReLU take "
+              "no residual here, got has_residual with activation ", activation_value);
   bool channels_last = x.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
   bool has_y = y.has_value() && y->defined();
   TORCH_CHECK(has_y || !batch_norm_backward_reads_y(activation_value, has_residual, implementation_value,
@@ -432,10 +437,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
   at::Tensor grad = grad_y;
   if (applied_after_cudnn(activation) &&
       !(implementation == BatchNormImplementation::kGraph && channels_last && x.numel() > 0)) {
-    // Where our NHWC kernel does not run (the legacy API, NCHW): SiLU's or Hardswish's backward in ATen from its
-    // input recomputed, then BatchNorm's alone
+    // Where our NHWC kernel does not run (the legacy API, NCHW): SiLU's, Hardswish's or LeakyReLU's backward in ATen
+    // from its input recomputed, then BatchNorm's alone
     grad = activation_backward_from_input(grad_y.contiguous(format),
-                                          batch_norm_output(x_dense, weight, bias, save_mean, save_invstd), activation);
+                                          batch_norm_output(x_dense, weight, bias, save_mean, save_invstd), activation,
+                                          negative_slope);
     activation = Activation::kNone;
   }
   auto p = problem_of(x, channels_last, false, has_residual, activation, policy);
@@ -458,7 +464,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
     auto dresidual = has_residual ? at::empty(x.sizes(), x.options().memory_format(format)) : at::Tensor();
     batch_norm_act_backward_with_kernel(dy_into(grad, has_residual ? dresidual : dx), x_dense,
                                         has_residual ? y_dense : at::Tensor(), weight, bias, save_mean, save_invstd,
-                                        dresidual, dx, dweight, dbias, activation);
+                                        dresidual, dx, dweight, dbias, activation, negative_slope);
     return {dx, has_residual ? dresidual : at::empty({0}, x.options()), dweight, dbias};
   }
   // NCHW: the activation's backward, then BatchNorm's. (cuDNN refused a graph with ReLU backward reading a saved,
@@ -512,15 +518,16 @@ std::tuple<at::Tensor, at::Tensor> backward_reduce_into(const at::Tensor& grad_y
                                                         const at::Tensor& x, const std::optional<at::Tensor>& y,
                                                         const at::Tensor& weight, const at::Tensor& bias,
                                                         const at::Tensor& save_mean, const at::Tensor& save_invstd,
-                                                        int64_t activation_value, const char* op) {
+                                                        int64_t activation_value, double negative_slope,
+                                                        const char* op) {
   check_two_step_arguments(op, grad_y, "grad_y", x, weight, bias, save_mean, save_invstd);
   auto activation = batch_norm_activation_from(activation_value);
-  TORCH_CHECK(activation != Activation::kNone, "cudnn_fusion: ", op, " needs an activation (1 ReLU, 2 ReLU6, 3 SiLU "
-              "or 4 Hardswish), got 0");
+  TORCH_CHECK(activation != Activation::kNone, "cudnn_fusion: ", op, " needs an activation (1 ReLU, 2 ReLU6, 3 SiLU, "
+              "4 Hardswish or 5 LeakyReLU), got 0");
   bool has_y = y.has_value() && y->defined();
   if (has_y) check_same_as(*y, "y", x);
-  TORCH_CHECK(!(has_y && applied_after_cudnn(activation)), "cudnn_fusion: ", op, " takes SiLU's and Hardswish's "
-              "derivative from x, not from y (their backward reads their input): got y with activation ",
+  TORCH_CHECK(!(has_y && applied_after_cudnn(activation)), "cudnn_fusion: ", op, " takes SiLU's, Hardswish's and "
+              "LeakyReLU's derivative from x, not from y (their backward reads their input): got y with activation ",
               activation_value);
   c10::DeviceGuard guard(x.device());
   const auto format = at::MemoryFormat::ChannelsLast;
@@ -529,7 +536,8 @@ std::tuple<at::Tensor, at::Tensor> backward_reduce_into(const at::Tensor& grad_y
   auto dbias = at::empty({x.size(1)}, stats_options);
   batch_norm_act_backward_with_kernel(dy_into(grad_y, grad_z), x.contiguous(format),
                                       has_y ? y->contiguous(format) : at::Tensor(), weight, bias, save_mean,
-                                      save_invstd, grad_z, at::Tensor(), dweight, dbias, activation, kBackwardReduce);
+                                      save_invstd, grad_z, at::Tensor(), dweight, dbias, activation, negative_slope,
+                                      kBackwardReduce);
   return {dweight, dbias};
 }
 
@@ -543,37 +551,41 @@ void check_overwritable(const at::Tensor& grad_y, const at::Tensor& x, const cha
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward_reduce(
     const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& y, const at::Tensor& weight,
-    const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd, int64_t activation) {
+    const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd, int64_t activation,
+    double negative_slope) {
   auto grad_z = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::ChannelsLast));
   auto [dweight, dbias] = backward_reduce_into(grad_y, grad_z, x, y, weight, bias, save_mean, save_invstd, activation,
-                                               "batch_norm_act_backward_reduce");
+                                               negative_slope, "batch_norm_act_backward_reduce");
   return {grad_z, dweight, dbias};
 }
 
 std::tuple<at::Tensor, at::Tensor> batch_norm_act_backward_reduce_(
     const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& y, const at::Tensor& weight,
-    const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd, int64_t activation) {
+    const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd, int64_t activation,
+    double negative_slope) {
   check_overwritable(grad_y, x, "batch_norm_act_backward_reduce_");
-  return backward_reduce_into(grad_y, grad_y, x, y, weight, bias, save_mean, save_invstd, activation,
+  return backward_reduce_into(grad_y, grad_y, x, y, weight, bias, save_mean, save_invstd, activation, negative_slope,
                               "batch_norm_act_backward_reduce_");
 }
 
 std::tuple<at::Tensor, at::Tensor> batch_norm_act_backward_(const at::Tensor& grad_y, const at::Tensor& x,
                                                             const at::Tensor& weight, const at::Tensor& bias,
                                                             const at::Tensor& save_mean,
-                                                            const at::Tensor& save_invstd, int64_t activation_value) {
+                                                            const at::Tensor& save_invstd, int64_t activation_value,
+                                                            double negative_slope) {
   check_two_step_arguments("batch_norm_act_backward_", grad_y, "grad_y", x, weight, bias, save_mean, save_invstd);
   check_overwritable(grad_y, x, "batch_norm_act_backward_");
   auto activation = batch_norm_activation_from(activation_value);
   TORCH_CHECK(activation != Activation::kNone, "cudnn_fusion: batch_norm_act_backward_ needs an activation (1 ReLU, "
-              "2 ReLU6, 3 SiLU or 4 Hardswish), got 0");
+              "2 ReLU6, 3 SiLU, 4 Hardswish or 5 LeakyReLU), got 0");
   c10::DeviceGuard guard(x.device());
   auto stats_options = x.options().dtype(at::kFloat);
   auto dweight = at::empty({x.size(1)}, stats_options);
   auto dbias = at::empty({x.size(1)}, stats_options);
   // the mask recomputed from x, as batch_norm_act_backward's kernel path without a residual
   batch_norm_act_backward_with_kernel(grad_y, x.contiguous(at::MemoryFormat::ChannelsLast), at::Tensor(), weight,
-                                      bias, save_mean, save_invstd, at::Tensor(), grad_y, dweight, dbias, activation);
+                                      bias, save_mean, save_invstd, at::Tensor(), grad_y, dweight, dbias, activation,
+                                      negative_slope);
   return {dweight, dbias};
 }
 
@@ -586,10 +598,10 @@ at::Tensor batch_norm_backward_dx(const at::Tensor& grad_z, const at::Tensor& x,
   c10::DeviceGuard guard(x.device());
   const auto format = at::MemoryFormat::ChannelsLast;
   auto dx = at::empty(x.sizes(), x.options().memory_format(format));
-  // the activation code is unused here: g is read from grad_z, masked already
+  // the activation is unused here: g is read from grad_z, masked already
   batch_norm_act_backward_with_kernel(at::Tensor(), x.contiguous(format), at::Tensor(), weight, bias, save_mean,
                                       save_invstd, grad_z.contiguous(format), dx, grad_weight, grad_bias,
-                                      Activation::kRelu, kBackwardDx);
+                                      Activation::kRelu, 0.0, kBackwardDx);
   return dx;
 }
 
@@ -643,7 +655,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_batc
     const at::Tensor& weight, const at::Tensor& bias, const std::optional<at::Tensor>& running_mean,
     const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& num_batches_tracked,
     const std::optional<at::Tensor>& residual, double momentum, double eps, int64_t activation,
-    int64_t implementation, std::optional<at::ScalarType> conv_dtype, int64_t policy) {
+    int64_t implementation, std::optional<at::ScalarType> conv_dtype, int64_t policy, double negative_slope) {
   TORCH_CHECK(stride.size() == 2 && padding.size() == 2 && dilation.size() == 2,
               "cudnn_fusion: stride, padding and dilation must have 2 values each, got ", stride, ", ", padding, ", ",
               dilation);
@@ -654,7 +666,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_batc
   auto z = batch_norm_conv_forward(x_cast, weight_cast, bias_cast.has_value() ? *bias_cast : at::Tensor(), stride,
                                    padding, dilation, groups);
   auto [y, save_mean, save_invstd, next_mean, next_var, reserve] = batch_norm_act_forward(
-      z, weight, bias, running_mean, running_var, residual, momentum, eps, activation, implementation, policy);
+      z, weight, bias, running_mean, running_var, residual, momentum, eps, activation, implementation, policy,
+      negative_slope);
   if (has_stats) commit_running_stats(x, *running_mean, *running_var, num_batches_tracked, next_mean, next_var);
   return {y, z, save_mean, save_invstd, reserve};
 }
@@ -663,12 +676,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_update
     const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& running_mean,
     const at::Tensor& running_var, const std::optional<at::Tensor>& num_batches_tracked,
     const std::optional<at::Tensor>& residual, double momentum, double eps, int64_t activation, int64_t implementation,
-    int64_t policy) {
+    int64_t policy, double negative_slope) {
   TORCH_CHECK(running_mean.defined() && running_var.defined(), "cudnn_fusion: batch_norm_act_update updates "
               "running_mean and running_var: both must be tensors");
   check_step_counter(num_batches_tracked, true, x);
   auto [y, save_mean, save_invstd, next_mean, next_var, reserve] = batch_norm_act_forward(
-      x, weight, bias, running_mean, running_var, residual, momentum, eps, activation, implementation, policy);
+      x, weight, bias, running_mean, running_var, residual, momentum, eps, activation, implementation, policy,
+      negative_slope);
   commit_running_stats(x, running_mean, running_var, num_batches_tracked, next_mean, next_var);
   return {y, save_mean, save_invstd, reserve};
 }
@@ -678,11 +692,11 @@ std::unordered_map<std::string, std::string> check_batch_norm_layer(const BatchN
   const int8_t fresh = 16;  // BatchNorm's input and output are fresh allocations from the caching allocator
   std::unordered_map<std::string, std::string> refusals;
   if (problem.has_residual && applied_after_cudnn(problem.activation)) {
-    const std::string why = "SiLU and Hardswish after a residual add are not fused (their backward reads the sum "
-                            "before the activation, which the op does not keep)";
+    const std::string why = "SiLU, Hardswish and LeakyReLU after a residual add are not fused (their backward reads "
+                            "the sum before the activation, which the op does not keep)";
     return {{"graph_forward", why}, {"legacy", why}};
   }
-  // what cuDNN runs: BatchNorm (+ add) (+ ReLU / ReLU6); the op applies SiLU and Hardswish to its output
+  // what cuDNN runs: BatchNorm (+ add) (+ ReLU / ReLU6); the op applies SiLU, Hardswish and LeakyReLU to its output
   BatchNormProblem cudnn_problem = problem;
   cudnn_problem.activation = graph_activation(problem.activation);
   refusals["graph_forward"] =

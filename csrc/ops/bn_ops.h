@@ -17,7 +17,8 @@ namespace tcf {
 
 enum class BatchNormImplementation : int64_t { kGraph = 0, kLegacy = 1 };
 
-// `policy`: a registered engine policy's id (engine_policy.h; 0: the heuristic's choice).
+// `policy`: a registered engine policy's id (engine_policy.h; 0: the heuristic's choice). `negative_slope`:
+// LeakyReLU's slope below 0 (activation 5); the other activations ignore it.
 // y = act(batch_norm(x) + residual) with batch statistics. weight, bias, running_mean, running_var: float32 [C].
 // Returns y, the saved mean and inverse standard deviation (biased variance), the updated running mean and
 // variance (unbiased variance; empty without running statistics: the inputs are not modified), and the reserve
@@ -25,7 +26,8 @@ enum class BatchNormImplementation : int64_t { kGraph = 0, kLegacy = 1 };
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_forward(
     const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const std::optional<at::Tensor>& running_mean,
     const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& residual, double momentum,
-    double eps, int64_t activation, int64_t implementation, int64_t policy);
+    double eps, int64_t activation, int64_t implementation, int64_t policy,
+    double negative_slope);
 
 // Gradients of batch_norm_act_forward: grad_x, grad_residual (empty without a residual), grad_weight, grad_bias.
 // The activation's mask comes from the saved output y (y > 0, and y < 6 for ReLU6), or, where our NHWC kernel runs
@@ -36,7 +38,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward(
     const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& y, const at::Tensor& weight,
     const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd, const at::Tensor& reserve,
-    double eps, int64_t activation, bool has_residual, int64_t implementation, int64_t policy);
+    double eps, int64_t activation, bool has_residual, int64_t implementation, int64_t policy,
+    double negative_slope);
 
 // Whether batch_norm_act_backward reads y for a layer run with this activation, residual and implementation, on an
 // x that is NHWC (channels_last) or not: with an activation, where the legacy API runs it, where a residual was added
@@ -66,18 +69,21 @@ bool batch_norm_backward_may_overwrite(const at::Tensor& grad, const at::Tensor&
 std::tuple<at::Tensor, at::Tensor> batch_norm_act_backward_(const at::Tensor& grad_y, const at::Tensor& x,
                                                             const at::Tensor& weight, const at::Tensor& bias,
                                                             const at::Tensor& save_mean,
-                                                            const at::Tensor& save_invstd, int64_t activation);
+                                                            const at::Tensor& save_invstd, int64_t activation,
+                                                            double negative_slope);
 
 // Step 1: grad_z (the masked gradient, which is also the residual's), grad_weight, grad_bias. x channels_last; y the
 // forward output (the mask after a residual add) or None (recomputed from x).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backward_reduce(
     const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& y, const at::Tensor& weight,
-    const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd, int64_t activation);
+    const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd, int64_t activation,
+    double negative_slope);
 
 // Step 1 with grad_z (the masked gradient) written over grad_y: returns grad_weight, grad_bias.
 std::tuple<at::Tensor, at::Tensor> batch_norm_act_backward_reduce_(
     const at::Tensor& grad_y, const at::Tensor& x, const std::optional<at::Tensor>& y, const at::Tensor& weight,
-    const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd, int64_t activation);
+    const at::Tensor& bias, const at::Tensor& save_mean, const at::Tensor& save_invstd, int64_t activation,
+    double negative_slope);
 
 // Step 2: grad_x from step 1's grad_z, grad_weight and grad_bias (dx's coefficients are theirs over the rows: no
 // tensor of its own between the steps).
@@ -93,7 +99,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_update
     const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& running_mean,
     const at::Tensor& running_var, const std::optional<at::Tensor>& num_batches_tracked,
     const std::optional<at::Tensor>& residual, double momentum, double eps, int64_t activation, int64_t implementation,
-    int64_t policy);
+    int64_t policy, double negative_slope);
 
 // The training Conv2d + BatchNorm2d (+ residual) (+ activation) layer as one op, for the host time of one call
 // instead of several: z = conv2d(x, conv_weight, conv_bias) as ATen computes it (at::convolution: PyTorch's own
@@ -108,7 +114,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_batc
     const at::Tensor& weight, const at::Tensor& bias, const std::optional<at::Tensor>& running_mean,
     const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& num_batches_tracked,
     const std::optional<at::Tensor>& residual, double momentum, double eps, int64_t activation,
-    int64_t implementation, std::optional<at::ScalarType> conv_dtype, int64_t policy);
+    int64_t implementation, std::optional<at::ScalarType> conv_dtype, int64_t policy, double negative_slope);
 
 // x, conv_weight and conv_bias in `dtype`, as autocast casts F.conv2d's operands (those already in it as they are).
 std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>> cast_conv_operands(

@@ -12,7 +12,7 @@ ConvBatchNormCall::ConvBatchNormCall(
     const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var,
     const std::optional<at::Tensor>& num_batches_tracked, const std::optional<at::Tensor>& residual,
     std::vector<int64_t> stride, std::vector<int64_t> padding, std::vector<int64_t> dilation, int64_t groups,
-    double eps, int64_t activation, int64_t implementation, int64_t policy)
+    double eps, int64_t activation, int64_t implementation, int64_t policy, double negative_slope)
     : record_({&x, &conv_weight, pointer(conv_bias), pointer(weight), pointer(bias), pointer(running_mean),
                pointer(running_var), pointer(num_batches_tracked), pointer(residual)},
               false),  // the op copies nothing it hands cuDNN: any alignment
@@ -24,6 +24,7 @@ ConvBatchNormCall::ConvBatchNormCall(
       activation_(activation),
       implementation_(implementation),
       policy_(policy),
+      negative_slope_(negative_slope),
       affine_(weight, bias, conv_weight.size(0), x.options(), "ConvBatchNormCall") {
   TORCH_CHECK(x.is_cuda(), "cudnn_fusion: ConvBatchNormCall records CUDA calls, got x on ", x.device());
   TORCH_CHECK(stride_.size() == 2 && padding_.size() == 2 && dilation_.size() == 2,
@@ -51,7 +52,7 @@ std::optional<at::Tensor> ConvBatchNormCall::run(
   if (state.autocast) conv_dtype = state.autocast_dtype;
   auto out = op.call(x, conv_weight, conv_bias, stride_, padding_, dilation_, groups_, affine_.scale(weight),
                      affine_.shift(bias), running_mean, running_var, num_batches_tracked, residual, momentum, eps_,
-                     activation_, implementation_, conv_dtype, policy_);
+                     activation_, implementation_, conv_dtype, policy_, negative_slope_);
   return std::get<0>(out);
 }
 

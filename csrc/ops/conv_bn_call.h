@@ -27,7 +27,8 @@ class ConvBatchNormCall {
                     const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var,
                     const std::optional<at::Tensor>& num_batches_tracked, const std::optional<at::Tensor>& residual,
                     std::vector<int64_t> stride, std::vector<int64_t> padding, std::vector<int64_t> dilation,
-                    int64_t groups, double eps, int64_t activation, int64_t implementation, int64_t policy);
+                    int64_t groups, double eps, int64_t activation, int64_t implementation, int64_t policy,
+                    double negative_slope);
 
   // y of the op, or nothing when this call differs from the record (then nothing ran).
   std::optional<at::Tensor> run(const at::Tensor& x, const at::Tensor& conv_weight,
@@ -44,6 +45,7 @@ class ConvBatchNormCall {
   int64_t groups_;
   double eps_;
   int64_t activation_, implementation_, policy_;
+  double negative_slope_;
   RecordedAffine affine_;
 };
 

@@ -60,7 +60,7 @@ at::Tensor fallback_forward(const at::Tensor& x, const at::Tensor& w, const std:
   auto input = symmetric(p) ? x : pad_input(x, p);
   auto y = at::convolution(input, w, bias, p.stride, aten_padding(p), p.dilation, false, {0, 0}, p.groups);
   if (residual.has_value()) y.add_(*residual);
-  apply_activation_(y, p.activation);
+  apply_activation_(y, p.activation, 0.0);  // the conv ops' activations: none, ReLU, ReLU6
   return y.contiguous(memory_format(p.channels_last));
 }
 
@@ -243,7 +243,7 @@ at::Tensor conv_bias_act(const at::Tensor& x, const at::Tensor& weight, const st
   if (!run_cached_graph(plan, GraphKind::kConvBiasAct, std::move(pointers), {y}, x.device(), aten)) {
     return fallback_forward(x_dense, w_dense, bias, residual, p);
   }
-  if (clamp_after) apply_activation_(y, p.activation);
+  if (clamp_after) apply_activation_(y, p.activation, 0.0);
   return y;
 }
 

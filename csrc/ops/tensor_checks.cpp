@@ -8,7 +8,8 @@ namespace tcf {
 static_assert(kActivationRelu == static_cast<int>(Activation::kRelu) &&
               kActivationRelu6 == static_cast<int>(Activation::kRelu6) &&
               kActivationSilu == static_cast<int>(Activation::kSilu) &&
-              kActivationHardswish == static_cast<int>(Activation::kHardswish));
+              kActivationHardswish == static_cast<int>(Activation::kHardswish) &&
+              kActivationLeakyRelu == static_cast<int>(Activation::kLeakyRelu));
 
 Activation activation_from(int64_t value) {
   TORCH_CHECK(value >= 0 && value <= 2, "cudnn_fusion: activation must be 0 (none), 1 (ReLU) or 2 (ReLU6), got ",
@@ -17,21 +18,24 @@ Activation activation_from(int64_t value) {
 }
 
 Activation batch_norm_activation_from(int64_t value) {
-  TORCH_CHECK(value >= 0 && value <= 4, "cudnn_fusion: activation must be 0 (none), 1 (ReLU), 2 (ReLU6), 3 (SiLU) "
-              "or 4 (Hardswish), got ", value);
+  TORCH_CHECK(value >= 0 && value <= 5, "cudnn_fusion: activation must be 0 (none), 1 (ReLU), 2 (ReLU6), 3 (SiLU), "
+              "4 (Hardswish) or 5 (LeakyReLU), got ", value);
   return static_cast<Activation>(value);
 }
 
-void apply_activation_(at::Tensor& y, Activation activation) {
+void apply_activation_(at::Tensor& y, Activation activation, double negative_slope) {
   if (activation == Activation::kRelu) y.relu_();
   if (activation == Activation::kRelu6) y.clamp_(0, 6);
   if (activation == Activation::kSilu) at::silu_(y);
   if (activation == Activation::kHardswish) at::hardswish_(y);
+  if (activation == Activation::kLeakyRelu) at::leaky_relu_(y, negative_slope);
 }
 
-at::Tensor activation_backward_from_input(const at::Tensor& grad_y, const at::Tensor& input, Activation activation) {
-  TORCH_CHECK(applied_after_cudnn(activation), "cudnn_fusion: activation_backward_from_input takes SiLU (3) or "
-              "Hardswish (4), got ", static_cast<int64_t>(activation));
+at::Tensor activation_backward_from_input(const at::Tensor& grad_y, const at::Tensor& input, Activation activation,
+                                          double negative_slope) {
+  TORCH_CHECK(applied_after_cudnn(activation), "cudnn_fusion: activation_backward_from_input takes SiLU (3), "
+              "Hardswish (4) or LeakyReLU (5), got ", static_cast<int64_t>(activation));
+  if (activation == Activation::kLeakyRelu) return at::leaky_relu_backward(grad_y, input, negative_slope, false);
   return activation == Activation::kSilu ? at::silu_backward(grad_y, input) : at::hardswish_backward(grad_y, input);
 }
 

@@ -12,16 +12,18 @@ namespace tcf {
 
 // The activation argument of the conv ops: 0 (none), 1 (ReLU) or 2 (ReLU6), else an error naming it.
 Activation activation_from(int64_t value);
-// The activation argument of the BatchNorm ops: those, 3 (SiLU) or 4 (Hardswish).
+// The activation argument of the BatchNorm ops: those, 3 (SiLU), 4 (Hardswish) or 5 (LeakyReLU).
 Activation batch_norm_activation_from(int64_t value);
-// y = activation(y) in place, as eager computes it (F.relu, F.relu6, F.silu, F.hardswish).
-void apply_activation_(at::Tensor& y, Activation activation);
+// y = activation(y) in place, as eager computes it (F.relu, F.relu6, F.silu, F.hardswish, F.leaky_relu with
+// negative_slope, which the others ignore).
+void apply_activation_(at::Tensor& y, Activation activation, double negative_slope);
 // The gradient through ReLU or ReLU6 from its output y (F.relu: threshold_backward; F.relu6: hardtanh_backward,
 // whose mask on the output is the one on the input); grad_y itself without an activation.
 at::Tensor activation_backward(const at::Tensor& grad_y, const at::Tensor& y, Activation activation);
-// The gradient through SiLU or Hardswish from its input, as eager's backward computes it (silu_backward,
-// hardswish_backward).
-at::Tensor activation_backward_from_input(const at::Tensor& grad_y, const at::Tensor& input, Activation activation);
+// The gradient through SiLU, Hardswish or LeakyReLU from its input, as eager's backward computes it (silu_backward,
+// hardswish_backward, leaky_relu_backward with negative_slope).
+at::Tensor activation_backward_from_input(const at::Tensor& grad_y, const at::Tensor& input, Activation activation,
+                                          double negative_slope);
 
 // float16, bfloat16 or float32.
 void check_supported_dtype(const at::Tensor& t, const char* name);

@@ -51,6 +51,7 @@ PATTERNS: dict[tuple[bool, bool, Optional[str]], type] = {
     (True, False, "relu6"): Conv2dBNReLU,  # activation="relu6"
     (True, False, "silu"): Conv2dBN,  # activation="silu"
     (True, False, "hardswish"): Conv2dBN,  # activation="hardswish"
+    (True, False, "leaky_relu"): Conv2dBN,  # activation="leaky_relu", with the activation's negative_slope
     (True, False, None): Conv2dBN,  # an activation after it that none of these fuses stays where it is
     (True, True, "relu"): Conv2dBNAddReLU,
     (False, False, "relu"): Conv2dReLU,
@@ -63,6 +64,8 @@ NOT_FUSED: dict[tuple[bool, bool, Optional[str]], str] = {
                             "after a BatchNorm)",
     (False, False, "hardswish"): "Conv2d -> Hardswish without a BatchNorm: the conv graphs express ReLU only "
                                  "(Hardswish is fused after a BatchNorm)",
+    (False, False, "leaky_relu"): "Conv2d -> LeakyReLU without a BatchNorm: the conv graphs express ReLU only "
+                                  "(LeakyReLU is fused after a BatchNorm)",
     (False, False, None): "nothing fusable follows it (patterns: Conv2d -> BatchNorm2d / ReLU / add -> ReLU)",
 }
 # A squeeze-and-excitation block, matched before the conv patterns (its first conv and ReLU would otherwise make a
@@ -77,7 +80,7 @@ _SPATIAL_DIMS = ((2, 3), (3, 2), (-2, -1), (-1, -2))
 # The activations a BatchNorm without a conv before it fuses (BatchNorm2dReLU).
 _BATCH_NORM_ALONE_ACTIVATIONS = tuple(a for a in RELU_ACTIVATIONS if a is not None)
 # What the report says of an activation after a fused layer that it does not fuse.
-_NOT_EXPRESSED = "the fused layers express ReLU and ReLU6, and after a BatchNorm SiLU and Hardswish, only"
+_NOT_EXPRESSED = "the fused layers express ReLU and ReLU6, and after a BatchNorm SiLU, Hardswish and LeakyReLU, only"
 
 # Why each eligibility condition exists; every refusal below quotes one of these.
 WHY = {
@@ -91,13 +94,12 @@ WHY = {
     "add_relu": "a residual add is fused only when a ReLU follows it (cuDNN 9.19 refuses BatchNorm + add alone)",
 }
 
-_OTHER_ACTIVATIONS = (nn.GELU, nn.Hardsigmoid, nn.LeakyReLU, nn.ELU, nn.SELU, nn.Sigmoid,
-                      nn.Tanh, nn.Mish, nn.PReLU, nn.Hardtanh)
-_OTHER_ACTIVATION_FUNCTIONS = {F.gelu, F.hardsigmoid, F.leaky_relu, F.elu, F.selu, torch.sigmoid,
-                               torch.tanh, F.mish, F.hardtanh}
+_OTHER_ACTIVATIONS = (nn.GELU, nn.Hardsigmoid, nn.ELU, nn.SELU, nn.Sigmoid, nn.Tanh, nn.Mish, nn.PReLU, nn.Hardtanh)
+_OTHER_ACTIVATION_FUNCTIONS = {F.gelu, F.hardsigmoid, F.elu, F.selu, torch.sigmoid, torch.tanh, F.mish, F.hardtanh}
 _OTHER_ACTIVATION_METHODS = {"sigmoid", "sigmoid_", "tanh", "tanh_"}
 _RELU_FUNCTIONS = {F.relu, torch.relu, torch.relu_}
 _FUSED_ACTIVATION_FUNCTIONS = {F.relu6: "relu6", F.silu: "silu", F.hardswish: "hardswish"}
+_LEAKY_RELU_FUNCTIONS = {F.leaky_relu, F.leaky_relu_}
 _ADD_FUNCTIONS = {operator.add, operator.iadd, torch.add}
 _FUSED_TYPES = (FusedConv2d, BatchNorm2dReLU)  # already fused: leaves, reported as such
 _PLACEHOLDERS = (BatchNorm2dFused, ActivationFused)
@@ -216,12 +218,23 @@ def _batch_norm_problem(bn: nn.Module) -> str:
 
 
 def _activation_of_module(m: nn.Module) -> Optional[str]:
-    """The fusable activation `m` is ("relu", "relu6", "silu", "hardswish"), or None."""
+    """The fusable activation `m` is ("relu", "relu6", "silu", "hardswish", "leaky_relu"), or None."""
     if type(m) is nn.ReLU:
         return "relu"
     if type(m) is nn.ReLU6 or (type(m) is nn.Hardtanh and m.min_val == 0.0 and m.max_val == 6.0):
         return "relu6"
-    return {nn.SiLU: "silu", nn.Hardswish: "hardswish"}.get(type(m))
+    return {nn.SiLU: "silu", nn.Hardswish: "hardswish", nn.LeakyReLU: "leaky_relu"}.get(type(m))
+
+
+def _negative_slope(source, modules: Optional[dict] = None) -> float:
+    """LeakyReLU's negative slope where `source` (a module, or an fx node with the modules) is nn.LeakyReLU or
+    F.leaky_relu; nn.LeakyReLU's default, 0.01, for any other (whose fused module ignores it)."""
+    if isinstance(source, fx.Node):
+        if source.op == "call_module":
+            source = modules[source.target]
+        elif source.op == "call_function" and source.target in _LEAKY_RELU_FUNCTIONS:
+            return float(source.args[1] if len(source.args) > 1 else source.kwargs.get("negative_slope", 0.01))
+    return float(source.negative_slope) if type(source) is nn.LeakyReLU else 0.01
 
 
 def _inner_activation(bn: nn.Module) -> tuple[Optional[str], Optional[nn.Module]]:
@@ -246,13 +259,15 @@ def _pattern_name(parts: list[str]) -> str:
     return " -> ".join(parts)
 
 
-def _fused_module(conv: nn.Conv2d, bn: Optional[nn.BatchNorm2d], residual: bool, act: Optional[str]):
-    """The fused module for a chain, or (None, why not)."""
+def _fused_module(conv: nn.Conv2d, bn: Optional[nn.BatchNorm2d], residual: bool, act: Optional[str],
+                  negative_slope: float = 0.01):
+    """The fused module for a chain, or (None, why not); negative_slope: the LeakyReLU's, where act is one."""
     cls = PATTERNS.get((bn is not None, residual, act))
     if cls is None:
         return None, NOT_FUSED.get((bn is not None, residual, act), "no fused module for this pattern")
     if bn is not None:
-        return cls.from_modules(conv, bn, activation=act, bn_registered_elsewhere=True), ""
+        return cls.from_modules(conv, bn, activation=act, bn_registered_elsewhere=True,
+                                negative_slope=negative_slope), ""
     return cls.from_conv(conv), ""
 
 
@@ -379,6 +394,13 @@ def _node_activation(node: fx.Node, value: fx.Node, modules: dict) -> tuple[Opti
         if node.target in _FUSED_ACTIVATION_FUNCTIONS and all(isinstance(v, bool) for v in rest):
             name = _FUSED_ACTIVATION_FUNCTIONS[node.target]
             return name, name
+        if node.target in _LEAKY_RELU_FUNCTIONS:  # (x, negative_slope=0.01, inplace=False), the slope a number
+            slope = node.args[1] if len(node.args) > 1 else node.kwargs.get("negative_slope", 0.01)
+            inplace = node.args[2:] + tuple(v for k, v in node.kwargs.items() if k == "inplace")
+            others = [k for k in node.kwargs if k not in ("negative_slope", "inplace")]
+            fusable = (isinstance(slope, (int, float)) and not isinstance(slope, bool) and not others
+                       and len(node.args) <= 3 and all(isinstance(v, bool) for v in inplace))
+            return ("leaky_relu" if fusable else None), "leaky_relu"
         if node.target in _OTHER_ACTIVATION_FUNCTIONS:
             return None, getattr(node.target, "__name__", str(node.target))
     if node.op == "call_method" and node.target in ("relu", "relu_") and len(node.args) == 1 and not node.kwargs:
@@ -527,7 +549,7 @@ class _GraphRewrite:
             return self.refuse(path, "Conv2d", "called with other than one positional input", convs=1)
         parts, chain, value = ["Conv2d"], [node], node
         bn = bn_node = inner_after = residual = None
-        act, trailing = None, ""
+        act, trailing, slope = None, "", 0.01
         passed, nxt, _ = self.next_step(value)
         if nxt is not None and nxt.op == "call_module" and _is_batch_norm(self.modules[nxt.target]):
             bn = self.modules[nxt.target]
@@ -538,6 +560,7 @@ class _GraphRewrite:
             chain += passed + [nxt]
             value = bn_node = nxt
             act, inner_after = _inner_activation(bn)
+            slope = _negative_slope(bn.act) if act is not None else slope
         if inner_after is not None:
             trailing = type(inner_after).__name__
         elif act is None:
@@ -557,6 +580,7 @@ class _GraphRewrite:
                     parts.append(name)
                     chain += passed + [nxt]
                     value = nxt
+                    slope = _negative_slope(nxt, self.modules)
                 elif name:
                     trailing = name
         if len(chain) == 1:
@@ -570,7 +594,7 @@ class _GraphRewrite:
             if m is not None and self.calls[n.target] > 1 and not (_activation_of_module(m) or type(m) is nn.Identity):
                 return self.refuse(path, pattern, f"{_join(self.prefix, n.target)} is called {self.calls[n.target]} "
                                                   f"times in forward: {WHY['called_twice']}", convs=1)
-        fused, reason = _fused_module(conv, bn, residual is not None, act)
+        fused, reason = _fused_module(conv, bn, residual is not None, act, slope)
         if fused is None:
             return self.refuse(path, pattern, reason, convs=1)
         self.replace(node, chain, fused, residual, inner_after, bn_node)
@@ -743,7 +767,7 @@ def _sequential_conv(seq, prefix, children, i, uses, rows) -> int:
         rows.append(FuseRow.refused(path, f"({type(conv).__name__})", f"{type(conv).__name__}: {WHY['conv_type']}",
                                     convs=1))
         return 1
-    parts, absorbed, bn, act, inner_after, trailing = ["Conv2d"], [], None, None, None, ""
+    parts, absorbed, bn, act, inner_after, trailing, slope = ["Conv2d"], [], None, None, None, "", 0.01
     j = i + 1
     if j < len(children) and _is_batch_norm(children[j][1]):
         candidate = children[j][1]
@@ -755,9 +779,11 @@ def _sequential_conv(seq, prefix, children, i, uses, rows) -> int:
         parts.append(_batch_norm_name(bn))
         absorbed.append(children[j])
         act, inner_after = _inner_activation(bn)
+        slope = _negative_slope(bn.act) if act is not None else 0.01
         j += 1
     if act is None and inner_after is None and j < len(children):
         act = _activation_of_module(children[j][1])
+        slope = _negative_slope(children[j][1])
         if act:
             parts.append(type(children[j][1]).__name__)
             absorbed.append(children[j])
@@ -776,7 +802,7 @@ def _sequential_conv(seq, prefix, children, i, uses, rows) -> int:
         rows.append(FuseRow.refused(path, pattern, f"a module of the pattern is used more than once in the model: "
                                                    f"{WHY['called_twice']}", convs=1))
         return j - i
-    fused, reason = _fused_module(conv, bn, False, act)
+    fused, reason = _fused_module(conv, bn, False, act, slope)
     if fused is None:
         rows.append(FuseRow.refused(path, pattern, reason, convs=1))
         return j - i

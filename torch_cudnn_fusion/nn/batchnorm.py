@@ -15,9 +15,9 @@ from ..ops.decide import FusionStatus
 from ..ops.layer_call import LayerCall
 from ..policy import EnginePolicy
 
-# What each module accepts: Conv2dBN every activation its op fuses; the *ReLU modules what they took before SiLU and
-# Hardswish were fused (fuse() gives those to Conv2dBN only).
-ANY_ACTIVATION = ("relu", "relu6", "silu", "hardswish", None)
+# What each module accepts: Conv2dBN every activation its op fuses; the *ReLU modules what they took before SiLU,
+# Hardswish and LeakyReLU were fused (fuse() gives those to Conv2dBN only).
+ANY_ACTIVATION = ("relu", "relu6", "silu", "hardswish", "leaky_relu", None)
 RELU_ACTIVATIONS = ("relu", "relu6", None)
 _BATCH_NORM_TENSORS = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
 
@@ -47,6 +47,13 @@ def check_activation(activation: Optional[str], accepted: tuple, module: str) ->
     """`activation` if it is one of `accepted` (the module's), else a ValueError that names them."""
     Activation.from_name(activation, accepted, module)
     return activation
+
+
+def check_negative_slope(negative_slope, module: str) -> float:
+    """LeakyReLU's negative slope as a float (nn.LeakyReLU takes any real number), else a TypeError naming it."""
+    if isinstance(negative_slope, bool) or not isinstance(negative_slope, (int, float)):
+        raise TypeError(f"{module}: negative_slope must be a real number, got {type(negative_slope).__name__}")
+    return float(negative_slope)
 
 
 class BatchNorm2dReLU(nn.BatchNorm2d):

@@ -1,4 +1,5 @@
-"""Conv2d + BatchNorm2d (+ residual add) (+ ReLU / ReLU6) as drop-in modules; Conv2dBN also with SiLU or Hardswish.
+"""Conv2d + BatchNorm2d (+ residual add) (+ ReLU / ReLU6) as drop-in modules; Conv2dBN also with SiLU, Hardswish or
+LeakyReLU.
 
 Training (batch statistics): conv and BatchNorm (+ add + activation) run as one op with two autograd nodes from the
 first call on (ops.batch_norm.conv2d_batch_norm_act): inside it the conv is PyTorch's own cuDNN call, or for a
@@ -8,8 +9,8 @@ float32 at stride 2) — BatchNorm needs the whole conv output for its statistic
 BatchNorm + add + activation run fused (the cuDNN graph, or the legacy cuDNN BatchNorm API where the graph is
 refused).
 Eval (running statistics): BatchNorm folds into the conv's weight and bias and the layer runs as one fused
-conv + bias (+ residual) + ReLU graph (SiLU and Hardswish, which the conv graphs do not express, are applied to its
-output in place); the fold is recomputed whenever a parameter or statistic changes.
+conv + bias (+ residual) + ReLU graph (SiLU, Hardswish and LeakyReLU, which the conv graphs do not express, are
+applied to its output in place); the fold is recomputed whenever a parameter or statistic changes.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ..ops.batch_norm import _eager_batch_norm_act, conv2d_batch_norm_act
 from ..ops.conv import autocast_dtype, conv2d_bias_act, eager_activation
 from ..ops.decide import Decision, FusionStatus
 from ..policy import EnginePolicy
-from .batchnorm import ANY_ACTIVATION, RELU_ACTIVATIONS, batch_norm_arguments, check_activation
+from .batchnorm import ANY_ACTIVATION, RELU_ACTIVATIONS, batch_norm_arguments, check_activation, check_negative_slope
 from .conv import FusedConv2d
 
 _CONV_TENSORS = ("weight", "bias")
@@ -35,9 +36,10 @@ _FOLDED_BN_TENSORS = ("weight", "bias", "running_mean", "running_var")
 
 
 class Conv2dBN(FusedConv2d):
-    """batch_norm(conv2d(x)) — nn.Conv2d followed by nn.BatchNorm2d (no activation); with activation="silu" or
-    "hardswish", followed by nn.SiLU or nn.Hardswish too (in training the op applies them to the BatchNorm's output
-    and our BatchNorm backward kernel takes their backward: no module and no autograd node of their own).
+    """batch_norm(conv2d(x)) — nn.Conv2d followed by nn.BatchNorm2d (no activation); with activation="silu",
+    "hardswish" or "leaky_relu", followed by nn.SiLU, nn.Hardswish or nn.LeakyReLU(negative_slope) too (in training
+    the op applies them to the BatchNorm's output and our BatchNorm backward kernel takes their backward: no module
+    and no autograd node of their own).
 
     Constructor: nn.Conv2d's arguments (bias defaults to False, as before a BatchNorm) and nn.BatchNorm2d's (eps,
     momentum, affine, track_running_stats). The BatchNorm is the child `bn`: state_dict keys are the conv's
@@ -46,23 +48,26 @@ class Conv2dBN(FusedConv2d):
 
     activation: Optional[str] = None
     accepted_activations: tuple = ANY_ACTIVATION
+    negative_slope: float = 0.01  # LeakyReLU's (activation="leaky_relu"), as nn.LeakyReLU's default
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1, groups=1,
                  bias: bool = False, padding_mode: str = "zeros", device=None, dtype=None, *, eps: float = 1e-5,
                  momentum: Optional[float] = 0.1, affine: bool = True, track_running_stats: bool = True,
                  activation: Optional[str] = "default", strict: Optional[bool] = None,
-                 policy: Optional[EnginePolicy] = None) -> None:
+                 policy: Optional[EnginePolicy] = None, negative_slope: float = 0.01) -> None:
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode,
                          device=device, dtype=dtype, strict=strict, policy=policy)
         self.bn = nn.BatchNorm2d(out_channels, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
         if activation != "default":
             self.activation = check_activation(activation, self.accepted_activations, type(self).__name__)
+        self.negative_slope = check_negative_slope(negative_slope, type(self).__name__)
 
     @classmethod
     def from_modules(cls, conv: nn.Conv2d, bn: nn.BatchNorm2d, *, activation: Optional[str] = "default",
                      strict: Optional[bool] = None, bn_registered_elsewhere: bool = False,
-                     policy: Optional[EnginePolicy] = None) -> "Conv2dBN":
-        """A fused module sharing `conv`'s and `bn`'s Parameters and buffers.
+                     policy: Optional[EnginePolicy] = None, negative_slope: float = 0.01) -> "Conv2dBN":
+        """A fused module sharing `conv`'s and `bn`'s Parameters and buffers; negative_slope: the nn.LeakyReLU's, with
+        activation="leaky_relu".
 
         bn_registered_elsewhere (used by fuse()): `bn` stays where it is in the model, so its state_dict keys do not
         change, and this module applies it without registering it as a child.
@@ -74,6 +79,7 @@ class Conv2dBN(FusedConv2d):
         module = cls.from_conv(conv, strict=strict, policy=policy)
         if activation != "default":
             module.activation = check_activation(activation, cls.accepted_activations, cls.__name__)
+        module.negative_slope = check_negative_slope(negative_slope, cls.__name__)
         if bn_registered_elsewhere:
             del module._modules["bn"]
             module.__dict__["bn"] = bn  # applied here, registered (and saved) at its own place in the model
@@ -94,7 +100,8 @@ class Conv2dBN(FusedConv2d):
         return FusionStatus(status.fused, reason, status.backward, status.implementation_name)
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + f", activation={self.activation}"
+        slope = f", negative_slope={self.negative_slope}" if self.activation == "leaky_relu" else ""
+        return super().extra_repr() + f", activation={self.activation}{slope}"
 
     def train(self, mode: bool = True) -> "Conv2dBN":
         """nn.Module.train; entering training also lets go of the cached eval fold (a copy of the conv's weight, see
@@ -124,7 +131,7 @@ class Conv2dBN(FusedConv2d):
                 call.mode = "batch statistics"
             return conv2d_batch_norm_act(x, self, running_mean, running_var, weight, bias, momentum, bn.eps,
                                          self.activation, residual, strict=self.strict, policy=self.policy,
-                                         call=call, num_batches_tracked=uncounted)
+                                         call=call, num_batches_tracked=uncounted, negative_slope=self.negative_slope)
         if call.mode != "folded":
             call.mode = "folded"
         conv_weight, conv_bias = module_attributes(self, _CONV_TENSORS)
@@ -137,15 +144,15 @@ class Conv2dBN(FusedConv2d):
                                                           f"{self.out_channels} channels")
             z = self._conv_forward(x, conv_weight, conv_bias)
             return _eager_batch_norm_act(z, running_mean, running_var, weight, bias, False, momentum, bn.eps,
-                                         self.activation, residual)
+                                         self.activation, residual, self.negative_slope)
         tensors = (conv_weight, conv_bias, weight, bias, running_mean, running_var)
         folded_weight, folded_bias = self._fold(tensors, bn.eps, autocast_dtype(conv_weight, x.device.type))
         activation = self.activation
-        in_graph = activation in CONV_ACTIVATION_NAMES  # SiLU and Hardswish: applied to the conv's output after it
+        in_graph = activation in CONV_ACTIVATION_NAMES  # SiLU, Hardswish, LeakyReLU: applied to the conv's output
         y = conv2d_bias_act(x, folded_weight, folded_bias, residual, self.stride, self.padding, self.dilation,
                             self.groups, activation if in_graph else None, padding_mode=self.padding_mode,
                             strict=self.strict, policy=self.policy, call=call)
-        return y if in_graph else eager_activation(y, Activation.from_name(activation))
+        return y if in_graph else eager_activation(y, Activation.from_name(activation), self.negative_slope)
 
     def _folded_weight_and_bias(self, dtype: Optional[torch.dtype] = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The conv's weight and bias with the BatchNorm's running statistics, scale and shift folded in, in `dtype`

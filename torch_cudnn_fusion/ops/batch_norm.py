@@ -1,4 +1,4 @@
-"""BatchNorm with batch statistics (+ residual) (+ ReLU / ReLU6) fused, alone (batch_norm_act) or after the conv
+"""BatchNorm with batch statistics (+ residual) (+ activation) fused, alone (batch_norm_act) or after the conv
 that feeds it (conv2d_batch_norm_act); eager where it cannot be."""
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ from .library import conv_memory_format, conv_output_size
 from .stem import run_in_form
 
 
-def _eager_batch_norm_act(x, running_mean, running_var, weight, bias, training, momentum, eps, activation, residual):
-    """The composition the fused BatchNorm stands for, as nn.BatchNorm2d + add + ReLU / ReLU6 compute it."""
+def _eager_batch_norm_act(x, running_mean, running_var, weight, bias, training, momentum, eps, activation, residual,
+                          negative_slope=0.01):
+    """The composition the fused BatchNorm stands for, as nn.BatchNorm2d + add + the activation module compute it."""
     y = F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
     if residual is not None:
         y = y + residual
-    return eager_activation(y, Activation.from_name(activation))
+    return eager_activation(y, Activation.from_name(activation), negative_slope)
 
 
 _INFERENCE = Decision.eager("inference with running statistics: eager BatchNorm (Conv2dBN* fold it into the conv)")
@@ -110,9 +111,11 @@ def batch_norm_act(
     policy: Optional[EnginePolicy] = None,
     call: Optional[LayerCall] = None,
     num_batches_tracked: Optional[torch.Tensor] = None,
+    negative_slope: float = 0.01,
 ) -> torch.Tensor:
     """activation(F.batch_norm(x, ...) + residual), arguments as F.batch_norm's; activation "relu", "relu6", "silu",
-    "hardswish" (SiLU and Hardswish without a residual: with one the call runs eager) or None.
+    "hardswish", "leaky_relu" (with negative_slope, as F.leaky_relu's) (SiLU, Hardswish and LeakyReLU without a
+    residual: with one the call runs eager) or None.
 
     With batch statistics (training, or no running statistics) it runs as one cuDNN graph (or the legacy cuDNN
     BatchNorm API, where cuDNN refuses the graph), running statistics updated as F.batch_norm updates them; with
@@ -135,10 +138,10 @@ def batch_norm_act(
         if num_batches_tracked is not None:
             num_batches_tracked.add_(1)
         return _eager_batch_norm_act(x, running_mean, running_var, weight, bias, False, momentum, eps, activation,
-                                     residual)
+                                     residual, negative_slope)
     signature = None
     if call is not None and not torch.compiler.is_compiling() and isinstance(x, torch.Tensor):
-        settings = ("batch_norm", training, eps, activation, strict, decide.is_strict(), policy)
+        settings = ("batch_norm", training, eps, activation, negative_slope, strict, decide.is_strict(), policy)
         if call.recorded is not None and call.signature[0] == settings:
             # C++ compares the tensors and the global state with the record and runs the op when they match
             y = call.recorded.run(x, weight, bias, running_mean, running_var, num_batches_tracked, residual,
@@ -150,7 +153,7 @@ def batch_norm_act(
                      torch.is_grad_enabled(), torch.are_deterministic_algorithms_enabled())
         if call.signature == signature:
             return _run_batch_norm(call.run, x, running_mean, running_var, weight, bias, momentum, eps, activation,
-                                   residual, num_batches_tracked)
+                                   residual, num_batches_tracked, negative_slope)
 
     act = _check_call(x, running_mean, running_var, activation)
     eager_reason = _eager_reason(x.shape, x.dtype, x.device, residual)  # batch statistics from here on
@@ -161,7 +164,7 @@ def batch_norm_act(
         if num_batches_tracked is not None:
             num_batches_tracked.add_(1)
         return _eager_batch_norm_act(x, running_mean, running_var, weight, bias, True, momentum, eps, activation,
-                                     residual)
+                                     residual, negative_slope)
     if x.dim() >= 2 and weight is not None and x.shape[1] != weight.shape[0]:
         raise ValueError(f"weight must have shape [{x.shape[1]}] (x's channels), got {list(weight.shape)}")
     update = training and running_mean is not None
@@ -179,10 +182,10 @@ def batch_norm_act(
         if signature is not None and _batch_norm_recordable(run, x, weight, bias):
             recorded = _extension.require().BatchNormCall(x, weight, bias, running_mean, running_var,
                                                           num_batches_tracked, residual, float(eps), run[4], run[1],
-                                                          run[3])
+                                                          run[3], float(negative_slope))
         call.remember(decision, config, signature, run, recorded)
     return _run_batch_norm(run, x, running_mean, running_var, weight, bias, momentum, eps, activation, residual,
-                           num_batches_tracked)
+                           num_batches_tracked, negative_slope)
 
 
 def _batch_norm_recordable(run: tuple, x, weight, bias) -> bool:
@@ -192,7 +195,7 @@ def _batch_norm_recordable(run: tuple, x, weight, bias) -> bool:
 
 
 def _run_batch_norm(run: tuple, x, running_mean, running_var, weight, bias, momentum, eps, activation, residual,
-                    num_batches_tracked=None):
+                    num_batches_tracked=None, negative_slope=0.01):
     """Batch-statistics BatchNorm (+ residual) (+ activation) as decided: (fused, implementation, update, policy id,
     activation code, identity scale and shift or None, update_op). With update_op (fused, float32 running
     statistics) the one op writes them and counts the step in num_batches_tracked (when given); otherwise they are
@@ -204,12 +207,13 @@ def _run_batch_norm(run: tuple, x, running_mean, running_var, weight, bias, mome
             _bn_update_op = torch.ops.cudnn_fusion.batch_norm_act_update.default
         scale, shift = _affine_or_identity(weight, bias, identity)
         return _bn_update_op(x, scale, shift, running_mean, running_var, num_batches_tracked, residual,
-                             float(momentum), float(eps), activation_code, implementation, policy)[0]
+                             float(momentum), float(eps), activation_code, implementation, policy,
+                             float(negative_slope))[0]
     if num_batches_tracked is not None:
         num_batches_tracked.add_(1)
     if not fused:
         return _eager_batch_norm_act(x, running_mean, running_var, weight, bias, True, momentum, eps, activation,
-                                     residual)
+                                     residual, negative_slope)
     if _bn_op is None:
         _bn_op = torch.ops.cudnn_fusion.batch_norm_act.default
     scale, shift = _affine_or_identity(weight, bias, identity)
@@ -219,7 +223,7 @@ def _run_batch_norm(run: tuple, x, running_mean, running_var, weight, bias, mome
         if running_mean.dtype != torch.float32:
             stats_in = (running_mean.float(), running_var.float())
     y, _, _, new_mean, new_var, _ = _bn_op(x, scale, shift, stats_in[0], stats_in[1], residual, float(momentum),
-                                           float(eps), activation_code, implementation, policy)
+                                           float(eps), activation_code, implementation, policy, float(negative_slope))
     if update:
         with torch.no_grad():
             running_mean.copy_(new_mean)
@@ -246,8 +250,10 @@ def conv2d_batch_norm_act(
     policy: Optional[EnginePolicy] = None,
     call: Optional[LayerCall] = None,
     num_batches_tracked: Optional[torch.Tensor] = None,
+    negative_slope: float = 0.01,
 ) -> torch.Tensor:
-    """activation(F.batch_norm(conv(x), ...) + residual) with batch statistics (training), `conv` an nn.Conv2d.
+    """activation(F.batch_norm(conv(x), ...) + residual) with batch statistics (training), `conv` an nn.Conv2d;
+    negative_slope: LeakyReLU's (activation "leaky_relu"), which the others ignore.
 
     Decided once per configuration, from x and the layer (the conv's output is not needed to decide): where the
     BatchNorm runs fused, every call, the first included, runs conv and BatchNorm as the one op
@@ -263,13 +269,13 @@ def conv2d_batch_norm_act(
     if conv.padding_mode != "zeros" or isinstance(conv.padding, str):
         return batch_norm_act(conv._conv_forward(x, conv.weight, conv.bias), running_mean, running_var, weight, bias,
                               True, momentum, eps, activation, residual, strict=strict, policy=policy, call=call,
-                              num_batches_tracked=num_batches_tracked)
+                              num_batches_tracked=num_batches_tracked, negative_slope=negative_slope)
     conv_weight, conv_bias = module_attributes(conv, ("weight", "bias"))  # once per call, past __getattr__
     policy = resolve(policy)
     signature = None
     if call is not None and not torch.compiler.is_compiling():
-        settings = (strict, decide.is_strict(), policy, eps, activation, conv.stride, conv.padding, conv.dilation,
-                    conv.groups)
+        settings = (strict, decide.is_strict(), policy, eps, activation, negative_slope, conv.stride, conv.padding,
+                    conv.dilation, conv.groups)
         if call.recorded is not None and call.signature[0] == settings:
             # C++ compares the tensors and the global state with the record and runs the op when they match
             y = call.recorded.run(x, conv_weight, conv_bias, weight, bias, running_mean, running_var,
@@ -285,7 +291,8 @@ def conv2d_batch_norm_act(
                      torch.backends.cudnn.allow_tf32)
         if call.signature == signature:
             return _run_conv_batch_norm(call.run, x, conv, conv_weight, conv_bias, running_mean, running_var,
-                                        num_batches_tracked, weight, bias, momentum, eps, activation, residual)
+                                        num_batches_tracked, weight, bias, momentum, eps, activation, residual,
+                                        negative_slope)
 
     decision, config, run = _decide_conv_batch_norm(x, conv, conv_weight, conv_bias, running_mean, weight, bias, eps,
                                                     activation, residual, strict, policy)
@@ -295,11 +302,11 @@ def conv2d_batch_norm_act(
         recorded = _extension.require().ConvBatchNormCall(
             x, conv_weight, conv_bias, weight, bias, running_mean if run[2] else None,
             running_var if run[2] else None, num_batches_tracked, residual, list(conv.stride), list(conv.padding),
-            list(conv.dilation), conv.groups, float(eps), run[5], run[1], run[3])
+            list(conv.dilation), conv.groups, float(eps), run[5], run[1], run[3], float(negative_slope))
     if call is not None:
         call.remember(decision, config, signature, run, recorded)
     return _run_conv_batch_norm(run, x, conv, conv_weight, conv_bias, running_mean, running_var, num_batches_tracked,
-                                weight, bias, momentum, eps, activation, residual)
+                                weight, bias, momentum, eps, activation, residual, negative_slope)
 
 
 def _decide_conv_batch_norm(x, conv, conv_weight, conv_bias, running_mean, weight, bias, eps, activation, residual,
@@ -394,7 +401,7 @@ def _recordable(run: tuple, weight, bias, running_mean, num_batches_tracked, x) 
 
 
 def _run_conv_batch_norm(run: tuple, x, conv, conv_weight, conv_bias, running_mean, running_var, num_batches_tracked,
-                         weight, bias, momentum, eps, activation, residual):
+                         weight, bias, momentum, eps, activation, residual, negative_slope=0.01):
     """The call as decided: the one op where fused (it casts the conv's operands under autocast itself, writes the
     running statistics and counts the step in one launch), else the eager composition."""
     fused, implementation, update, policy, conv_dtype, activation_code, identity, stem = run
@@ -402,7 +409,7 @@ def _run_conv_batch_norm(run: tuple, x, conv, conv_weight, conv_bias, running_me
         if num_batches_tracked is not None:
             num_batches_tracked.add_(1)
         return _eager_batch_norm_act(conv._conv_forward(x, conv_weight, conv_bias), running_mean, running_var, weight,
-                                     bias, True, momentum, eps, activation, residual)
+                                     bias, True, momentum, eps, activation, residual, negative_slope)
     global _conv_bn_op
     if _conv_bn_op is None:
         _conv_bn_op = torch.ops.cudnn_fusion.conv_batch_norm_act.default
@@ -416,11 +423,12 @@ def _run_conv_batch_norm(run: tuple, x, conv, conv_weight, conv_bias, running_me
     if stem is None:
         y = _conv_bn_op(x, conv_weight, conv_bias, conv.stride, conv.padding, conv.dilation, conv.groups, weight, bias,
                         stats[0], stats[1], num_batches_tracked, residual, float(momentum), float(eps),
-                        activation_code, implementation, conv_dtype, policy)[0]
+                        activation_code, implementation, conv_dtype, policy, float(negative_slope))[0]
     else:  # the same sums as a stride-1 conv of the rearranged x and filter (ops/stem.py)
         y = run_in_form(stem, x, conv_weight, lambda xs, ws: _conv_bn_op(
             xs, ws, conv_bias, (1, 1), (0, 0), (1, 1), 1, weight, bias, stats[0], stats[1], num_batches_tracked,
-            residual, float(momentum), float(eps), activation_code, implementation, conv_dtype, policy)[0])
+            residual, float(momentum), float(eps), activation_code, implementation, conv_dtype, policy,
+            float(negative_slope))[0])
     if stats[0] is not running_mean:
         with torch.no_grad():
             running_mean.copy_(stats[0])

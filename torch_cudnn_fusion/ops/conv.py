@@ -119,12 +119,14 @@ _IN_PLACE_ACTIVATIONS = {Activation.RELU: F.relu, Activation.RELU6: F.relu6, Act
                          Activation.HARDSWISH: F.hardswish}
 
 
-def eager_activation(y: torch.Tensor, activation: int) -> torch.Tensor:
-    """F.relu, F.relu6, F.silu or F.hardswish of y in place, or y, by an Activation value: the activation of every
-    eager composition here. y is always the composition's own fresh output (of a conv, a BatchNorm or an add, none of
-    whose backwards reads it), as behind the models' nn.ReLU(inplace=True) and nn.SiLU(inplace=True): an out-of-place
-    activation would hold a second tensor of y's size while y is alive, which raised densenet121's eval peak above
-    eager's."""
+def eager_activation(y: torch.Tensor, activation: int, negative_slope: float = 0.01) -> torch.Tensor:
+    """F.relu, F.relu6, F.silu, F.hardswish or F.leaky_relu (with negative_slope) of y in place, or y, by an
+    Activation value: the activation of every eager composition here. y is always the composition's own fresh output
+    (of a conv, a BatchNorm or an add, none of whose backwards reads it), as behind the models' nn.ReLU(inplace=True)
+    and nn.SiLU(inplace=True): an out-of-place activation would hold a second tensor of y's size while y is alive,
+    which raised densenet121's eval peak above eager's."""
+    if activation == Activation.LEAKY_RELU:
+        return F.leaky_relu(y, negative_slope, inplace=True)
     function = _IN_PLACE_ACTIVATIONS.get(activation)
     return y if function is None else function(y, inplace=True)
 

@@ -67,7 +67,7 @@ def _fake_conv_wgrad(grad_z, x, weight_size, stride, padding_pre, padding_post, 
 
 
 def _fake_batch_norm_act(x, weight, bias, running_mean, running_var, residual, momentum, eps, activation,
-                         implementation, policy=0):
+                         implementation, policy=0, negative_slope=0.01):
     torch._check(x.dim() == 4, lambda: f"cudnn_fusion: x must be a 4-D tensor [N, C, H, W], got {x.dim()}-D")
     channels = x.shape[1]
     stats = channels if running_mean is not None else 0
@@ -82,7 +82,7 @@ def _fake_batch_norm_act(x, weight, bias, running_mean, running_var, residual, m
 
 
 def _fake_batch_norm_act_update(x, weight, bias, running_mean, running_var, num_batches_tracked, residual, momentum,
-                                eps, activation, implementation, policy=0):
+                                eps, activation, implementation, policy=0, negative_slope=0.01):
     y, save_mean, save_invstd, _, _, reserve = _fake_batch_norm_act(x, weight, bias, running_mean, running_var,
                                                                     residual, momentum, eps, activation,
                                                                     implementation)
@@ -90,22 +90,24 @@ def _fake_batch_norm_act_update(x, weight, bias, running_mean, running_var, num_
 
 
 def _fake_batch_norm_act_backward(grad_y, x, y, weight, bias, save_mean, save_invstd, reserve, eps, activation,
-                                  has_residual, implementation, policy=0):
+                                  has_residual, implementation, policy=0, negative_slope=0.01):
     memory_format = suggest_memory_format(x)
     grad_residual = _empty(x.shape, x, memory_format) if has_residual else x.new_empty(0)
     return (_empty(x.shape, x, memory_format), grad_residual, weight.new_empty(weight.shape),
             bias.new_empty(bias.shape))
 
 
-def _fake_batch_norm_act_backward_reduce(grad_y, x, y, weight, bias, save_mean, save_invstd, activation):
+def _fake_batch_norm_act_backward_reduce(grad_y, x, y, weight, bias, save_mean, save_invstd, activation,
+                                         negative_slope=0.01):
     return _empty(x.shape, x, torch.channels_last), weight.new_empty(weight.shape), bias.new_empty(bias.shape)
 
 
-def _fake_batch_norm_act_backward_reduce_(grad_y, x, y, weight, bias, save_mean, save_invstd, activation):
+def _fake_batch_norm_act_backward_reduce_(grad_y, x, y, weight, bias, save_mean, save_invstd, activation,
+                                          negative_slope=0.01):
     return weight.new_empty(weight.shape), bias.new_empty(bias.shape)
 
 
-def _fake_batch_norm_act_backward_(grad_y, x, weight, bias, save_mean, save_invstd, activation):
+def _fake_batch_norm_act_backward_(grad_y, x, weight, bias, save_mean, save_invstd, activation, negative_slope=0.01):
     return weight.new_empty(weight.shape), bias.new_empty(bias.shape)
 
 
@@ -115,7 +117,7 @@ def _fake_batch_norm_backward_dx(grad_z, x, weight, bias, save_mean, save_invstd
 
 def _fake_conv_batch_norm_act(x, conv_weight, conv_bias, stride, padding, dilation, groups, weight, bias, running_mean,
                               running_var, num_batches_tracked, residual, momentum, eps, activation, implementation,
-                              conv_dtype=None, policy=0):
+                              conv_dtype=None, policy=0, negative_slope=0.01):
     z = _fake_conv_bias_act(x, conv_weight, conv_bias, None, stride, padding, padding, dilation, groups, 0)
     z = z.to(conv_dtype) if conv_dtype is not None else z
     y, save_mean, save_invstd, _, _, reserve = _fake_batch_norm_act(z, weight, bias, running_mean, running_var,
