@@ -626,20 +626,24 @@ def test_fuse_keeps_training_and_eval_behaviour_of_a_forward_that_reads_self_tra
     torch.testing.assert_close(model(x), eager(x), rtol=0, atol=0)
 
 
+class BatchNormAct2d(nn.BatchNorm2d):
+    """A stand-in for timm's BatchNormAct2d, recognized by its class name and module (it has both)."""
+
+    def __init__(self, channels, act):
+        super().__init__(channels)
+        self.drop, self.act = nn.Identity(), act
+
+    def forward(self, x):
+        return self.act(self.drop(F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                                               self.training, self.momentum, self.eps)))
+
+
+BatchNormAct2d.__module__ = "timm.layers.norm_act"
+
+
 def test_fuse_timm_style_batchnorm_act_and_identity_in_the_chain():
     """timm's BatchNormAct2d is recognized by its class name and module (this stand-in has both), with its
     activation fused (ReLU, SiLU) or applied after the fused conv + BatchNorm (GELU)."""
-
-    class BatchNormAct2d(nn.BatchNorm2d):
-        def __init__(self, channels, act):
-            super().__init__(channels)
-            self.drop, self.act = nn.Identity(), act
-
-        def forward(self, x):
-            return self.act(self.drop(F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
-                                                   self.training, self.momentum, self.eps)))
-
-    BatchNormAct2d.__module__ = "timm.layers.norm_act"
     plain = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1, bias=False), BatchNormAct2d(16, nn.ReLU(inplace=True)),
                           nn.Conv2d(16, 16, 1, bias=False), BatchNormAct2d(16, nn.GELU()),
                           nn.Conv2d(16, 16, 1), nn.Identity(), nn.ReLU(),
@@ -752,16 +756,6 @@ def test_fuse_leaky_relu_after_conv_and_batch_norm_with_its_slope():
 
 
 def test_fuse_leaky_relu_in_a_sequential_and_in_timm_batch_norm_act():
-    class BatchNormAct2d(nn.BatchNorm2d):  # timm's, as test_fuse_timm_batch_norm_act's stand-in
-        def __init__(self, channels, act):
-            super().__init__(channels)
-            self.drop, self.act = nn.Identity(), act
-
-        def forward(self, x):
-            return self.act(self.drop(F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
-                                                   self.training, self.momentum, self.eps)))
-
-    BatchNormAct2d.__module__ = "timm.layers.norm_act"
     torch.manual_seed(0)
     plain = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1, bias=False), BatchNormAct2d(16, nn.LeakyReLU(0.1)),
                           nn.Conv2d(16, 16, 1, bias=False), nn.BatchNorm2d(16), nn.LeakyReLU(0.05))
