@@ -1,7 +1,6 @@
 """The Python half of the cudnn_fusion ops: fake kernels, so torch.compile traces through them.
 
-Schemas and CUDA kernels live in csrc/ops/; the ops' autograd in csrc/ops/*_autograd.cpp, but for space_to_depth's
-(here: a rearrangement, its gradient the inverse one in torch ops).
+Schemas and CUDA kernels live in csrc/ops/; the ops' autograd in csrc/ops/*_autograd.cpp.
 """
 
 from __future__ import annotations
@@ -131,17 +130,6 @@ def _fake_space_to_depth(x, padding_pre, out_size, dtype=None):
     return _empty([x.shape[0], channels, *out_size], x, torch.channels_last, dtype or x.dtype)
 
 
-def _space_to_depth_setup(ctx, inputs, output) -> None:
-    x, padding_pre = inputs[0], inputs[1]
-    ctx.x_size, ctx.x_dtype, ctx.padding_pre = tuple(x.shape), x.dtype, tuple(padding_pre)
-
-
-def _space_to_depth_backward(ctx, grad):
-    from .stem import space_to_depth_backward
-
-    return space_to_depth_backward(grad, ctx.x_size, ctx.x_dtype, ctx.padding_pre), None, None, None
-
-
 def register_python_parts() -> None:
     """Registers the fake kernels once the compiled module has defined the ops."""
     global _registered
@@ -161,6 +149,4 @@ def register_python_parts() -> None:
     torch.library.register_fake("cudnn_fusion::batch_norm_backward_dx")(_fake_batch_norm_backward_dx)
     torch.library.register_fake("cudnn_fusion::conv_batch_norm_act")(_fake_conv_batch_norm_act)
     torch.library.register_fake("cudnn_fusion::space_to_depth")(_fake_space_to_depth)
-    torch.library.register_autograd("cudnn_fusion::space_to_depth", _space_to_depth_backward,
-                                    setup_context=_space_to_depth_setup)
     _registered = True

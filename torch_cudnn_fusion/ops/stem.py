@@ -4,8 +4,9 @@
 cuDNN's engines for a conv of 3 input channels at stride 2 are slow; the same sums over 16 channels at stride 1 run
 much faster (see docs/benchmarks.md, "Stem convs in their space-to-depth form"). Which convs take the form is decided
 in ops/decide.py (stem_plan); the rearranged input comes from our kernel (cudnn_fusion::space_to_depth, which also
-casts it to the conv's dtype), the rearranged filter from a gather here, so autograd carries the filter's gradient
-back.
+casts it to the conv's dtype), the rearranged filter from one matrix product with a 0/1 matrix here, so that
+autograd carries the filter's gradient back by another (no Python autograd node: each cost the host more than the
+stem's GPU time saves on small batches).
 
 Geometry, per spatial dim, for kernel k, padding p (both sides) and input size H: the output row i reads input rows
 2i - p + t, t < k. With q = ceil(p / 2) block rows of zeros before the input, that row is block row i + Y (Y < k')
@@ -19,7 +20,6 @@ import weakref
 from typing import Callable, NamedTuple
 
 import torch
-import torch.nn.functional as F
 
 
 class StemPlan(NamedTuple):
@@ -27,9 +27,9 @@ class StemPlan(NamedTuple):
     out_size: tuple[int, int]  # the rearranged input's height and width, in blocks
     channels: int  # its channels: 8 (x of 1 or 2 channels) or 16
     kernel: tuple[int, int]  # the rearranged filter's size
-    index: torch.Tensor  # per element of the rearranged filter (kh', kw', channels), the one of the flattened filter
-    # (int32: the layer keeps it on the GPU)
-    taps: torch.Tensor  # per element of the flattened filter, the one element of the rearranged filter it went to
+    spread: torch.Tensor  # [kh * kw * C, kh' * kw' * channels], in the conv's dtype on x's device: 1 where an element
+    # of the filter, flattened in channels_last order, lands in the rearranged filter, else 0 (one 1 a row, at most
+    # one a column)
     dtype: torch.dtype  # the conv's (the rearranged input is written in it)
     note: str
 
@@ -46,7 +46,8 @@ def block_geometry(size: int, kernel: int, padding: int) -> tuple[int, int, int]
 def filter_index(in_channels: int, kernel_size: tuple[int, int], padding: tuple[int, int], channels: int,
                  kernel: tuple[int, int], before: tuple[int, int]) -> list[int]:
     """For each element of the rearranged filter, in channels_last order (Y, X, k), the index of the original
-    filter's element in its flattened [C * kh * kw] form, or C * kh * kw (a zero) where none lands there."""
+    filter's element in its flattened channels_last form [kh * kw * C], or C * kh * kw (a zero) where none lands
+    there."""
     kh, kw = kernel_size
     zero = in_channels * kh * kw
     index = []
@@ -58,7 +59,7 @@ def filter_index(in_channels: int, kernel_size: tuple[int, int], padding: tuple[
                 ty = 2 * (y - before[0]) + a + padding[0]
                 tx = 2 * (x - before[1]) + b + padding[1]
                 inside = block < 4 and 0 <= ty < kh and 0 <= tx < kw
-                index.append(c * kh * kw + ty * kw + tx if inside else zero)
+                index.append((ty * kw + tx) * in_channels + c if inside else zero)
     return index
 
 
@@ -74,13 +75,13 @@ def plan(x_size, w_size, padding, dtype: torch.dtype, device: torch.device) -> S
     if sorted(index)[:elements] != list(range(elements)):  # with 2 * padding <= kernel each lands once (stem_plan)
         raise ValueError(f"the stem form of a {tuple(w_size)} filter with padding {tuple(padding)} would not place "
                          "each of its elements exactly once")
-    taps = [index.index(i) for i in range(elements)]
+    spread = torch.zeros(elements + 1, len(index), dtype=dtype)  # the row past the filter's takes the zeros
+    spread[index, range(len(index))] = 1
     note = (f"stem: the {w_size[2]}x{w_size[3]} stride-2 conv of {in_channels} channels runs as a {kernel[0]}x"
             f"{kernel[1]} stride-1 conv of {channels} (2x2 blocks of pixels as channels, space-to-depth: our kernel "
             "rearranges x)")
-    return StemPlan(before, (geometry[0][2], geometry[1][2]), channels, kernel,
-                    torch.tensor(index, dtype=torch.int32, device=device),
-                    torch.tensor(taps, dtype=torch.int32, device=device), dtype, note)
+    return StemPlan(before, (geometry[0][2], geometry[1][2]), channels, kernel, spread[:elements].to(device), dtype,
+                    note)
 
 
 def stem_input(x: torch.Tensor, stem: StemPlan) -> torch.Tensor:
@@ -96,30 +97,14 @@ def input_like(x: torch.Tensor, stem: StemPlan) -> torch.Tensor:
     return form.requires_grad_(x.requires_grad)
 
 
-class _RearrangeFilter(torch.autograd.Function):
-    """[out, C * kh * kw] -> [out, kh' * kw' * channels]: one zero appended, then one gather by `index`. Each element
-    lands in exactly one place (plan checks it), so the gradient is one gather back by `taps`, where autograd's
-    backward of the gather would scatter-add (a sort and five more launches)."""
-
-    @staticmethod
-    def forward(flat, index, taps):
-        return F.pad(flat, (0, 1))[:, index]
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(inputs[2])
-
-    @staticmethod
-    def backward(ctx, grad):
-        (taps,) = ctx.saved_tensors
-        return grad[:, taps], None, None
-
-
 def stem_weight(weight: torch.Tensor, stem: StemPlan) -> torch.Tensor:
-    """The filter rearranged for the form, channels_last (one zero appended and one gather: its gradient flows back
-    to `weight`)."""
+    """The filter rearranged for the form, channels_last: one matrix product of the filter, flattened in channels_last
+    order (a view of a channels_last filter), with `stem.spread`; its gradient flows back to `weight` as another.
+    Each element of the result is one element of the filter times 1 plus zeros, so it is exact in any dtype, but for
+    an infinite element, whose zero products make its whole output channel NaN (eager's conv makes that channel
+    infinite or NaN)."""
     out_channels = weight.shape[0]
-    form = _RearrangeFilter.apply(weight.reshape(out_channels, -1), stem.index, stem.taps)
+    form = weight.permute(0, 2, 3, 1).reshape(out_channels, -1) @ stem.spread
     return form.view(out_channels, *stem.kernel, stem.channels).permute(0, 3, 1, 2)
 
 
@@ -172,14 +157,3 @@ def run_in_form(stem: StemPlan, x: torch.Tensor, weight: torch.Tensor,
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         return fn(xs, ws)
 
-
-def space_to_depth_backward(grad: torch.Tensor, x_size, x_dtype: torch.dtype, padding_pre) -> torch.Tensor:
-    """The gradient of cudnn_fusion::space_to_depth's x: each of x's pixels takes its channel's gradient back from
-    the one place it went (pixels the conv does not read take zero)."""
-    n, c, h, w = x_size
-    half_h, half_w = (h + 1) // 2, (w + 1) // 2
-    top, left = padding_pre
-    g = grad[:, : 4 * c]
-    g = F.pad(g, (-left, left + half_w - g.shape[3], -top, top + half_h - g.shape[2]))
-    g = g.reshape(n, 2, 2, c, half_h, half_w).permute(0, 3, 4, 1, 5, 2).reshape(n, c, 2 * half_h, 2 * half_w)
-    return g[:, :, :h, :w].to(x_dtype)
