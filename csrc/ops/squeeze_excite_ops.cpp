@@ -11,6 +11,7 @@
 #include <torch/library.h>
 
 #include "core/graph_key.h"
+#include "ops/saved_ints.h"
 #include "ops/tensor_checks.h"
 
 namespace tcf {
@@ -78,10 +79,6 @@ at::Tensor squeeze_excite(const at::Tensor& x, const at::Tensor& w1, const std::
   return excite(x, squeeze_excite_values(x, w1, b1, w2, b2, activation, hard_gate).g);
 }
 
-at::ScalarType dtype_of(AutogradContext* ctx, const char* name) {
-  return static_cast<at::ScalarType>(ctx->saved_data[name].toInt());
-}
-
 class SqueezeExciteFunction : public torch::autograd::Function<SqueezeExciteFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w1,
@@ -94,19 +91,21 @@ class SqueezeExciteFunction : public torch::autograd::Function<SqueezeExciteFunc
     // ReLU's backward reads its output h, SiLU's its input h_pre; sigmoid's backward reads g, hardsigmoid's z
     ctx->save_for_backward({x, v.w1m, v.w2m, v.s, silu ? v.h_pre : at::Tensor(), v.h, v.g,
                             hard_gate ? v.z : at::Tensor()});
-    ctx->saved_data["silu"] = silu;
-    ctx->saved_data["hard_gate"] = hard_gate;
-    ctx->saved_data["w1_dtype"] = static_cast<int64_t>(w1.scalar_type());
-    ctx->saved_data["w2_dtype"] = static_cast<int64_t>(w2.scalar_type());
     auto dtype_code = [](const std::optional<at::Tensor>& t, const at::Tensor& otherwise) {
       return static_cast<int64_t>(t.has_value() && t->defined() ? t->scalar_type() : otherwise.scalar_type());
     };
-    ctx->saved_data["has_b1"] = b1.has_value() && b1->defined();
-    ctx->saved_data["has_b2"] = b2.has_value() && b2->defined();
-    ctx->saved_data["b1_dtype"] = dtype_code(b1, w1);
-    ctx->saved_data["b2_dtype"] = dtype_code(b2, w2);
-    ctx->saved_data["w1_size"] = w1.sizes().vec();
-    ctx->saved_data["w2_size"] = w2.sizes().vec();
+    SavedInts()
+        .add(silu)
+        .add(hard_gate)
+        .add(b1.has_value() && b1->defined())
+        .add(b2.has_value() && b2->defined())
+        .add(static_cast<int64_t>(w1.scalar_type()))
+        .add(static_cast<int64_t>(w2.scalar_type()))
+        .add(dtype_code(b1, w1))
+        .add(dtype_code(b2, w2))
+        .add(w1.sizes())
+        .add(w2.sizes())
+        .save(ctx);
     return excite(x, v.g);
   }
 
@@ -117,7 +116,12 @@ class SqueezeExciteFunction : public torch::autograd::Function<SqueezeExciteFunc
     auto saved = ctx->get_saved_variables();
     const auto &x = saved[0], &w1m = saved[1], &w2m = saved[2], &s = saved[3], &h_pre = saved[4], &h = saved[5];
     const auto &g = saved[6], &z = saved[7];
-    bool silu = ctx->saved_data["silu"].toBool(), hard_gate = ctx->saved_data["hard_gate"].toBool();
+    SavedIntsReader ints(ctx);  // in the order forward saved them
+    const bool silu = ints.next_bool(), hard_gate = ints.next_bool();
+    const bool has_b1 = ints.next_bool(), has_b2 = ints.next_bool();
+    const auto w1_dtype = ints.next_dtype(), w2_dtype = ints.next_dtype();
+    const auto b1_dtype = ints.next_dtype(), b2_dtype = ints.next_dtype();
+    const auto w1_size = ints.next_list(), w2_size = ints.next_list();
     int64_t n = x.size(0), c = x.size(1);
     // The multiply's backward, as eager's: dy * g for x, and for g the sum over H and W of dy * x.
     auto dg = at::mul(dy, x).sum({2, 3});
@@ -125,7 +129,6 @@ class SqueezeExciteFunction : public torch::autograd::Function<SqueezeExciteFunc
     auto dh = dz.mm(w2m);
     auto dh_pre = silu ? at::silu_backward(dh, h_pre) : at::threshold_backward(dh, h, 0);
     // the node's edges are its defined tensor inputs: x, w1, b1 (if given), w2, b2 (if given)
-    bool has_b1 = ctx->saved_data["has_b1"].toBool(), has_b2 = ctx->saved_data["has_b2"].toBool();
     size_t edge = 0;
     bool need_x = ctx->needs_input_grad(edge++), need_w1 = ctx->needs_input_grad(edge++);
     bool need_b1 = has_b1 && ctx->needs_input_grad(edge++);
@@ -139,13 +142,13 @@ class SqueezeExciteFunction : public torch::autograd::Function<SqueezeExciteFunc
     }
     // The weights' gradients in x's dtype, as eager's conv backward computes them, then cast to the weights' own
     // (autocast's cast node).
-    auto weight_grad = [&](const at::Tensor& d, const at::Tensor& input, const char* size, const char* dtype) {
-      return in_dtype(d.t().mm(input).reshape(ctx->saved_data[size].toIntVector()), dtype_of(ctx, dtype));
+    auto weight_grad = [](const at::Tensor& d, const at::Tensor& input, at::IntArrayRef size, at::ScalarType dtype) {
+      return in_dtype(d.t().mm(input).reshape(size), dtype);
     };
-    if (need_w1) grads[1] = weight_grad(dh_pre, s, "w1_size", "w1_dtype");
-    if (need_b1) grads[2] = in_dtype(dh_pre.sum(0), dtype_of(ctx, "b1_dtype"));
-    if (need_w2) grads[3] = weight_grad(dz, h, "w2_size", "w2_dtype");
-    if (need_b2) grads[4] = in_dtype(dz.sum(0), dtype_of(ctx, "b2_dtype"));
+    if (need_w1) grads[1] = weight_grad(dh_pre, s, w1_size, w1_dtype);
+    if (need_b1) grads[2] = in_dtype(dh_pre.sum(0), b1_dtype);
+    if (need_w2) grads[3] = weight_grad(dz, h, w2_size, w2_dtype);
+    if (need_b2) grads[4] = in_dtype(dz.sum(0), b2_dtype);
     return at::GradMode::is_enabled() && !is_traced(x) ? not_differentiable_again(grads) : grads;
   }
 
