@@ -551,7 +551,7 @@ class _GraphRewrite:
         bn = bn_node = inner_after = residual = None
         act, trailing, slope = None, "", 0.01
         passed, nxt, _ = self.next_step(value)
-        if nxt is not None and nxt.op == "call_module" and _is_batch_norm(self.modules[nxt.target]):
+        if self.is_batch_norm(nxt):
             bn = self.modules[nxt.target]
             problem = _batch_norm_problem(bn)
             if problem:
@@ -565,14 +565,11 @@ class _GraphRewrite:
             trailing = type(inner_after).__name__
         elif act is None:
             passed, nxt, read = self.next_step(value)
-            other = _residual_of_add(nxt, read) if nxt is not None else None
-            if other is not None:
-                _, after, after_reads = self.next_step(nxt)
-                if after is not None and _node_activation(after, after_reads, self.modules)[0] == "relu":
-                    residual = other
-                    parts.append("add")
-                    chain += passed + [nxt]
-                    value = nxt
+            residual = self.added_before_relu(nxt, read)
+            if residual is not None:
+                parts.append("add")
+                chain += passed + [nxt]
+                value = nxt
             passed, nxt, read = self.next_step(value)
             if nxt is not None:
                 act, name = _node_activation(nxt, read, self.modules)
@@ -619,15 +616,24 @@ class _GraphRewrite:
         """Whether match_conv would take `user` into a pattern after `value`, were it `value`'s only reader: a
         BatchNorm, a fusable activation, an add with a ReLU after it, or an nn.Identity (what follows it is not
         looked at)."""
-        if user.op == "call_module" and (_is_batch_norm(self.modules[user.target])
-                                         or type(self.modules[user.target]) is nn.Identity):
+        if self.is_batch_norm(user) or (user.op == "call_module" and type(self.modules[user.target]) is nn.Identity):
             return True
         if _node_activation(user, value, self.modules)[0] is not None:
             return True
-        if _residual_of_add(user, value) is None:
-            return False
-        _, after, reads = self.next_step(user)
-        return after is not None and _node_activation(after, reads, self.modules)[0] == "relu"
+        return self.added_before_relu(user, value) is not None
+
+    def is_batch_norm(self, node: Optional[fx.Node]) -> bool:
+        """Whether node calls a BatchNorm module (the step after a conv that match_conv takes first)."""
+        return node is not None and node.op == "call_module" and _is_batch_norm(self.modules[node.target])
+
+    def added_before_relu(self, node: Optional[fx.Node], value: fx.Node) -> Optional[fx.Node]:
+        """The residual, where node adds `value` to it and a ReLU is the next step after the sum (the add match_conv
+        takes into a pattern), else None."""
+        residual = _residual_of_add(node, value) if node is not None else None
+        if residual is None:
+            return None
+        _, after, reads = self.next_step(node)
+        return residual if after is not None and _node_activation(after, reads, self.modules)[0] == "relu" else None
 
     def replace(self, node, chain, fused, residual, inner_after, bn_node) -> None:
         """The fused call goes right before the chain's last node: every input (x, the residual) exists there, so the
