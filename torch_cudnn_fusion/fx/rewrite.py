@@ -233,8 +233,13 @@ def _negative_slope(source, modules: Optional[dict] = None) -> float:
         if source.op == "call_module":
             source = modules[source.target]
         elif source.op == "call_function" and source.target in _LEAKY_RELU_FUNCTIONS:
-            return float(source.args[1] if len(source.args) > 1 else source.kwargs.get("negative_slope", 0.01))
+            return float(_slope_argument(source))
     return float(source.negative_slope) if type(source) is nn.LeakyReLU else 0.01
+
+
+def _slope_argument(node: fx.Node):
+    """The negative slope a call of F.leaky_relu (x, negative_slope=0.01, inplace=False) passes, as given."""
+    return node.args[1] if len(node.args) > 1 else node.kwargs.get("negative_slope", 0.01)
 
 
 def _inner_activation(bn: nn.Module) -> tuple[Optional[str], Optional[nn.Module]]:
@@ -395,7 +400,7 @@ def _node_activation(node: fx.Node, value: fx.Node, modules: dict) -> tuple[Opti
             name = _FUSED_ACTIVATION_FUNCTIONS[node.target]
             return name, name
         if node.target in _LEAKY_RELU_FUNCTIONS:  # (x, negative_slope=0.01, inplace=False), the slope a number
-            slope = node.args[1] if len(node.args) > 1 else node.kwargs.get("negative_slope", 0.01)
+            slope = _slope_argument(node)
             inplace = node.args[2:] + tuple(v for k, v in node.kwargs.items() if k == "inplace")
             others = [k for k in node.kwargs if k not in ("negative_slope", "inplace")]
             fusable = (isinstance(slope, (int, float)) and not isinstance(slope, bool) and not others
