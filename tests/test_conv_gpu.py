@@ -285,3 +285,34 @@ def test_relu6_refused_in_the_graph_runs_as_a_clamp_after_it(extension, no_tf32)
     assert_as_accurate_as_eager("y", y, eager_y, ref_y, dtype)
     for name, got, eager, ref in zip(["grad_x", "grad_weight", "grad_bias"], grads, eager_grads, ref_grads):
         assert_as_accurate_as_eager(name, got, eager, ref, dtype)
+
+
+@gpu
+@pytest.mark.parametrize("needs_grad", ["x and weight", "x", "weight"])
+def test_the_conv_op_keeps_only_what_its_backward_uses(extension, needs_grad):
+    """conv_bias_act keeps x for backward only where the weight needs a gradient (its gradient reads x), the weight
+    only where x does, and y for the ReLU's mask; the gradients asked for are eager's."""
+    torch.manual_seed(0)
+    cl = torch.channels_last
+    x = torch.randn(4, 16, 12, 12, device="cuda", dtype=torch.bfloat16).contiguous(memory_format=cl)
+    w = torch.randn(32, 16, 3, 3, device="cuda", dtype=torch.bfloat16).contiguous(memory_format=cl)
+    b = torch.randn(32, device="cuda", dtype=torch.bfloat16)
+    x.requires_grad_("x" in needs_grad.split())
+    w.requires_grad_("weight" in needs_grad.split())
+    kept = []
+
+    def pack(t):
+        kept.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = torch.ops.cudnn_fusion.conv_bias_act(x, w, b, None, [1, 1], [1, 1], [1, 1], [1, 1], 1, 1)
+    assert any(t is y or t.data_ptr() == y.data_ptr() for t in kept)
+    assert any(t is x for t in kept) == w.requires_grad
+    assert any(t is w for t in kept) == x.requires_grad
+    grad = torch.randn_like(y)
+    leaves = [t for t in (x, w) if t.requires_grad]
+    got = torch.autograd.grad(y, leaves, grad)
+    expected = torch.autograd.grad(F.relu(F.conv2d(x, w, b, 1, 1)), leaves, grad)
+    for g, e in zip(got, expected, strict=True):
+        assert g.shape == e.shape and rel_err(g, e) < 2e-2

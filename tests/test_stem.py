@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import torch_cudnn_fusion as tcf
-from torch_cudnn_fusion.ops.stem import plan, stem_weight
+from torch_cudnn_fusion.ops.stem import plan
 
 from conftest import assert_as_accurate_as_eager, gpu
 
@@ -30,6 +30,14 @@ def rearranged(x, stem):
     return F.pad(blocks, (0, 0, 0, 0, 0, channels - 4 * c))
 
 
+def rearranged_filter(w, stem):
+    """What cudnn_fusion::stem_filter computes, in torch ops: the filter flattened in channels_last order, a zero
+    appended, gathered by the plan's index into the form's channels_last filter."""
+    flat = F.pad(w.permute(0, 2, 3, 1).reshape(w.shape[0], -1), (0, 1))
+    form = flat.index_select(1, stem.index).view(w.shape[0], *stem.kernel, stem.channels)
+    return form.permute(0, 3, 1, 2)
+
+
 GEOMETRIES = [(c, k, p, size) for c in (1, 2, 3, 4) for k, p in ((3, 1), (7, 3), (5, 2), (4, 1), (3, 0), (6, 3))
               for size in ((224, 224), (17, 12), (9, 9))]
 
@@ -37,17 +45,17 @@ GEOMETRIES = [(c, k, p, size) for c in (1, 2, 3, 4) for k, p in ((3, 1), (7, 3),
 @pytest.mark.parametrize("c, k, p, size", GEOMETRIES)
 @pytest.mark.parametrize("filter_layout", [torch.contiguous_format, torch.channels_last], ids=["nchw", "nhwc"])
 def test_the_space_to_depth_form_computes_the_strided_conv(c, k, p, size, filter_layout):
-    """conv2d(rearranged x, rearranged filter) at stride 1 equals conv2d(x, filter) at stride 2 in float64 (odd
-    sizes, the largest padding the form takes, even filters included), and the filter's gradient through its
-    rearrangement (a matrix product with the plan's 0/1 matrix, of the filter flattened in channels_last order: a
-    copy of an NCHW filter, a view of a channels_last one) equals the strided conv's. (The input rearrangement's
-    gradient: test_the_space_to_depth_kernel_matches_torch_ops.)"""
+    """The plan's geometry: conv2d(rearranged x, rearranged filter) at stride 1 equals conv2d(x, filter) at stride 2
+    in float64 (odd sizes, the largest padding the form takes, even filters included), and the filter's gradient
+    through its rearrangement (a gather by the plan's index, in torch ops) equals the strided conv's. (Our two ops
+    against these torch ops: test_the_space_to_depth_kernel_matches_torch_ops and
+    test_the_stem_filter_op_matches_torch_ops.)"""
     torch.manual_seed(0)
     x = torch.randn(2, c, *size, dtype=torch.float64)
     w = torch.randn(5, c, k, k, dtype=torch.float64).to(memory_format=filter_layout).requires_grad_()
     stem = plan(x.shape, w.shape, (p, p), torch.float64, torch.device("cpu"))
     expected = F.conv2d(x, w, None, 2, p)
-    got = F.conv2d(rearranged(x, stem), stem_weight(w, stem))
+    got = F.conv2d(rearranged(x, stem), rearranged_filter(w, stem))
     assert got.shape == expected.shape
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
     grad_out = torch.randn_like(expected)
@@ -82,6 +90,47 @@ def test_the_space_to_depth_kernel_matches_torch_ops(extension, in_dtype, out_dt
         through_torch_ops = x.detach().float().requires_grad_()
         rearranged(through_torch_ops, stem).to(out_dtype).backward(grad)
         assert torch.equal(leaf.grad, through_torch_ops.grad)
+
+
+@gpu
+@pytest.mark.parametrize("w_dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, None], ids=str)
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last], ids=["nchw", "nhwc"])
+@pytest.mark.parametrize("c, k, p", [(1, 3, 1), (2, 5, 2), (3, 3, 1), (3, 7, 3), (4, 4, 1), (3, 6, 3)])
+def test_the_stem_filter_op_matches_torch_ops(extension, w_dtype, dtype, layout, c, k, p):
+    """cudnn_fusion::stem_filter is the gather in torch ops bit for bit (cast to `dtype`, channels_last), and its
+    autograd (a gather back by the plan's inverse index) gives the filter the gradient autograd gives through those
+    torch ops, in the filter's dtype and shape, bit for bit; a filter that needs no gradient gets no node."""
+    torch.manual_seed(k)
+    w = torch.randn(24, c, k, k, device="cuda").to(w_dtype).to(memory_format=layout)
+    stem = plan((2, c, 33, 33), w.shape, (p, p), dtype or w_dtype, w.device)
+    leaf = w.detach().requires_grad_()
+    got = torch.ops.cudnn_fusion.stem_filter(leaf, stem.index, stem.inverse, stem.kernel, stem.channels, dtype)
+    through_torch_ops = w.detach().requires_grad_()
+    expected = rearranged_filter(through_torch_ops.to(dtype or w_dtype), stem)
+    assert got.is_contiguous(memory_format=torch.channels_last) and got.dtype == expected.dtype
+    assert torch.equal(got, expected)
+    grad = torch.randn_like(got)
+    got.backward(grad)
+    expected.backward(grad)
+    assert leaf.grad.dtype == w_dtype and leaf.grad.shape == w.shape
+    assert torch.equal(leaf.grad, through_torch_ops.grad)
+    assert torch.ops.cudnn_fusion.stem_filter(w, stem.index, stem.inverse, stem.kernel, stem.channels).grad_fn is None
+
+
+@gpu
+def test_stem_filter_names_the_argument_it_refuses(extension):
+    w = torch.randn(8, 3, 3, 3, device="cuda")
+    stem = plan((2, 3, 16, 16), w.shape, (1, 1), torch.bfloat16, w.device)
+    args = (stem.kernel, stem.channels)
+    with pytest.raises(RuntimeError, match="index must be 64 int64 elements on cuda:0 .*got shape \\[64\\] Int"):
+        torch.ops.cudnn_fusion.stem_filter(w, stem.index.int(), stem.inverse, *args)
+    with pytest.raises(RuntimeError, match="inverse must be 27 int64 elements on cuda:0 .*shape \\[27\\] Long on cpu"):
+        torch.ops.cudnn_fusion.stem_filter(w, stem.index, stem.inverse.cpu(), *args)
+    with pytest.raises(RuntimeError, match="channels must be 8 or 16, got 12"):
+        torch.ops.cudnn_fusion.stem_filter(w, stem.index, stem.inverse, stem.kernel, 12)
+    with pytest.raises(RuntimeError, match="4-d weight"):
+        torch.ops.cudnn_fusion.stem_filter(w[0], stem.index, stem.inverse, *args)
 
 
 @gpu

@@ -425,6 +425,9 @@ TORCH_LIBRARY(cudnn_fusion, m) {
       "int implementation, ScalarType? conv_dtype=None, int policy=0, float negative_slope=0.01) -> "
       "(Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("space_to_depth(Tensor x, int[2] padding_pre, int[2] out_size, ScalarType? dtype=None) -> Tensor");
+  m.def(
+      "stem_filter(Tensor weight, Tensor index, Tensor inverse, int[2] kernel, int channels, "
+      "ScalarType? dtype=None) -> Tensor");  // ops/stem_ops.cpp
   m.def("global_avg_pool(Tensor x) -> Tensor");  // ops/pool_ops.cpp
   m.def(
       "squeeze_excite(Tensor x, Tensor w1, Tensor? b1, Tensor w2, Tensor? b2, int activation, bool hard_gate) -> "

@@ -1,7 +1,9 @@
 // Autograd for cudnn_fusion::conv_bias_act, in C++ (a Python autograd.Function cost ~185 us of host time per
-// training step of one layer, more than the layer's GPU time on small shapes). Saves only x, the weight and, with
-// ReLU or ReLU6, the output y: the activation's backward takes its mask from y. Every op is called through the dispatcher, so
-// torch.compile traces the backward graph through the fake kernels.
+// training step of one layer, more than the layer's GPU time on small shapes). Saves only what backward can use: x
+// where the weight requires grad (its gradient reads x), the weight where x does (x's reads the weight), and, with
+// ReLU or ReLU6, the output y: the activation's backward takes its mask from y. (A stem's x, the image, needs no
+// gradient: its rearranged weight is then neither kept nor rearranged again in backward, ops/stem.py.) Every op is
+// called through the dispatcher, so torch.compile traces the backward graph through the fake kernels.
 #include <torch/autograd.h>
 #include <torch/library.h>
 
@@ -59,8 +61,11 @@ class ConvBiasActFunction : public torch::autograd::Function<ConvBiasActFunction
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     auto y = call_conv_bias_act(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups,
                                 activation, policy);
-    ctx->save_for_backward({x, weight, activation != 0 ? y : at::Tensor()});
+    ctx->save_for_backward({weight.requires_grad() ? x : at::Tensor(), x.requires_grad() ? weight : at::Tensor(),
+                            activation != 0 ? y : at::Tensor()});
     SavedInts()
+        .add(x.sizes())
+        .add(weight.sizes())
         .add(stride)
         .add(padding_pre)
         .add(padding_post)
@@ -83,6 +88,8 @@ class ConvBiasActFunction : public torch::autograd::Function<ConvBiasActFunction
     at::Tensor none;
     if (!grad_out.defined()) return {none, none, none, none, none, none, none, none, none, none, none};
     SavedIntsReader ints(ctx);  // in the order forward saved them
+    const auto x_size = ints.next_list();
+    const auto weight_size = ints.next_list();
     const auto stride = ints.next_list();
     const auto padding_pre = ints.next_list();
     const auto padding_post = ints.next_list();
@@ -110,10 +117,10 @@ class ConvBiasActFunction : public torch::autograd::Function<ConvBiasActFunction
     }
     at::Tensor grad_x, grad_w;
     if (need_x) {
-      grad_x = call_conv_dgrad(grad_z, weight, x.sizes(), stride, padding_pre, padding_post, dilation, groups, policy);
+      grad_x = call_conv_dgrad(grad_z, weight, x_size, stride, padding_pre, padding_post, dilation, groups, policy);
     }
     if (need_w) {
-      grad_w = call_conv_wgrad(grad_z, x, weight.sizes(), stride, padding_pre, padding_post, dilation, groups, policy);
+      grad_w = call_conv_wgrad(grad_z, x, weight_size, stride, padding_pre, padding_post, dilation, groups, policy);
     }
     return {grad_x, grad_w, need_bias ? grad_bias : none, need_residual ? grad_z : none,
             none, none, none, none, none, none, none};

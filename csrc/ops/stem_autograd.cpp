@@ -1,7 +1,10 @@
-// Autograd for cudnn_fusion::space_to_depth, in C++ as the other ops' (it was registered from Python, whose dispatch
-// cost the host more per call than the kernel's GPU time on a stem of batch 128). Saves no tensor: x's gradient is the
-// inverse rearrangement of the output's, in ATen ops, from x's sizes and dtype; the channels past 4 * C and the
-// zero-padding blocks take none.
+// Autograd for the stem form's two rearrangements, in C++ as the other ops' (in Python, their autograd cost the host
+// more per call than the stem's GPU time on a batch of 128):
+// - cudnn_fusion::space_to_depth saves no tensor: x's gradient is the inverse rearrangement of the output's, in ATen
+//   ops, from x's sizes and dtype; the channels past 4 * C and the zero-padding blocks take none.
+// - cudnn_fusion::stem_filter saves its `inverse` index: each weight element lands in the form exactly once, so the
+//   weight's gradient is one gather of the form's, by that index (the form's zeros take none). It is linear in the
+//   gradient and reads nothing forward computed, so ATen differentiates it again under create_graph.
 #include <torch/autograd.h>
 #include <torch/library.h>
 
@@ -68,7 +71,53 @@ at::Tensor space_to_depth_autograd(const at::Tensor& x, at::IntArrayRef padding_
   return SpaceToDepthFunction::apply(x, padding_pre, out_size, dtype)[0];
 }
 
+at::Tensor call_stem_filter(const at::Tensor& weight, const at::Tensor& index, const at::Tensor& inverse,
+                            at::IntArrayRef kernel, int64_t channels, std::optional<at::ScalarType> dtype) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("cudnn_fusion::stem_filter", "")
+                       .typed<decltype(stem_filter)>();
+  return op.call(weight, index, inverse, kernel, channels, dtype);
+}
+
+class StemFilterFunction : public torch::autograd::Function<StemFilterFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& weight, const at::Tensor& index,
+                               const at::Tensor& inverse, at::IntArrayRef kernel, int64_t channels,
+                               std::optional<at::ScalarType> dtype) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    auto out = call_stem_filter(weight, index, inverse, kernel, channels, dtype);
+    ctx->save_for_backward({inverse});
+    SavedInts().add(weight.sizes()).add(static_cast<int64_t>(weight.scalar_type())).save(ctx);
+    return {out};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    at::Tensor none;
+    const auto& grad = grad_outputs[0];
+    if (!grad.defined()) return {none, none, none, none, none, none};
+    const auto inverse = ctx->get_saved_variables()[0];
+    SavedIntsReader ints(ctx);  // in the order forward saved them
+    const auto size = ints.next_list();  // [O, C, kh, kw]
+    const auto dtype = ints.next_dtype();
+    auto flat = grad.permute({0, 2, 3, 1}).reshape({size[0], -1}).index_select(1, inverse).to(dtype);
+    auto grad_weight = flat.view({size[0], size[2], size[3], size[1]}).permute({0, 3, 1, 2});
+    return {grad_weight, none, none, none, none, none};
+  }
+};
+
+at::Tensor stem_filter_autograd(const at::Tensor& weight, const at::Tensor& index, const at::Tensor& inverse,
+                                at::IntArrayRef kernel, int64_t channels, std::optional<at::ScalarType> dtype) {
+  if (!at::GradMode::is_enabled() || !weight.requires_grad()) {  // nothing to record: no node, nothing saved
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return call_stem_filter(weight, index, inverse, kernel, channels, dtype);
+  }
+  return StemFilterFunction::apply(weight, index, inverse, kernel, channels, dtype)[0];
+}
+
 }  // namespace
 }  // namespace tcf
 
-TORCH_LIBRARY_IMPL(cudnn_fusion, Autograd, m) { m.impl("space_to_depth", &tcf::space_to_depth_autograd); }
+TORCH_LIBRARY_IMPL(cudnn_fusion, Autograd, m) {
+  m.impl("space_to_depth", &tcf::space_to_depth_autograd);
+  m.impl("stem_filter", &tcf::stem_filter_autograd);
+}

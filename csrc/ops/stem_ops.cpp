@@ -1,6 +1,7 @@
 #include "ops/stem_ops.h"
 
 #include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
 
 #include "kernels/space_to_depth_kernel.h"
 #include "ops/kernel_launch.h"
@@ -38,4 +39,38 @@ at::Tensor space_to_depth(const at::Tensor& x, at::IntArrayRef padding_pre, at::
   return out;
 }
 
+namespace {
+
+void check_stem_filter_arguments(const at::Tensor& weight, const at::Tensor& index, const at::Tensor& inverse,
+                                 at::IntArrayRef kernel, int64_t channels) {
+  TORCH_CHECK(weight.dim() == 4, "cudnn_fusion: stem_filter takes a 4-d weight [O, C, kh, kw], got shape ",
+              weight.sizes());
+  TORCH_CHECK(kernel.size() == 2 && kernel[0] >= 1 && kernel[1] >= 1,
+              "cudnn_fusion: stem_filter's kernel must be two sizes >= 1 (height, width), got ", kernel);
+  TORCH_CHECK(channels == 8 || channels == 16, "cudnn_fusion: stem_filter's channels must be 8 or 16, got ", channels);
+  const int64_t elements = weight.size(1) * weight.size(2) * weight.size(3);
+  for (const auto& [t, name, size] : {std::tuple{&index, "index", kernel[0] * kernel[1] * channels},
+                                      std::tuple{&inverse, "inverse", elements}}) {
+    TORCH_CHECK(t->dim() == 1 && t->size(0) == size && t->scalar_type() == at::kLong && t->device() == weight.device(),
+                "cudnn_fusion: stem_filter's ", name, " must be ", size, " int64 elements on ", weight.device(),
+                " (from torch_cudnn_fusion.ops.stem.plan), got shape ", t->sizes(), " ", t->scalar_type(), " on ",
+                t->device());
+  }
+}
+
+}  // namespace
+
+at::Tensor stem_filter(const at::Tensor& weight, const at::Tensor& index, const at::Tensor& inverse,
+                       at::IntArrayRef kernel, int64_t channels, std::optional<at::ScalarType> dtype) {
+  check_stem_filter_arguments(weight, index, inverse, kernel, channels);
+  const int64_t out_channels = weight.size(0);
+  auto flat = weight.permute({0, 2, 3, 1}).reshape({out_channels, -1});  // a view of a channels_last weight
+  if (dtype.has_value()) flat = flat.to(*dtype);
+  // the column past the weight's elements is the zero that the form's other elements take
+  auto form = at::constant_pad_nd(flat, {0, 1}, 0).index_select(1, index);
+  return form.view({out_channels, kernel[0], kernel[1], channels}).permute({0, 3, 1, 2});
+}
+
 }  // namespace tcf
+
+TORCH_LIBRARY_IMPL(cudnn_fusion, CompositeExplicitAutograd, m) { m.impl("stem_filter", &tcf::stem_filter); }

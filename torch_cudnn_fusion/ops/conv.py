@@ -15,7 +15,7 @@ from . import decide
 from .decide import Decision
 from .layer_call import LayerCall
 from .library import conv_output_size
-from .stem import input_like, run_in_form, stem_weight
+from .stem import input_like, run_in_form, weight_like
 
 _IntPair = Union[int, Sequence[int]]
 
@@ -236,7 +236,7 @@ def conv2d_bias_act(
     else:
         stem = decide.stem_plan(x, weight, stride_, padding_pre, padding_post, dilation_, groups, padding_mode, x.dtype)
         if stem is not None:  # decided on the form cuDNN will see; where it refuses that, on the conv as given
-            config = decide.conv_config(input_like(passed[0], stem), stem_weight(weight, stem), bias, residual, (1, 1),
+            config = decide.conv_config(input_like(passed[0], stem), weight_like(weight, stem), bias, residual, (1, 1),
                                         (0, 0), (0, 0), (1, 1), 1, act, padding_mode, policy.key)
             decision = decide.decide_conv(config)
             if decision.fused:

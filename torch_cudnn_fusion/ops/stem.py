@@ -4,9 +4,9 @@
 cuDNN's engines for a conv of 3 input channels at stride 2 are slow; the same sums over 16 channels at stride 1 run
 much faster (see docs/benchmarks.md, "Stem convs in their space-to-depth form"). Which convs take the form is decided
 in ops/decide.py (stem_plan); the rearranged input comes from our kernel (cudnn_fusion::space_to_depth, which also
-casts it to the conv's dtype), the rearranged filter from one matrix product with a 0/1 matrix here, so that
-autograd carries the filter's gradient back by another (no Python autograd node: each cost the host more than the
-stem's GPU time saves on small batches).
+casts it to the conv's dtype), the rearranged filter from cudnn_fusion::stem_filter: one gather by the plan's index,
+whose gradient is one gather back (each filter element lands once). Both have their autograd in C++: in Python, and
+as a matrix product with a 0/1 matrix, they cost the host more than the stem's GPU time saves on small batches.
 
 Geometry, per spatial dim, for kernel k, padding p (both sides) and input size H: the output row i reads input rows
 2i - p + t, t < k. With q = ceil(p / 2) block rows of zeros before the input, that row is block row i + Y (Y < k')
@@ -27,9 +27,9 @@ class StemPlan(NamedTuple):
     out_size: tuple[int, int]  # the rearranged input's height and width, in blocks
     channels: int  # its channels: 8 (x of 1 or 2 channels) or 16
     kernel: tuple[int, int]  # the rearranged filter's size
-    spread: torch.Tensor  # [kh * kw * C, kh' * kw' * channels], in the conv's dtype on x's device: 1 where an element
-    # of the filter, flattened in channels_last order, lands in the rearranged filter, else 0 (one 1 a row, at most
-    # one a column)
+    index: torch.Tensor  # [kh' * kw' * channels] int64 on x's device: for each element of the rearranged filter in
+    # channels_last order, the filter's element (flattened in channels_last order) it is, or kh * kw * C for a zero
+    inverse: torch.Tensor  # [kh * kw * C] int64 on x's device: for each of the filter's elements, where it lands
     dtype: torch.dtype  # the conv's (the rearranged input is written in it)
     note: str
 
@@ -75,13 +75,16 @@ def plan(x_size, w_size, padding, dtype: torch.dtype, device: torch.device) -> S
     if sorted(index)[:elements] != list(range(elements)):  # with 2 * padding <= kernel each lands once (stem_plan)
         raise ValueError(f"the stem form of a {tuple(w_size)} filter with padding {tuple(padding)} would not place "
                          "each of its elements exactly once")
-    spread = torch.zeros(elements + 1, len(index), dtype=dtype)  # the row past the filter's takes the zeros
-    spread[index, range(len(index))] = 1
+    inverse = [0] * elements
+    for place, element in enumerate(index):
+        if element < elements:
+            inverse[element] = place
     note = (f"stem: the {w_size[2]}x{w_size[3]} stride-2 conv of {in_channels} channels runs as a {kernel[0]}x"
             f"{kernel[1]} stride-1 conv of {channels} (2x2 blocks of pixels as channels, space-to-depth: our kernel "
             "rearranges x)")
-    return StemPlan(before, (geometry[0][2], geometry[1][2]), channels, kernel, spread[:elements].to(device), dtype,
-                    note)
+    return StemPlan(before, (geometry[0][2], geometry[1][2]), channels, kernel,
+                    torch.tensor(index, dtype=torch.int64, device=device),
+                    torch.tensor(inverse, dtype=torch.int64, device=device), dtype, note)
 
 
 def stem_input(x: torch.Tensor, stem: StemPlan) -> torch.Tensor:
@@ -97,15 +100,19 @@ def input_like(x: torch.Tensor, stem: StemPlan) -> torch.Tensor:
     return form.requires_grad_(x.requires_grad)
 
 
+def weight_like(weight: torch.Tensor, stem: StemPlan) -> torch.Tensor:
+    """An empty tensor with the properties of the rearranged filter (what a decision needs, without running the op):
+    its sizes, the conv's dtype, channels_last, the weight's requires_grad."""
+    form = torch.empty((weight.shape[0], stem.channels, *stem.kernel), dtype=stem.dtype, device=weight.device,
+                       memory_format=torch.channels_last)
+    return form.requires_grad_(weight.requires_grad)
+
+
 def stem_weight(weight: torch.Tensor, stem: StemPlan) -> torch.Tensor:
-    """The filter rearranged for the form, channels_last: one matrix product of the filter, flattened in channels_last
-    order (a view of a channels_last filter), with `stem.spread`; its gradient flows back to `weight` as another.
-    Each element of the result is one element of the filter times 1 plus zeros, so it is exact in any dtype, but for
-    an infinite element, whose zero products make its whole output channel NaN (eager's conv makes that channel
-    infinite or NaN)."""
-    out_channels = weight.shape[0]
-    form = weight.permute(0, 2, 3, 1).reshape(out_channels, -1) @ stem.spread
-    return form.view(out_channels, *stem.kernel, stem.channels).permute(0, 3, 1, 2)
+    """The filter rearranged for the form, channels_last, in the conv's dtype (our op cudnn_fusion::stem_filter: a
+    gather of the filter flattened in channels_last order, by the plan's index; its gradient is the gather back)."""
+    return torch.ops.cudnn_fusion.stem_filter.default(weight, stem.index, stem.inverse, stem.kernel, stem.channels,
+                                                      stem.dtype)
 
 
 def _modified_error(what: str, version: int, now: int) -> RuntimeError:
@@ -123,10 +130,9 @@ def run_in_form(stem: StemPlan, x: torch.Tensor, weight: torch.Tensor,
     - for x, x in the conv's dtype, which is what eager's autocast conv keeps (one more pass of our kernel);
     - for the filter, the `weight` passed in (a parameter, or the autocast cast a conv layer passes), where eager
       keeps the same tensor or its cast. A weight modified in place before backward is therefore an error here,
-      where eager under autocast would use the cast it kept."""
-    cast = weight if weight.dtype == stem.dtype else weight.to(stem.dtype)
-    xs, ws = stem_input(x, stem), stem_weight(cast, stem)
-    del cast
+      where eager under autocast would use the cast it kept. (The conv + bias op keeps the filter only where x needs
+      a gradient; a stem's x, the image, usually does not.)"""
+    xs, ws = stem_input(x, stem), stem_weight(weight, stem)
     if not torch.is_grad_enabled() or torch.compiler.is_compiling():
         return fn(xs, ws)
     version, weight_version = x._version, weight._version
@@ -148,7 +154,7 @@ def run_in_form(stem: StemPlan, x: torch.Tensor, weight: torch.Tensor,
             source = saved[1]
             if source._version != weight_version:
                 raise _modified_error("filter", weight_version, source._version)
-            return stem_weight(source if source.dtype == stem.dtype else source.to(stem.dtype), stem)
+            return stem_weight(source, stem)
         _, source, is_x = saved
         if is_x and source._version != version:
             raise _modified_error("input", version, source._version)
