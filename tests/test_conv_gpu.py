@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_cudnn_fusion as tcf
-from torch_cudnn_fusion.ops import LayerCall
+from torch_cudnn_fusion.ops import LayerCall, decide
 
 from conftest import CountingCall, assert_as_accurate_as_eager, gpu, rel_err, reference_conv_bias_act, without_ambiguous_relu6_gradient
 
@@ -320,3 +320,59 @@ def test_the_conv_op_keeps_only_what_its_backward_uses(extension, needs_grad):
     for name, g, e, r in zip(needs_grad.split(" and "), got, eager, reference, strict=True):
         assert g.shape == e.shape
         assert_as_accurate_as_eager(f"gradient of {name}", g, e, r, torch.bfloat16)
+
+
+def _forward_backward(layer, x, residual, grad):
+    """The layer's output and every gradient, after poisoned outputs (the extension fixture)."""
+    for t in (x, residual, *layer.parameters()):
+        if t is not None:
+            t.grad = None
+    y = layer(x) if residual is None else layer(x, residual)
+    y.backward(grad)
+    grads = [t.grad for t in (x, residual, *layer.parameters()) if t is not None]
+    return [y.detach().clone()] + [g.clone() for g in grads]
+
+
+@pytest.mark.parametrize("case", ["conv bias residual relu, bf16 NHWC", "conv relu, fp32 NHWC", "conv relu, bf16 NCHW",
+                                  "batchnorm relu, bf16 NHWC"])
+def test_a_plan_run_directly_computes_what_the_frontends_execute_does(extension, case):
+    """The plans that run without cudnn-frontend's preparation at each execute (csrc/graphs/graph_builder.h,
+    RunnableGraph) write what the frontend's own execute writes, bit for bit, for every graph of a layer's forward and
+    backward (a deterministic policy, so that each plan's result repeats); the conv graphs do run directly."""
+    torch.manual_seed(0)
+    policy = tcf.EnginePolicy(deterministic=True)
+    nhwc = "NHWC" in case
+    dtype = torch.bfloat16 if "bf16" in case else torch.float32  # float32: TF32 allowed, as by default
+    residual = None
+    if case.startswith("batchnorm"):
+        layer = tcf.BatchNorm2dReLU(32)
+        x = torch.randn(4, 32, 10, 10, device="cuda", dtype=dtype)
+    else:
+        layer = (tcf.Conv2dAddReLU if "residual" in case else tcf.Conv2dReLU)(16, 32, 3, padding=1, policy=policy)
+        x = torch.randn(4, 16, 10, 10, device="cuda", dtype=dtype)
+        if "residual" in case:
+            residual = torch.randn(4, 32, 10, 10, device="cuda", dtype=dtype, requires_grad=True)
+    layout = torch.channels_last if nhwc else torch.contiguous_format
+    layer = layer.cuda().to(dtype=dtype, memory_format=layout)
+    x = x.contiguous(memory_format=layout).requires_grad_()
+    if residual is not None:
+        residual = residual.detach().contiguous(memory_format=layout).requires_grad_()
+    grad = torch.randn(4, 32, 10, 10, device="cuda", dtype=dtype).contiguous(memory_format=layout)
+    frontend_state = {name: t.clone() for name, t in layer.state_dict().items()}  # BatchNorm's running statistics
+    extension.set_frontend_execute_for_tests(True)
+    try:
+        through_frontend = _forward_backward(layer, x, residual, grad)
+        after_frontend = {name: t.clone() for name, t in layer.state_dict().items()}
+    finally:
+        extension.set_frontend_execute_for_tests(False)
+    layer.load_state_dict(frontend_state)
+    direct = _forward_backward(layer, x, residual, grad)
+    assert layer.fusion_status.fused, layer.fusion_status
+    for got, expected in zip(direct, through_frontend, strict=True):
+        assert torch.equal(got, expected)
+    for name, t in layer.state_dict().items():
+        assert torch.equal(t, after_frontend[name]), name
+    if not case.startswith("batchnorm"):  # NCHW: cuDNN 9.19 refuses the ReLU-backward graph (docs/fallback_rules.md)
+        for graph in ["forward", "dgrad", "wgrad"]:
+            info = decide.plan_in_use(layer._call.config, graph)
+            assert not info["refusal"] and info["direct_execute"], (graph, info)

@@ -15,19 +15,19 @@
 
 #include "core/graph_key.h"
 
-// Declared only: the frontend's headers cost about 27 s of compile time per file that includes them, so only the
-// files that build, run or serialize graphs do (through graph_builder.h).
-namespace cudnn_frontend::graph {
-class Graph;
-}  // namespace cudnn_frontend::graph
+namespace cudnn_frontend {}
 
 namespace tcf {
 
 namespace fe = cudnn_frontend;
 
+// Declared only: the frontend's headers cost about 27 s of compile time per file that includes them, so only the
+// files that build, run or serialize graphs do (graph_builder.h, which defines it).
+class RunnableGraph;
+
 // A built graph ready to execute, or the reason cuDNN refused to build it.
 struct CachedPlan {
-  std::shared_ptr<fe::graph::Graph> graph;  // null when refused
+  std::shared_ptr<RunnableGraph> graph;     // null when refused
   int64_t workspace_bytes = 0;              // of the heuristic's first buildable plan
   std::string refusal;                      // empty when built
 

@@ -163,6 +163,7 @@ std::shared_ptr<CachedPlan> build_plan(const GraphKey& key) {
       return refusal;
     }
     dump_graph_if_asked(key, *graph, "");
+    graph->prepare_direct_run();
     auto plan = std::make_shared<CachedPlan>();
     plan->graph = graph;
     plan->workspace_bytes = workspace;
@@ -178,7 +179,7 @@ std::shared_ptr<CachedPlan> build_plan(const GraphKey& key) {
 
 }  // namespace
 
-std::shared_ptr<fe::graph::Graph> candidate_graph(const GraphKey& key, BuildFailure& failure) {
+std::shared_ptr<RunnableGraph> candidate_graph(const GraphKey& key, BuildFailure& failure) {
   auto graph = new_graph(key);
   try {
     failure = describe_and_query(*graph, key);

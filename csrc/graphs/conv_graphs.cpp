@@ -52,8 +52,8 @@ void mark_output(const TensorPtr& tensor, const char* name, int64_t uid, const s
 // Bias and its gradient: one value per output channel, shaped [1, K, 1, 1].
 static std::array<int64_t, 4> channel_vector_size(int64_t channels) { return {1, channels, 1, 1}; }
 
-std::shared_ptr<fe::graph::Graph> new_graph(const GraphKey& key) {
-  auto graph = std::make_shared<fe::graph::Graph>();
+std::shared_ptr<RunnableGraph> new_graph(const GraphKey& key) {
+  auto graph = std::make_shared<RunnableGraph>();
   graph->set_io_data_type(fe_dtype(static_cast<at::ScalarType>(key.dtype)))
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);

@@ -76,6 +76,9 @@ std::shared_ptr<const CachedPlan> get_plan(const GraphKey& key);
 // Test aid: every build first sleeps `milliseconds` (0: off), so a test can hold a build open while other threads
 // use the cache.
 void set_build_delay_for_tests(int64_t milliseconds);
+// Test aid: every plan runs through the frontend's execute, also where it could run directly (RunnableGraph), so a
+// test can compare the two.
+void set_frontend_execute_for_tests(bool enabled);
 // Test aid: every conv + bias graph with this activation (Activation's code; -1: off) is refused as cuDNN would refuse
 // it, so that the path taken after a refusal can be tested.
 void set_refused_activation_for_tests(int64_t activation);
@@ -106,6 +109,7 @@ struct PlanInUse {
   float tuned_ms = -1.0f;    // the chosen candidate's median time when tuned
   float aten_ms = -1.0f;     // the ATen composition's, under autotune
   bool deserialized = false;
+  bool direct_execute = false;  // runs without the frontend's preparation at each execute (RunnableGraph)
   std::string refusal;
 };
 PlanInUse plan_in_use(const GraphKey& key);

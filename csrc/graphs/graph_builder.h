@@ -22,6 +22,27 @@ namespace tcf {
 // Helpers shared by the graph builders (conv_graphs.cpp, bn_graphs.cpp).
 using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
 
+// A frontend graph that can also run its built plans without the frontend's preparation at each execute. The
+// frontend's execute walks the graph on every call for pass-by-value scalars, tensors kept in its own workspace,
+// uid replacements and auxiliary kernels, then looks each variant-pack uid up in the pointer map. A graph with none of
+// those (the conv graphs) lists its variant pack's uids once, after its build (prepare_direct_run), and each run hands
+// cuDNN the pointers in that order (execute_direct). On H200 this took 1-3 us of host time off each execute
+// (docs/benchmarks.md, 2026-11-28); cuDNN's own execute, 10-30 us, is the rest.
+class RunnableGraph : public fe::graph::Graph {
+ public:
+  // After the graph's operation graph is built: lists the variant pack's uids if nothing needs the frontend's
+  // preparation at execute; runs_direct() stays false otherwise. Call before the graph is shared between threads.
+  void prepare_direct_run();
+  bool runs_direct() const { return !direct_uids_.empty(); }
+  // Runs built plan `index` (-1: the plan the build chose) on `pointers` (uid -> device pointer), as
+  // execute_plan_at_index does; only where runs_direct().
+  fe::error_t execute_direct(cudnnHandle_t handle, const std::unordered_map<int64_t, void*>& pointers, void* workspace,
+                             int64_t index) const;
+
+ private:
+  std::vector<int64_t> direct_uids_;
+};
+
 fe::DataType_t fe_dtype(at::ScalarType dtype);
 std::vector<int64_t> as_vector(const std::array<int64_t, 4>& a);
 std::vector<int64_t> as_vector(const std::array<int64_t, 2>& a);
@@ -31,7 +52,7 @@ TensorPtr add_tensor(fe::graph::Graph& graph, const char* name, int64_t uid, con
 void mark_output(const TensorPtr& tensor, const char* name, int64_t uid, const std::array<int64_t, 4>& size,
                  bool channels_last, fe::DataType_t dtype);
 // An empty graph in the key's I/O dtype, float32 intermediates and compute.
-std::shared_ptr<fe::graph::Graph> new_graph(const GraphKey& key);
+std::shared_ptr<RunnableGraph> new_graph(const GraphKey& key);
 
 // Where cuDNN refused a graph: the build step and cuDNN's message (both empty when nothing failed).
 struct BuildFailure {
@@ -45,7 +66,7 @@ bool candidate_usable(fe::graph::Graph& graph, const EnginePolicy& policy, int64
 
 // `key`'s graph with the heuristic's candidate plans listed but none built (for engine listing), or null with
 // `failure` set.
-std::shared_ptr<fe::graph::Graph> candidate_graph(const GraphKey& key, BuildFailure& failure);
+std::shared_ptr<RunnableGraph> candidate_graph(const GraphKey& key, BuildFailure& failure);
 
 // `stream`, or null while it captures a CUDA graph (or cannot be asked): nothing is timed inside a capture. The
 // default stream is returned as cudaStreamLegacy.

@@ -91,7 +91,7 @@ std::string load_saved_plan(const SavedPlan& saved) {
   std::string deserialize_error;
   if (!saved.serialized.empty() && serializable_kind(saved.key.kind)) {
     try {
-      auto graph = std::make_shared<fe::graph::Graph>();
+      auto graph = std::make_shared<RunnableGraph>();  // runs through the frontend's execute (no prepare_direct_run)
       auto status = graph->deserialize(at::native::getCudnnHandle(), saved.serialized);
       int64_t workspace = 0;
       if (status.is_good()) status = graph->get_workspace_size(workspace);
@@ -129,6 +129,7 @@ std::string load_saved_plan(const SavedPlan& saved) {
            (deserialize_error.empty() ? "" : " (and deserializing failed: " + deserialize_error + ")");
   }
   if (graph->build_plan_at_index(found).is_bad()) return "its engine " + saved.engine + " no longer builds";
+  graph->prepare_direct_run();
   plan->graph = graph;
   plan->chosen_index = found;
   plan->workspace_bytes = graph->get_workspace_size_plan_at_index(found);

@@ -106,6 +106,7 @@ pybind11::dict plan_in_use_py(const std::string& graph, const std::string& dtype
   out["tuned_ms"] = info.tuned_ms >= 0 ? pybind11::cast(static_cast<double>(info.tuned_ms)) : pybind11::none();
   out["aten_ms"] = info.aten_ms >= 0 ? pybind11::cast(static_cast<double>(info.aten_ms)) : pybind11::none();
   out["deserialized"] = info.deserialized;
+  out["direct_execute"] = info.direct_execute;
   out["refusal"] = info.refusal;
   return out;
 }
@@ -573,6 +574,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "Bound the number of cached plans (least recently used are evicted)");
   m.def("set_poison_outputs", &tcf::set_poison_outputs,
         "Test aid: fill every op output with NaN before its graph runs");
+  m.def("set_frontend_execute_for_tests", &tcf::set_frontend_execute_for_tests,
+        "Test aid: run every plan through cudnn-frontend's execute, also where it could run directly");
   m.def("set_build_delay_for_tests", &tcf::set_build_delay_for_tests,
         "Test aid: every plan build first sleeps this many milliseconds (0: off)");
   m.def("set_depthwise_wgrad_plan_for_tests", &tcf::set_depthwise_wgrad_plan_for_tests,

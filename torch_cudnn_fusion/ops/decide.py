@@ -345,8 +345,9 @@ def _decide_batch_norm(values: tuple) -> Decision:
 
 def plan_in_use(config: ConvConfig, graph: str = "forward") -> Optional[dict]:
     """What the C++ plan cache runs for one graph of a conv layer configuration: cuDNN's name of the plan, its
-    workspace, whether it was tuned, the autotune times and whether ATen won; None where there is no plan to ask
-    about (not CUDA, traced sizes, empty batch)."""
+    workspace, whether it was tuned, the autotune times and whether ATen won, whether it runs without cudnn-frontend's
+    preparation at each execute (direct_execute); None where there is no plan to ask about (not CUDA, traced sizes,
+    empty batch)."""
     c = config
     if c.device_type != "cuda" or TRACED in c.x_size or c.x_size[0] == 0 or c.dtype not in SUPPORTED_DTYPES:
         return None
