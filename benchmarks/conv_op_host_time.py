@@ -6,7 +6,9 @@ the host's; at bench_conv_layers' batch of 128, a row whose kernels take longer 
 Rows (host us a call: the median over 5 rounds of 20 back-to-back calls; the rows take turns within a round, so that
 a drift of the host's speed moves them alike):
 - forward + backward: the fused module and eager (F.conv2d, the add, F.relu), each output's backward with a fixed
-  gradient (x needs a gradient but for a stem's image, as in bench_conv_layers);
+  gradient (x needs a gradient but for a stem's image, as in bench_conv_layers); and the fused module with every plan
+  run through cudnn-frontend's execute (a test switch), against its plans run directly (RunnableGraph in
+  csrc/graphs/graph_builder.h);
 - forward with grad (the autograd graph built, then dropped), and forward without: the fused module, its call
   recorded in C++ (what the module runs on a repeated call), the conv_bias_act op via torch.ops, and eager (the
   backward's share: forward + backward less forward with grad);
@@ -31,9 +33,11 @@ import torch
 import torch.nn.functional as F
 
 import torch_cudnn_fusion as tcf
+from torch_cudnn_fusion import _extension
 from bench_conv_layers import SHAPES, environment
 
 ROUNDS, CALLS = 5, 20
+FRONTEND = "through the frontend's execute"
 
 
 def layer_rows(cin, cout, kernel, stride, size, residual, batch) -> dict:
@@ -63,6 +67,7 @@ def layer_rows(cin, cout, kernel, stride, size, residual, batch) -> dict:
 
     rows = {
         "forward + backward: fused": lambda: layer(*args).backward(g),
+        f"forward + backward: fused, {FRONTEND}": lambda: layer(*args).backward(g),
         "forward + backward: eager": lambda: eager(x).backward(g),
         "forward with grad: fused": lambda: layer(*args),
         "forward with grad: eager": lambda: eager(x),
@@ -70,9 +75,9 @@ def layer_rows(cin, cout, kernel, stride, size, residual, batch) -> dict:
     layer(*args).backward(g)  # decided and recorded
     fused, op_args, stem = layer._call.run
     if fused and stem is None:
-        op, record = torch.ops.cudnn_fusion, layer._call.recorded
-        assert record.run(x, w, b, r if residual else None) is not None, "the record declined"
-        rows["forward with grad: C++ record"] = lambda: record.run(x, w, b, r if residual else None)
+        op, grad_record = torch.ops.cudnn_fusion, layer._call.recorded
+        assert grad_record.run(x, w, b, r if residual else None) is not None, "the record declined"
+        rows["forward with grad: C++ record"] = lambda: grad_record.run(x, w, b, r if residual else None)
         rows["forward with grad: conv_bias_act op"] = lambda: op.conv_bias_act(x, w, b, r if residual else None,
                                                                               *op_args)
     xd, rd = x.detach(), r.detach() if residual else None
@@ -81,11 +86,12 @@ def layer_rows(cin, cout, kernel, stride, size, residual, batch) -> dict:
         y = no_grad_layer(*no_grad_args)  # decided and recorded
     rows["forward, no grad: fused"] = torch.no_grad()(lambda: no_grad_layer(*no_grad_args))
     if fused and stem is None:
-        record = no_grad_layer._call.recorded
+        no_grad_record = no_grad_layer._call.recorded
         with torch.no_grad():
-            assert record.run(xd, no_grad_layer.weight, no_grad_layer.bias, rd) is not None, "the record declined"
+            assert no_grad_record.run(xd, no_grad_layer.weight, no_grad_layer.bias, rd) is not None, \
+                "the record declined"
         rows["forward, no grad: C++ record"] = torch.no_grad()(
-            lambda: record.run(xd, no_grad_layer.weight, no_grad_layer.bias, rd))
+            lambda: no_grad_record.run(xd, no_grad_layer.weight, no_grad_layer.bias, rd))
         rows["forward, no grad: conv_bias_act op"] = torch.no_grad()(
             lambda: op.conv_bias_act(xd, w, b, rd, *op_args))
     rows["forward, no grad: eager"] = torch.no_grad()(lambda: eager(xd))
@@ -103,17 +109,26 @@ def layer_rows(cin, cout, kernel, stride, size, residual, batch) -> dict:
 
 
 def host_us(rows: dict) -> dict:
-    """{row: host us a call}, the rows taking turns within each round."""
-    for fn in rows.values():  # plans built, allocator warm
-        fn()
-        fn()
+    """{row: host us a call}, the rows taking turns within each round. A row named with FRONTEND runs with every plan
+    through cudnn-frontend's execute (the test switch), the switch set around its calls, not inside them."""
+    switch = _extension.require().set_frontend_execute_for_tests
+
+    def calls(row, fn, count):
+        switch(FRONTEND in row)
+        try:
+            for _ in range(count):
+                fn()
+        finally:
+            switch(False)
+
+    for row, fn in rows.items():  # plans built, allocator warm
+        calls(row, fn, 2)
     samples = {row: [] for row in rows}
     for _ in range(ROUNDS):
         for row, fn in rows.items():
             torch.cuda.synchronize()
             start = time.perf_counter()
-            for _ in range(CALLS):
-                fn()
+            calls(row, fn, CALLS)
             samples[row].append((time.perf_counter() - start) / CALLS * 1e6)
     torch.cuda.synchronize()
     return {row: statistics.median(values) for row, values in samples.items()}
