@@ -26,8 +26,10 @@ using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
 // frontend's execute walks the graph on every call for pass-by-value scalars, tensors kept in its own workspace,
 // uid replacements and auxiliary kernels, then looks each variant-pack uid up in the pointer map. A graph with none of
 // those (the conv graphs) lists its variant pack's uids once, after its build (prepare_direct_run), and each run hands
-// cuDNN the pointers in that order (execute_direct). On H200 this took 1-3 us of host time off each execute
-// (docs/benchmarks.md, 2026-11-28); cuDNN's own execute, 10-30 us, is the rest.
+// cuDNN the pointers in that order (execute_direct). Timed inside the process on H200 (branch phase-timing; 2026-11-28
+// in docs/benchmarks.md), six conv layers' three executes each took -1 to 4 us less host time at batch 8 and 2 to 10
+// at batch 128, of 10-60 us that are otherwise cuDNN's own; a layer's forward + backward varies more than that from
+// run to run on one machine.
 class RunnableGraph : public fe::graph::Graph {
  public:
   // After the graph's operation graph is built: lists the variant pack's uids if nothing needs the frontend's
