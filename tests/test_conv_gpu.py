@@ -361,12 +361,16 @@ def test_a_plan_run_directly_computes_what_the_frontends_execute_does(extension,
     frontend_state = {name: t.clone() for name, t in layer.state_dict().items()}  # BatchNorm's running statistics
     extension.set_frontend_execute_for_tests(True)
     try:
+        before = extension.direct_executions_for_tests()
         through_frontend = _forward_backward(layer, x, residual, grad)
         after_frontend = {name: t.clone() for name, t in layer.state_dict().items()}
+        assert extension.direct_executions_for_tests() == before, "a plan ran directly under the frontend switch"
     finally:
         extension.set_frontend_execute_for_tests(False)
     layer.load_state_dict(frontend_state)
+    before = extension.direct_executions_for_tests()
     direct = _forward_backward(layer, x, residual, grad)
+    ran_directly = extension.direct_executions_for_tests() - before
     assert layer.fusion_status.fused, layer.fusion_status
     for got, expected in zip(direct, through_frontend, strict=True):
         assert torch.equal(got, expected)
@@ -376,3 +380,4 @@ def test_a_plan_run_directly_computes_what_the_frontends_execute_does(extension,
         for graph in ["forward", "dgrad", "wgrad"]:
             info = decide.plan_in_use(layer._call.config, graph)
             assert not info["refusal"] and info["direct_execute"], (graph, info)
+        assert ran_directly >= 3, ran_directly  # the three graphs did take the direct path

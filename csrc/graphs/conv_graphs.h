@@ -79,6 +79,8 @@ void set_build_delay_for_tests(int64_t milliseconds);
 // Test aid: every plan runs through the frontend's execute, also where it could run directly (RunnableGraph), so a
 // test can compare the two.
 void set_frontend_execute_for_tests(bool enabled);
+// Test aid: how many plan runs in this process took the direct path (RunnableGraph::execute_direct).
+int64_t direct_executions_for_tests();
 // Test aid: every conv + bias graph with this activation (Activation's code; -1: off) is refused as cuDNN would refuse
 // it, so that the path taken after a refusal can be tested.
 void set_refused_activation_for_tests(int64_t activation);

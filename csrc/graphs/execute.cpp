@@ -11,6 +11,7 @@ namespace tcf {
 namespace {
 
 std::atomic<bool> frontend_execute_only{false};
+std::atomic<int64_t> direct_executions{0};  // test aid: which path ran (one relaxed increment an execute)
 
 }  // namespace
 
@@ -47,6 +48,8 @@ fe::error_t RunnableGraph::execute_direct(cudnnHandle_t handle, const std::unord
 
 void set_frontend_execute_for_tests(bool enabled) { frontend_execute_only.store(enabled); }
 
+int64_t direct_executions_for_tests() { return direct_executions.load(); }
+
 bool execute_plan(const CachedPlan& plan, GraphKind kind, std::unordered_map<int64_t, void*>& pointers,
                   const at::Device& device) {
   cudnnHandle_t handle = at::native::getCudnnHandle();  // bound to the current stream
@@ -59,8 +62,9 @@ bool execute_plan(const CachedPlan& plan, GraphKind kind, std::unordered_map<int
     workspace_ptr = workspace.data_ptr();
   }
   auto& graph = *plan.graph;
-  auto status = graph.runs_direct() && !frontend_execute_only.load(std::memory_order_relaxed)
-                    ? graph.execute_direct(handle, pointers, workspace_ptr, index)
+  const bool direct = graph.runs_direct() && !frontend_execute_only.load(std::memory_order_relaxed);
+  if (direct) direct_executions.fetch_add(1, std::memory_order_relaxed);
+  auto status = direct ? graph.execute_direct(handle, pointers, workspace_ptr, index)
                 : index >= 0 ? graph.execute_plan_at_index(handle, pointers, workspace_ptr, index)
                              : graph.execute(handle, pointers, workspace_ptr);
   if (status.is_good()) return true;

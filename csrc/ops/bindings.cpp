@@ -576,6 +576,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Test aid: fill every op output with NaN before its graph runs");
   m.def("set_frontend_execute_for_tests", &tcf::set_frontend_execute_for_tests,
         "Test aid: run every plan through cudnn-frontend's execute, also where it could run directly");
+  m.def("direct_executions_for_tests", &tcf::direct_executions_for_tests,
+        "Test aid: how many plan runs in this process ran directly, without cudnn-frontend's execute");
   m.def("set_build_delay_for_tests", &tcf::set_build_delay_for_tests,
         "Test aid: every plan build first sleeps this many milliseconds (0: off)");
   m.def("set_depthwise_wgrad_plan_for_tests", &tcf::set_depthwise_wgrad_plan_for_tests,
