@@ -13,8 +13,8 @@ a drift of the host's speed moves them alike):
   recorded in C++ (what the module runs on a repeated call), the conv_bias_act op via torch.ops, and eager (the
   backward's share: forward + backward less forward with grad);
 - the backward's ops, without grad, each alone: ours (relu_bias_backward, conv_dgrad, conv_wgrad) and eager's
-  (threshold_backward with the bias gradient's sum; convolution_backward for dgrad and wgrad). A stem's
-  space-to-depth form runs other ops (ops/stem.py): its rows stop at the module's.
+  (threshold_backward with the bias gradient's sum; convolution_backward for dgrad and wgrad). A stem in its
+  space-to-depth form runs another op (cudnn_fusion::stem_conv_bias_act, ops/stem.py): its rows stop at the record's.
 
     python benchmarks/conv_op_host_time.py [--only "@14"] [--batch 8] [--json out.json]
 """
@@ -74,10 +74,12 @@ def layer_rows(cin, cout, kernel, stride, size, residual, batch) -> dict:
     }
     layer(*args).backward(g)  # decided and recorded
     fused, op_args, stem = layer._call.run
-    if fused and stem is None:
-        op, grad_record = torch.ops.cudnn_fusion, layer._call.recorded
+    op = torch.ops.cudnn_fusion
+    if fused:
+        grad_record = layer._call.recorded
         assert grad_record.run(x, w, b, r if residual else None) is not None, "the record declined"
         rows["forward with grad: C++ record"] = lambda: grad_record.run(x, w, b, r if residual else None)
+    if fused and stem is None:
         rows["forward with grad: conv_bias_act op"] = lambda: op.conv_bias_act(x, w, b, r if residual else None,
                                                                               *op_args)
     xd, rd = x.detach(), r.detach() if residual else None
@@ -85,13 +87,14 @@ def layer_rows(cin, cout, kernel, stride, size, residual, batch) -> dict:
     with torch.no_grad():
         y = no_grad_layer(*no_grad_args)  # decided and recorded
     rows["forward, no grad: fused"] = torch.no_grad()(lambda: no_grad_layer(*no_grad_args))
-    if fused and stem is None:
+    if fused:
         no_grad_record = no_grad_layer._call.recorded
         with torch.no_grad():
             assert no_grad_record.run(xd, no_grad_layer.weight, no_grad_layer.bias, rd) is not None, \
                 "the record declined"
         rows["forward, no grad: C++ record"] = torch.no_grad()(
             lambda: no_grad_record.run(xd, no_grad_layer.weight, no_grad_layer.bias, rd))
+    if fused and stem is None:
         rows["forward, no grad: conv_bias_act op"] = torch.no_grad()(
             lambda: op.conv_bias_act(xd, w, b, rd, *op_args))
     rows["forward, no grad: eager"] = torch.no_grad()(lambda: eager(xd))

@@ -13,7 +13,7 @@ from torch import nn
 import torch_cudnn_fusion as tcf
 from torch_cudnn_fusion.ops.stem import plan
 
-from conftest import assert_as_accurate_as_eager, gpu
+from conftest import CountingCall, assert_as_accurate_as_eager, gpu
 
 NOTE = "space-to-depth"
 
@@ -156,7 +156,8 @@ def test_a_fused_stem_layer_trains_and_evaluates_as_eager(extension, dtype, stem
     """A Conv2dBNReLU stem under autocast runs in the space-to-depth form (its status says so): three training steps
     on fresh float32 NCHW batches (as a data loader gives them) that require grad: the output and every gradient (x's,
     the conv's, BatchNorm's) against eager and a float64 reference, the running statistics; then eval (the folded
-    conv + bias + ReLU in the form) against eager."""
+    conv + bias + ReLU in the form) against eager. The repeated calls, in training and in eval, run from the call
+    recorded in C++ (the op cudnn_fusion::stem_conv_batch_norm_act, stem_conv_bias_act)."""
     cin, cout, k, p, size = STEMS[stem]
     torch.manual_seed(0)
     conv, bn = nn.Conv2d(cin, cout, k, 2, p, bias=False), nn.BatchNorm2d(cout)
@@ -166,9 +167,12 @@ def test_a_fused_stem_layer_trains_and_evaluates_as_eager(extension, dtype, stem
     eager = nn.Sequential(copy.deepcopy(conv), copy.deepcopy(bn), nn.ReLU())
     reference = copy.deepcopy(eager).double()
     fused = tcf.nn.Conv2dBNReLU.from_modules(conv, bn)
+    counting = None
     for step in range(3):
         x = torch.randn(8, cin, *size, device="cuda")
         results = []
+        if step == 1:
+            counting = fused._call.recorded = CountingCall(fused._call.recorded)
         for model, precision in ((fused, None), (eager, None), (reference, torch.float64)):
             leaf = x.detach().to(precision or x.dtype).requires_grad_()
             for prm in model.parameters():
@@ -187,13 +191,18 @@ def test_a_fused_stem_layer_trains_and_evaluates_as_eager(extension, dtype, stem
         torch.testing.assert_close(bn.running_var, eager[1].running_var, rtol=1e-2, atol=1e-3)
         torch.testing.assert_close(bn.running_mean, eager[1].running_mean, rtol=1e-2, atol=1e-2)
     assert fused.fusion_status.fused and NOTE in fused.fusion_status.reason, fused.fusion_status
+    assert (counting.ran, counting.declined) == (2, 0), (counting.ran, counting.declined)
     fused.eval(), eager.eval(), reference.eval()
-    x = torch.randn(8, cin, *size, device="cuda")
-    with torch.no_grad(), torch.autocast("cuda", dtype):
-        y, y_e = fused(x), eager(x)
-    y_r = reference(x.double())
-    assert fused.fusion_status.fused and NOTE in fused.fusion_status.reason, fused.fusion_status
-    assert_as_accurate_as_eager("eval y", y, y_e, y_r, dtype)
+    for call in range(2):
+        x = torch.randn(8, cin, *size, device="cuda")
+        if call == 1:
+            counting = fused._call.recorded = CountingCall(fused._call.recorded)
+        with torch.no_grad(), torch.autocast("cuda", dtype):
+            y, y_e = fused(x), eager(x)
+        y_r = reference(x.double())
+        assert fused.fusion_status.fused and NOTE in fused.fusion_status.reason, fused.fusion_status
+        assert_as_accurate_as_eager(f"eval {call} y", y, y_e, y_r, dtype)
+    assert (counting.ran, counting.declined) == (1, 0), (counting.ran, counting.declined)
 
 
 @gpu
@@ -262,7 +271,8 @@ def test_a_training_stem_layer_keeps_no_more_for_backward_than_eager(extension, 
     training forward of a ResNet stem under bfloat16 autocast, the fused layer holds no more bytes than eager (which
     keeps its bfloat16 cast of the filter). Requested bytes, not the allocator's blocks: a block's rounding depends on
     what the cache held. A bfloat16 x, which it then keeps as it is (as eager does), modified in place before backward
-    is an error, as in eager; so is the filter, which backward rearranges again (eager's autocast kept a cast)."""
+    is an error, as in eager; so is the filter, which backward rearranges again (eager's autocast kept a cast): the
+    op's autograd node keeps both, and autograd checks their versions."""
     torch.manual_seed(0)
     conv = nn.Conv2d(3, 64, 7, 2, 3, bias=False).cuda().to(memory_format=torch.channels_last)
     bn = nn.BatchNorm2d(64).cuda()
@@ -294,7 +304,8 @@ def test_a_training_stem_layer_keeps_no_more_for_backward_than_eager(extension, 
         y = fused(x)
     with torch.no_grad():
         fused.weight.mul_(2)
-    with pytest.raises(RuntimeError, match="modified by an inplace operation: the filter of a stem conv"):
+    filter_modified = r"modified by an inplace operation: \[torch.cuda.FloatTensor \[64, 3, 7, 7\]\]"
+    with pytest.raises(RuntimeError, match=filter_modified):
         y.float().sum().backward()
     del y
     if x_dtype == torch.bfloat16:

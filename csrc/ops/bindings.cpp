@@ -425,6 +425,15 @@ TORCH_LIBRARY(cudnn_fusion, m) {
       "Tensor(c!)? num_batches_tracked, Tensor? residual, float momentum, float eps, int activation, "
       "int implementation, ScalarType? conv_dtype=None, int policy=0, float negative_slope=0.01) -> "
       "(Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "stem_conv_bias_act(Tensor x, Tensor weight, Tensor? bias, Tensor? residual, Tensor index, Tensor inverse, "
+      "int[7] form, int activation, int policy=0) -> Tensor");  // ops/stem_ops.cpp
+  m.def(
+      "stem_conv_batch_norm_act(Tensor x, Tensor conv_weight, Tensor? conv_bias, Tensor index, Tensor inverse, "
+      "int[7] form, Tensor weight, Tensor bias, Tensor(a!)? running_mean, Tensor(b!)? running_var, "
+      "Tensor(c!)? num_batches_tracked, Tensor? residual, float momentum, float eps, int activation, "
+      "int implementation, ScalarType? conv_dtype=None, int policy=0, float negative_slope=0.01) -> "
+      "(Tensor, Tensor, Tensor, Tensor, Tensor)");  // ops/stem_ops.cpp
   m.def("space_to_depth(Tensor x, int[2] padding_pre, int[2] out_size, ScalarType? dtype=None) -> Tensor");
   m.def(
       "stem_filter(Tensor weight, Tensor index, Tensor inverse, int[2] kernel, int channels, "
@@ -449,6 +458,8 @@ TORCH_LIBRARY_IMPL(cudnn_fusion, CUDA, m) {
   m.impl("batch_norm_backward_dx", &tcf::batch_norm_backward_dx);
   m.impl("conv_batch_norm_act", &tcf::conv_batch_norm_act_forward);
   m.impl("space_to_depth", &tcf::space_to_depth);
+  m.impl("stem_conv_bias_act", &tcf::stem_conv_bias_act);
+  m.impl("stem_conv_batch_norm_act", &tcf::stem_conv_batch_norm_act);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -460,11 +471,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                     const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
                     const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
                     const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, std::vector<int64_t>,
-                    std::vector<int64_t>, std::vector<int64_t>, int64_t, double, int64_t, int64_t, int64_t, double>(),
+                    std::vector<int64_t>, std::vector<int64_t>, int64_t, double, int64_t, int64_t, int64_t, double,
+                    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, std::vector<int64_t>>(),
            py::arg("x"), py::arg("conv_weight"), py::arg("conv_bias"), py::arg("weight"), py::arg("bias"),
            py::arg("running_mean"), py::arg("running_var"), py::arg("num_batches_tracked"), py::arg("residual"),
            py::arg("stride"), py::arg("padding"), py::arg("dilation"), py::arg("groups"), py::arg("eps"),
-           py::arg("activation"), py::arg("implementation"), py::arg("policy"), py::arg("negative_slope") = 0.01)
+           py::arg("activation"), py::arg("implementation"), py::arg("policy"), py::arg("negative_slope") = 0.01,
+           py::arg("stem_index") = py::none(), py::arg("stem_inverse") = py::none(),
+           py::arg("stem_form") = std::vector<int64_t>())
       .def("run", &tcf::ConvBatchNormCall::run,
            "y of cudnn_fusion::conv_batch_norm_act for this call, or None when it differs from the recorded one");
   py::class_<tcf::BatchNormCall>(m, "BatchNormCall",
@@ -483,10 +497,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                    "cudnn_fusion::conv_bias_act (see csrc/ops/conv_call.h)")
       .def(py::init<const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
                     const std::optional<at::Tensor>&, std::vector<int64_t>, std::vector<int64_t>,
-                    std::vector<int64_t>, std::vector<int64_t>, int64_t, int64_t, int64_t>(),
+                    std::vector<int64_t>, std::vector<int64_t>, int64_t, int64_t, int64_t,
+                    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, std::vector<int64_t>>(),
            py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("residual"), py::arg("stride"),
            py::arg("padding_pre"), py::arg("padding_post"), py::arg("dilation"), py::arg("groups"),
-           py::arg("activation"), py::arg("policy"))
+           py::arg("activation"), py::arg("policy"), py::arg("stem_index") = py::none(),
+           py::arg("stem_inverse") = py::none(), py::arg("stem_form") = std::vector<int64_t>())
       .def("run", &tcf::ConvBiasActCall::run,
            "y of cudnn_fusion::conv_bias_act for this call, or None when it differs from the recorded one")
       .def("matches", &tcf::ConvBiasActCall::matches,

@@ -3,7 +3,8 @@
 // 14x14. Saves x, y (only where the backward reads it: batch_norm_backward_reads_y), weight, bias, the saved
 // statistics and the legacy API's reserve. Only y is differentiable; the statistics outputs are not. Below it, the
 // autograd of cudnn_fusion::conv_batch_norm_act: a training Conv2d + BatchNorm layer as one op call with two nodes,
-// the conv's (ConvFunction) and BatchNorm's (BatchNormActFunction, handed the op's results).
+// the conv's (ConvFunction) and BatchNorm's (BatchNormActFunction, handed the op's results); and of
+// cudnn_fusion::stem_conv_batch_norm_act, the same nodes with the conv in a stem's space-to-depth form (stem_form.h).
 #include <torch/autograd.h>
 #include <torch/library.h>
 
@@ -11,9 +12,27 @@
 #include "ops/channels_last_copy.h"
 #include "ops/conv_bn_backward.h"
 #include "ops/saved_ints.h"
+#include "ops/stem_form.h"
+#include "ops/stem_ops.h"
 #include "ops/tensor_checks.h"
 
 namespace tcf {
+
+ConvBatchNormOutputs call_conv_batch_norm_act(
+    const at::Tensor& x, const at::Tensor& conv_weight, const std::optional<at::Tensor>& conv_bias,
+    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
+    const at::Tensor& weight, const at::Tensor& bias, const std::optional<at::Tensor>& running_mean,
+    const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& num_batches_tracked,
+    const std::optional<at::Tensor>& residual, double momentum, double eps, int64_t activation,
+    int64_t implementation, std::optional<at::ScalarType> conv_dtype, int64_t policy, double negative_slope) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("cudnn_fusion::conv_batch_norm_act", "")
+                       .typed<decltype(conv_batch_norm_act_forward)>();
+  return op.call(x, conv_weight, conv_bias, stride, padding, dilation, groups, weight, bias, running_mean, running_var,
+                 num_batches_tracked, residual, momentum, eps, activation, implementation, conv_dtype, policy,
+                 negative_slope);
+}
+
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -260,26 +279,6 @@ UpdateOutputs batch_norm_act_update_autograd(const at::Tensor& x, const at::Tens
   return {out[0], out[1], out[2], out[3]};
 }
 
-using ConvForwardOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-
-ConvForwardOutputs call_conv_forward(const at::Tensor& x, const at::Tensor& conv_weight,
-                                     const std::optional<at::Tensor>& conv_bias, at::IntArrayRef stride,
-                                     at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
-                                     const at::Tensor& weight, const at::Tensor& bias,
-                                     const std::optional<at::Tensor>& running_mean,
-                                     const std::optional<at::Tensor>& running_var,
-                                     const std::optional<at::Tensor>& num_batches_tracked,
-                                     const std::optional<at::Tensor>& residual, double momentum, double eps,
-                                     int64_t activation, int64_t implementation,
-                                     std::optional<at::ScalarType> conv_dtype, int64_t policy, double negative_slope) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("cudnn_fusion::conv_batch_norm_act", "")
-                       .typed<decltype(conv_batch_norm_act_forward)>();
-  return op.call(x, conv_weight, conv_bias, stride, padding, dilation, groups, weight, bias, running_mean, running_var,
-                 num_batches_tracked, residual, momentum, eps, activation, implementation, conv_dtype, policy,
-                 negative_slope);
-}
-
 // The conv's autograd node in a training Conv2d + BatchNorm layer: its inputs are x, the conv weight and bias, its
 // output the conv's output z (computed by the op below autograd, passed in as `computed` = {x cast, weight cast, z}).
 // The casts to conv_dtype happen in the op's autograd kernel, so that their backward (the gradients cast back to x's
@@ -289,13 +288,19 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& conv_weight,
                                const std::optional<at::Tensor>& conv_bias, at::IntArrayRef stride,
                                at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
-                               const variable_list* computed) {
+                               const variable_list* computed, const StemForm* stem) {
     bool has_conv_bias = conv_bias.has_value() && conv_bias->defined();
     const auto& z = (*computed)[2];
-    ctx->save_for_backward({(*computed)[0], (*computed)[1]});
+    std::vector<at::Tensor> saved{(*computed)[0], (*computed)[1]};
+    SavedInts ints;
+    ints.add(stem != nullptr);
+    if (stem != nullptr) {
+      stem->save(ints, saved);
+      ints.add(x.sizes()).add(conv_weight.sizes());
+    }
+    ctx->save_for_backward(saved);
     ctx->set_materialize_grads(false);
-    SavedInts()
-        .add(stride)
+    ints.add(stride)
         .add(padding)
         .add(dilation)
         .add(groups)
@@ -308,7 +313,15 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    auto saved = ctx->get_saved_variables();
     SavedIntsReader ints(ctx);  // in the order forward saved them
+    std::optional<StemForm> stem;
+    std::vector<int64_t> x_size, weight_size;  // the form's: of x and the filter as passed
+    if (ints.next_bool()) {
+      stem = StemForm::load(ints, saved, 2);
+      x_size = ints.next_list();
+      weight_size = ints.next_list();
+    }
     const auto stride = ints.next_list();
     const auto padding = ints.next_list();
     const auto dilation = ints.next_list();
@@ -321,13 +334,18 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
     bool need_x = ctx->needs_input_grad(0);
     bool need_conv_weight = ctx->needs_input_grad(1);
     bool need_conv_bias = has_conv_bias && ctx->needs_input_grad(2);
-    variable_list grads(8);  // one per forward argument; undefined where there is none
+    variable_list grads(9);  // one per forward argument; undefined where there is none
     const auto& grad_z = grad_outputs[0];
     if (!grad_z.defined() || !(need_x || need_conv_weight || need_conv_bias)) return grads;
-    auto saved = ctx->get_saved_variables();
+    // the form's x (kept in the conv's dtype) and filter (kept as passed) rearranged again
+    const auto x = stem.has_value() ? stem->input(saved[0]) : saved[0];
+    const auto weight = stem.has_value() ? stem->filter(saved[1]) : saved[1];
     auto [grad_x, grad_conv_weight, grad_conv_bias] =
-        batch_norm_conv_backward(grad_z, saved[0], saved[1], has_conv_bias, stride, padding, dilation, groups,
+        batch_norm_conv_backward(grad_z, x, weight, has_conv_bias, stride, padding, dilation, groups,
                                  {need_x, need_conv_weight, need_conv_bias}, weight_dtype);
+    if (stem.has_value() && need_x) grad_x = stem->input_grad(grad_x, x_size, x_dtype);
+    if (stem.has_value() && need_conv_weight) grad_conv_weight = stem->filter_grad(grad_conv_weight, weight_size,
+                                                                                   weight_dtype);
     // back to the dtypes of the tensors passed in, as the casts' own backward would
     if (need_x) grads[0] = in_dtype(grad_x, x_dtype);
     if (need_conv_weight) grads[1] = in_dtype(grad_conv_weight, weight_dtype);
@@ -336,7 +354,7 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
   }
 };
 
-ConvForwardOutputs conv_batch_norm_act_autograd(const at::Tensor& x, const at::Tensor& conv_weight,
+ConvBatchNormOutputs conv_batch_norm_act_autograd(const at::Tensor& x, const at::Tensor& conv_weight,
                                                 const std::optional<at::Tensor>& conv_bias, at::IntArrayRef stride,
                                                 at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
                                                 const at::Tensor& weight, const at::Tensor& bias,
@@ -351,9 +369,9 @@ ConvForwardOutputs conv_batch_norm_act_autograd(const at::Tensor& x, const at::T
   if (!at::GradMode::is_enabled() || !(x.requires_grad() || conv_weight.requires_grad() || requires_grad(conv_bias) ||
                                        weight.requires_grad() || bias.requires_grad() || requires_grad(residual))) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;  // nothing to record
-    return call_conv_forward(x, conv_weight, conv_bias, stride, padding, dilation, groups, weight, bias, running_mean,
-                             running_var, num_batches_tracked, residual, momentum, eps, activation, implementation,
-                             conv_dtype, policy, negative_slope);
+    return call_conv_batch_norm_act(x, conv_weight, conv_bias, stride, padding, dilation, groups, weight, bias,
+                                    running_mean, running_var, num_batches_tracked, residual, momentum, eps,
+                                    activation, implementation, conv_dtype, policy, negative_slope);
   }
   // One op call computes both layers; its results get two autograd nodes, the conv's and BatchNorm's, as eager's
   // conv and BatchNorm nodes (eager has five under autocast: the two casts, conv, BatchNorm, ReLU). Two, not one:
@@ -366,13 +384,53 @@ ConvForwardOutputs conv_batch_norm_act_autograd(const at::Tensor& x, const at::T
     auto [x_cast, weight_cast, bias_cast] =
         cast_conv_operands(x, conv_weight, conv_bias, conv_dtype.value_or(x.scalar_type()));
     auto [y, z, save_mean, save_invstd, reserve] =
-        call_conv_forward(x_cast, weight_cast, bias_cast, stride, padding, dilation, groups, weight, bias,
+        call_conv_batch_norm_act(x_cast, weight_cast, bias_cast, stride, padding, dilation, groups, weight, bias,
                           running_mean, running_var, num_batches_tracked, residual, momentum, eps, activation,
                           implementation, conv_dtype, policy, negative_slope);
     conv_computed = {x_cast, weight_cast, z};
     bn_computed = {y, save_mean, save_invstd, reserve};
   }
-  auto z = ConvFunction::apply(x, conv_weight, conv_bias, stride, padding, dilation, groups, &conv_computed)[0];
+  auto z = ConvFunction::apply(x, conv_weight, conv_bias, stride, padding, dilation, groups, &conv_computed,
+                               nullptr)[0];
+  auto out = BatchNormActFunction::apply(z, weight, bias, running_mean, running_var, residual, momentum, eps,
+                                         activation, implementation, policy, negative_slope, &bn_computed);
+  return {out[0], z, out[1], out[2], out[3]};
+}
+
+// cudnn_fusion::stem_conv_batch_norm_act: conv_batch_norm_act's two nodes, the conv's with the form (its conv at
+// stride 1, no padding). The conv's node keeps x in the conv's dtype (as eager's autocast conv) and the filter as
+// passed (eager keeps its cast), and rearranges both again in backward.
+ConvBatchNormOutputs stem_conv_batch_norm_act_autograd(
+    const at::Tensor& x, const at::Tensor& conv_weight, const std::optional<at::Tensor>& conv_bias,
+    const at::Tensor& index, const at::Tensor& inverse, at::IntArrayRef form, const at::Tensor& weight,
+    const at::Tensor& bias, const std::optional<at::Tensor>& running_mean,
+    const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& num_batches_tracked,
+    const std::optional<at::Tensor>& residual, double momentum, double eps, int64_t activation,
+    int64_t implementation, std::optional<at::ScalarType> conv_dtype, int64_t policy, double negative_slope) {
+  auto requires_grad = [](const std::optional<at::Tensor>& t) { return t.has_value() && t->requires_grad(); };
+  if (!at::GradMode::is_enabled() || !(x.requires_grad() || conv_weight.requires_grad() || requires_grad(conv_bias) ||
+                                       weight.requires_grad() || bias.requires_grad() || requires_grad(residual))) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;  // nothing to record
+    return call_stem_conv_batch_norm_act(x, conv_weight, conv_bias, index, inverse, form, weight, bias, running_mean,
+                                         running_var, num_batches_tracked, residual, momentum, eps, activation,
+                                         implementation, conv_dtype, policy, negative_slope);
+  }
+  const auto dtype = conv_dtype.value_or(x.scalar_type());
+  const StemForm stem(index, inverse, form, dtype);
+  variable_list conv_computed, bn_computed;
+  {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    auto [x_form, weight_form, bias_cast] = cast_conv_operands(stem.input(x), stem.filter(conv_weight), conv_bias,
+                                                               dtype);
+    auto [y, z, save_mean, save_invstd, reserve] =
+        call_conv_batch_norm_act(x_form, weight_form, bias_cast, kFormStride, kFormPadding, kFormStride, 1, weight,
+                                 bias, running_mean, running_var, num_batches_tracked, residual, momentum, eps,
+                                 activation, implementation, conv_dtype, policy, negative_slope);
+    conv_computed = {in_dtype(x, dtype), conv_weight, z};
+    bn_computed = {y, save_mean, save_invstd, reserve};
+  }
+  auto z = ConvFunction::apply(x, conv_weight, conv_bias, kFormStride, kFormPadding, kFormStride, 1, &conv_computed,
+                               &stem)[0];
   auto out = BatchNormActFunction::apply(z, weight, bias, running_mean, running_var, residual, momentum, eps,
                                          activation, implementation, policy, negative_slope, &bn_computed);
   return {out[0], z, out[1], out[2], out[3]};
@@ -385,4 +443,5 @@ TORCH_LIBRARY_IMPL(cudnn_fusion, Autograd, m) {
   m.impl("batch_norm_act", &tcf::batch_norm_act_autograd);
   m.impl("batch_norm_act_update", &tcf::batch_norm_act_update_autograd);
   m.impl("conv_batch_norm_act", &tcf::conv_batch_norm_act_autograd);
+  m.impl("stem_conv_batch_norm_act", &tcf::stem_conv_batch_norm_act_autograd);
 }

@@ -116,6 +116,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_batc
     const std::optional<at::Tensor>& residual, double momentum, double eps, int64_t activation,
     int64_t implementation, std::optional<at::ScalarType> conv_dtype, int64_t policy, double negative_slope);
 
+// conv_batch_norm_act through the dispatcher (its autograd kernel and the stem form's op call it below autograd).
+using ConvBatchNormOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+ConvBatchNormOutputs call_conv_batch_norm_act(
+    const at::Tensor& x, const at::Tensor& conv_weight, const std::optional<at::Tensor>& conv_bias,
+    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
+    const at::Tensor& weight, const at::Tensor& bias, const std::optional<at::Tensor>& running_mean,
+    const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& num_batches_tracked,
+    const std::optional<at::Tensor>& residual, double momentum, double eps, int64_t activation,
+    int64_t implementation, std::optional<at::ScalarType> conv_dtype, int64_t policy, double negative_slope);
+
 // x, conv_weight and conv_bias in `dtype`, as autocast casts F.conv2d's operands (those already in it as they are).
 std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>> cast_conv_operands(
     const at::Tensor& x, const at::Tensor& conv_weight, const std::optional<at::Tensor>& conv_bias,

@@ -1,14 +1,19 @@
 // Autograd for cudnn_fusion::conv_bias_act, in C++ (a Python autograd.Function cost ~185 us of host time per
 // training step of one layer, more than the layer's GPU time on small shapes). Saves only what backward can use: x
 // where the weight requires grad (its gradient reads x), the weight where x does (x's reads the weight), and, with
-// ReLU or ReLU6, the output y: the activation's backward takes its mask from y. (A stem's x, the image, needs no
-// gradient: its rearranged weight is then neither kept nor rearranged again in backward, ops/stem.py.) Every op is
-// called through the dispatcher, so torch.compile traces the backward graph through the fake kernels.
+// ReLU or ReLU6, the output y: the activation's backward takes its mask from y. The same node serves
+// cudnn_fusion::stem_conv_bias_act, a stem conv in its space-to-depth form (stem_form.h): it keeps x in the conv's
+// dtype and the filter as passed, and rearranges them again in backward. (A stem's x, the image, needs no gradient:
+// its filter is then neither kept nor rearranged again.) Every op is called through the dispatcher, so torch.compile
+// traces the backward graph through the fake kernels.
 #include <torch/autograd.h>
 #include <torch/library.h>
 
 #include "ops/conv_ops.h"
 #include "ops/saved_ints.h"
+#include "ops/stem_form.h"
+#include "ops/stem_ops.h"
+#include "ops/tensor_checks.h"
 
 namespace tcf {
 
@@ -29,11 +34,6 @@ at::Tensor call_conv_wgrad(const at::Tensor& grad_z, const at::Tensor& x, at::In
   return op.call(grad_z, x, weight_size, stride, padding_pre, padding_post, dilation, groups, policy, out_dtype);
 }
 
-namespace {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
 at::Tensor call_conv_bias_act(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                               const std::optional<at::Tensor>& residual, at::IntArrayRef stride,
                               at::IntArrayRef padding_pre, at::IntArrayRef padding_post, at::IntArrayRef dilation,
@@ -43,6 +43,11 @@ at::Tensor call_conv_bias_act(const at::Tensor& x, const at::Tensor& weight, con
                        .typed<decltype(conv_bias_act)>();
   return op.call(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, activation, policy);
 }
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
 
 std::tuple<at::Tensor, at::Tensor> call_relu_bias_backward(const at::Tensor& grad_out, const at::Tensor& out,
                                                            int64_t activation, int64_t policy) {
@@ -57,14 +62,22 @@ class ConvBiasActFunction : public torch::autograd::Function<ConvBiasActFunction
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                                const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& residual,
                                at::IntArrayRef stride, at::IntArrayRef padding_pre, at::IntArrayRef padding_post,
-                               at::IntArrayRef dilation, int64_t groups, int64_t activation, int64_t policy) {
+                               at::IntArrayRef dilation, int64_t groups, int64_t activation, int64_t policy,
+                               const StemForm* stem) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto y = call_conv_bias_act(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups,
-                                activation, policy);
-    ctx->save_for_backward({weight.requires_grad() ? x : at::Tensor(), x.requires_grad() ? weight : at::Tensor(),
-                            activation != 0 ? y : at::Tensor()});
-    SavedInts()
-        .add(x.sizes())
+    auto y = stem != nullptr ? call_conv_bias_act(stem->input(x), stem->filter(weight), bias, residual, stride,
+                                                  padding_pre, padding_post, dilation, groups, activation, policy)
+                             : call_conv_bias_act(x, weight, bias, residual, stride, padding_pre, padding_post,
+                                                  dilation, groups, activation, policy);
+    // the form's x in the conv's dtype, as eager's autocast conv keeps it (backward rearranges it again)
+    auto kept_x = !weight.requires_grad() ? at::Tensor() : stem != nullptr ? in_dtype(x, stem->dtype()) : x;
+    std::vector<at::Tensor> saved{kept_x, x.requires_grad() ? weight : at::Tensor(), activation != 0 ? y : at::Tensor()};
+    SavedInts ints;
+    ints.add(stem != nullptr);
+    if (stem != nullptr) stem->save(ints, saved);
+    ctx->save_for_backward(saved);
+    ints.add(x.sizes())
+        .add(static_cast<int64_t>(x.scalar_type()))
         .add(weight.sizes())
         .add(stride)
         .add(padding_pre)
@@ -86,9 +99,11 @@ class ConvBiasActFunction : public torch::autograd::Function<ConvBiasActFunction
     const auto& y = saved[2];
     const auto& grad_out = grad_outputs[0];
     at::Tensor none;
-    if (!grad_out.defined()) return {none, none, none, none, none, none, none, none, none, none, none};
+    if (!grad_out.defined()) return {none, none, none, none, none, none, none, none, none, none, none, none};
     SavedIntsReader ints(ctx);  // in the order forward saved them
+    const auto stem = ints.next_bool() ? std::optional<StemForm>(StemForm::load(ints, saved, 3)) : std::nullopt;
     const auto x_size = ints.next_list();
+    const auto x_dtype = ints.next_dtype();
     const auto weight_size = ints.next_list();
     const auto stride = ints.next_list();
     const auto padding_pre = ints.next_list();
@@ -116,14 +131,22 @@ class ConvBiasActFunction : public torch::autograd::Function<ConvBiasActFunction
       if (need_bias) grad_bias = grad_out.sum({0, 2, 3}, false, at::kFloat).to(grad_out.scalar_type());
     }
     at::Tensor grad_x, grad_w;
-    if (need_x) {
+    if (need_x && stem.has_value()) {  // through the rearranged filter, made again, and back from the form
+      auto grad_form = call_conv_dgrad(grad_z, stem->filter(weight), stem->input_size(x_size[0]), stride,
+                                       padding_pre, padding_post, dilation, groups, policy);
+      grad_x = stem->input_grad(grad_form, x_size, x_dtype);
+    } else if (need_x) {
       grad_x = call_conv_dgrad(grad_z, weight, x_size, stride, padding_pre, padding_post, dilation, groups, policy);
     }
-    if (need_w) {
+    if (need_w && stem.has_value()) {  // from x rearranged again, and back from the form
+      auto grad_form = call_conv_wgrad(grad_z, stem->input(x), stem->filter_size(weight_size[0]), stride,
+                                       padding_pre, padding_post, dilation, groups, policy);
+      grad_w = stem->filter_grad(grad_form, weight_size, stem->dtype());  // the op's weight is in the form's dtype
+    } else if (need_w) {
       grad_w = call_conv_wgrad(grad_z, x, weight_size, stride, padding_pre, padding_post, dilation, groups, policy);
     }
     return {grad_x, grad_w, need_bias ? grad_bias : none, need_residual ? grad_z : none,
-            none, none, none, none, none, none, none};
+            none, none, none, none, none, none, none, none};
   }
 };
 
@@ -140,10 +163,30 @@ at::Tensor conv_bias_act_autograd(const at::Tensor& x, const at::Tensor& weight,
                               activation, policy);
   }
   return ConvBiasActFunction::apply(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups,
-                                    activation, policy)[0];
+                                    activation, policy, nullptr)[0];
+}
+
+// cudnn_fusion::stem_conv_bias_act: conv_bias_act's node, with the form (its conv at stride 1, no padding).
+at::Tensor stem_conv_bias_act_autograd(const at::Tensor& x, const at::Tensor& weight,
+                                       const std::optional<at::Tensor>& bias,
+                                       const std::optional<at::Tensor>& residual, const at::Tensor& index,
+                                       const at::Tensor& inverse, at::IntArrayRef form, int64_t activation,
+                                       int64_t policy) {
+  auto requires_grad = [](const std::optional<at::Tensor>& t) { return t.has_value() && t->requires_grad(); };
+  if (!at::GradMode::is_enabled() ||
+      !(x.requires_grad() || weight.requires_grad() || requires_grad(bias) || requires_grad(residual))) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;  // nothing to record
+    return call_stem_conv_bias_act(x, weight, bias, residual, index, inverse, form, activation, policy);
+  }
+  const StemForm stem(index, inverse, form, weight.scalar_type());
+  return ConvBiasActFunction::apply(x, weight, bias, residual, kFormStride, kFormPadding, kFormPadding, kFormStride, 1,
+                                    activation, policy, &stem)[0];
 }
 
 }  // namespace
 }  // namespace tcf
 
-TORCH_LIBRARY_IMPL(cudnn_fusion, Autograd, m) { m.impl("conv_bias_act", &tcf::conv_bias_act_autograd); }
+TORCH_LIBRARY_IMPL(cudnn_fusion, Autograd, m) {
+  m.impl("conv_bias_act", &tcf::conv_bias_act_autograd);
+  m.impl("stem_conv_bias_act", &tcf::stem_conv_bias_act_autograd);
+}

@@ -28,7 +28,8 @@ class ConvBatchNormCall {
                     const std::optional<at::Tensor>& num_batches_tracked, const std::optional<at::Tensor>& residual,
                     std::vector<int64_t> stride, std::vector<int64_t> padding, std::vector<int64_t> dilation,
                     int64_t groups, double eps, int64_t activation, int64_t implementation, int64_t policy,
-                    double negative_slope);
+                    double negative_slope, const std::optional<at::Tensor>& stem_index = std::nullopt,
+                    const std::optional<at::Tensor>& stem_inverse = std::nullopt, std::vector<int64_t> stem_form = {});
 
   // y of the op, or nothing when this call differs from the record (then nothing ran).
   std::optional<at::Tensor> run(const at::Tensor& x, const at::Tensor& conv_weight,
@@ -47,6 +48,8 @@ class ConvBatchNormCall {
   int64_t activation_, implementation_, policy_;
   double negative_slope_;
   RecordedAffine affine_;
+  at::Tensor stem_index_, stem_inverse_;  // undefined: no stem form
+  std::vector<int64_t> stem_form_;
 };
 
 }  // namespace tcf

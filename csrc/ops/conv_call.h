@@ -25,10 +25,15 @@ namespace tcf {
 class ConvBiasActCall {
  public:
   // The tensors of the call being recorded (those run() takes) and the op's arguments.
+  // With a stem's form (stem_index, stem_inverse and stem_form as cudnn_fusion::stem_conv_bias_act takes them), the
+  // geometry is the form's, and run() calls that op on x as given.
   ConvBiasActCall(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                   const std::optional<at::Tensor>& residual, std::vector<int64_t> stride,
                   std::vector<int64_t> padding_pre, std::vector<int64_t> padding_post, std::vector<int64_t> dilation,
-                  int64_t groups, int64_t activation, int64_t policy);
+                  int64_t groups, int64_t activation, int64_t policy,
+                  const std::optional<at::Tensor>& stem_index = std::nullopt,
+                  const std::optional<at::Tensor>& stem_inverse = std::nullopt,
+                  std::vector<int64_t> stem_form = {});
 
   // y of the op, or nothing when this call differs from the record (then nothing ran).
   std::optional<at::Tensor> run(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
@@ -41,6 +46,8 @@ class ConvBiasActCall {
   CallRecord record_;  // x, weight, bias, residual
   std::vector<int64_t> stride_, padding_pre_, padding_post_, dilation_;
   int64_t groups_, activation_, policy_;
+  at::Tensor stem_index_, stem_inverse_;  // undefined: no stem form
+  std::vector<int64_t> stem_form_;
 };
 
 }  // namespace tcf

@@ -41,6 +41,12 @@ at::Tensor conv_dgrad(const at::Tensor& grad_z, const at::Tensor& weight, at::In
                       at::IntArrayRef stride, at::IntArrayRef padding_pre, at::IntArrayRef padding_post,
                       at::IntArrayRef dilation, int64_t groups, int64_t policy);
 
+// conv_bias_act through the dispatcher (its autograd kernel and the stem form's op call it below autograd).
+at::Tensor call_conv_bias_act(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                              const std::optional<at::Tensor>& residual, at::IntArrayRef stride,
+                              at::IntArrayRef padding_pre, at::IntArrayRef padding_post, at::IntArrayRef dilation,
+                              int64_t groups, int64_t activation, int64_t policy);
+
 // conv_dgrad through the dispatcher, for the autograd kernels (conv_autograd.cpp, and the conv + BatchNorm op's conv
 // node): under torch.compile the backward then traces the op's fake kernel instead of reaching a fake tensor's data.
 at::Tensor call_conv_dgrad(const at::Tensor& grad_z, const at::Tensor& weight, at::IntArrayRef x_size,

@@ -1,11 +1,15 @@
 #include "ops/stem_ops.h"
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
 #include "kernels/space_to_depth_kernel.h"
+#include "ops/bn_ops.h"
+#include "ops/conv_ops.h"
 #include "ops/kernel_launch.h"
 #include "ops/run_graph.h"
+#include "ops/stem_form.h"
 #include "ops/tensor_checks.h"
 
 namespace tcf {
@@ -69,6 +73,53 @@ at::Tensor stem_filter(const at::Tensor& weight, const at::Tensor& index, const 
   // the column past the weight's elements is the zero that the form's other elements take
   auto form = at::constant_pad_nd(flat, {0, 1}, 0).index_select(1, index);
   return form.view({out_channels, kernel[0], kernel[1], channels}).permute({0, 3, 1, 2});
+}
+
+at::Tensor stem_conv_bias_act(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                              const std::optional<at::Tensor>& residual, const at::Tensor& index,
+                              const at::Tensor& inverse, at::IntArrayRef form, int64_t activation, int64_t policy) {
+  const StemForm stem(index, inverse, form, weight.scalar_type());
+  return call_conv_bias_act(stem.input(x), stem.filter(weight), bias, residual, kFormStride, kFormPadding,
+                            kFormPadding, kFormStride, 1, activation, policy);
+}
+
+at::Tensor call_stem_conv_bias_act(const at::Tensor& x, const at::Tensor& weight,
+                                   const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& residual,
+                                   const at::Tensor& index, const at::Tensor& inverse, at::IntArrayRef form,
+                                   int64_t activation, int64_t policy) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("cudnn_fusion::stem_conv_bias_act", "")
+                       .typed<decltype(stem_conv_bias_act)>();
+  return op.call(x, weight, bias, residual, index, inverse, form, activation, policy);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> stem_conv_batch_norm_act(
+    const at::Tensor& x, const at::Tensor& conv_weight, const std::optional<at::Tensor>& conv_bias,
+    const at::Tensor& index, const at::Tensor& inverse, at::IntArrayRef form, const at::Tensor& weight,
+    const at::Tensor& bias, const std::optional<at::Tensor>& running_mean,
+    const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& num_batches_tracked,
+    const std::optional<at::Tensor>& residual, double momentum, double eps, int64_t activation,
+    int64_t implementation, std::optional<at::ScalarType> conv_dtype, int64_t policy, double negative_slope) {
+  const StemForm stem(index, inverse, form, conv_dtype.value_or(x.scalar_type()));
+  return call_conv_batch_norm_act(stem.input(x), stem.filter(conv_weight), conv_bias, kFormStride, kFormPadding,
+                                  kFormStride, 1, weight, bias, running_mean, running_var, num_batches_tracked,
+                                  residual, momentum, eps, activation, implementation, conv_dtype, policy,
+                                  negative_slope);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_stem_conv_batch_norm_act(
+    const at::Tensor& x, const at::Tensor& conv_weight, const std::optional<at::Tensor>& conv_bias,
+    const at::Tensor& index, const at::Tensor& inverse, at::IntArrayRef form, const at::Tensor& weight,
+    const at::Tensor& bias, const std::optional<at::Tensor>& running_mean,
+    const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& num_batches_tracked,
+    const std::optional<at::Tensor>& residual, double momentum, double eps, int64_t activation,
+    int64_t implementation, std::optional<at::ScalarType> conv_dtype, int64_t policy, double negative_slope) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("cudnn_fusion::stem_conv_batch_norm_act", "")
+                       .typed<decltype(stem_conv_batch_norm_act)>();
+  return op.call(x, conv_weight, conv_bias, index, inverse, form, weight, bias, running_mean, running_var,
+                 num_batches_tracked, residual, momentum, eps, activation, implementation, conv_dtype, policy,
+                 negative_slope);
 }
 
 }  // namespace tcf

@@ -1,9 +1,12 @@
 // The space-to-depth form of a stem conv: its input (kernels/space_to_depth_kernel.h), as the op
-// cudnn_fusion::space_to_depth, and its filter, as cudnn_fusion::stem_filter. Which convs take that form, and where
-// each filter element goes in it, are Python's (torch_cudnn_fusion/ops/stem.py, plan).
+// cudnn_fusion::space_to_depth, and its filter, as cudnn_fusion::stem_filter; and the conv ops in that form,
+// cudnn_fusion::stem_conv_bias_act and stem_conv_batch_norm_act (their autograd: conv_autograd.cpp, bn_autograd.cpp,
+// with stem_form.h). Which convs take that form, and where each filter element goes in it, are Python's
+// (torch_cudnn_fusion/ops/stem.py, plan).
 #pragma once
 
 #include <optional>
+#include <tuple>
 
 #include <ATen/ATen.h>
 
@@ -21,5 +24,32 @@ at::Tensor space_to_depth(const at::Tensor& x, at::IntArrayRef padding_pre, at::
 // weight element, its place in the form; backward's gather) are int64 on weight's device, from stem.plan.
 at::Tensor stem_filter(const at::Tensor& weight, const at::Tensor& index, const at::Tensor& inverse,
                        at::IntArrayRef kernel, int64_t channels, std::optional<at::ScalarType> dtype);
+
+// conv_bias_act of a stem conv in its form: x and the weight (in the conv's dtype) rearranged by the plan's index,
+// inverse and form (see stem_form.h), then the conv at stride 1 without padding, its bias, residual and activation.
+at::Tensor stem_conv_bias_act(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                              const std::optional<at::Tensor>& residual, const at::Tensor& index,
+                              const at::Tensor& inverse, at::IntArrayRef form, int64_t activation, int64_t policy);
+at::Tensor call_stem_conv_bias_act(const at::Tensor& x, const at::Tensor& weight,
+                                   const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& residual,
+                                   const at::Tensor& index, const at::Tensor& inverse, at::IntArrayRef form,
+                                   int64_t activation, int64_t policy);  // through the dispatcher
+
+// conv_batch_norm_act of a stem conv in its form (the form's dtype: conv_dtype, else x's); its results as that op's.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> stem_conv_batch_norm_act(
+    const at::Tensor& x, const at::Tensor& conv_weight, const std::optional<at::Tensor>& conv_bias,
+    const at::Tensor& index, const at::Tensor& inverse, at::IntArrayRef form, const at::Tensor& weight,
+    const at::Tensor& bias, const std::optional<at::Tensor>& running_mean,
+    const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& num_batches_tracked,
+    const std::optional<at::Tensor>& residual, double momentum, double eps, int64_t activation,
+    int64_t implementation, std::optional<at::ScalarType> conv_dtype, int64_t policy, double negative_slope);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_stem_conv_batch_norm_act(
+    const at::Tensor& x, const at::Tensor& conv_weight, const std::optional<at::Tensor>& conv_bias,
+    const at::Tensor& index, const at::Tensor& inverse, at::IntArrayRef form, const at::Tensor& weight,
+    const at::Tensor& bias, const std::optional<at::Tensor>& running_mean,
+    const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& num_batches_tracked,
+    const std::optional<at::Tensor>& residual, double momentum, double eps, int64_t activation,
+    int64_t implementation, std::optional<at::ScalarType> conv_dtype, int64_t policy,
+    double negative_slope);  // through the dispatcher
 
 }  // namespace tcf

@@ -17,7 +17,6 @@ from .conv import autocast_dtype, eager_activation, odd_residual, tensor_signatu
 from .decide import Decision
 from .layer_call import LayerCall
 from .library import conv_memory_format, conv_output_size
-from .stem import run_in_form
 
 
 def _eager_batch_norm_act(x, running_mean, running_var, weight, bias, training, momentum, eps, activation, residual,
@@ -302,7 +301,8 @@ def conv2d_batch_norm_act(
         recorded = _extension.require().ConvBatchNormCall(
             x, conv_weight, conv_bias, weight, bias, running_mean if run[2] else None,
             running_var if run[2] else None, num_batches_tracked, residual, list(conv.stride), list(conv.padding),
-            list(conv.dilation), conv.groups, float(eps), run[5], run[1], run[3], float(negative_slope))
+            list(conv.dilation), conv.groups, float(eps), run[5], run[1], run[3], float(negative_slope),
+            *((run[7].index, run[7].inverse, run[7].form) if run[7] is not None else ()))
     if call is not None:
         call.remember(decision, config, signature, run, recorded)
     return _run_conv_batch_norm(run, x, conv, conv_weight, conv_bias, running_mean, running_var, num_batches_tracked,
@@ -394,8 +394,6 @@ def _recordable(run: tuple, weight, bias, running_mean, num_batches_tracked, x) 
     """Whether C++ can check and run a repeat of this call: ConvBatchNormCall hands the op the tensors as they are,
     so the BatchNorm's scale, shift and running statistics must be float32 already."""
     update = run[2]
-    if run[7] is not None:  # the space-to-depth form: the record would run the op on x as given
-        return False
     stats_as_is = running_mean.dtype == torch.float32 if update else num_batches_tracked is None
     return x.is_cuda and _affine_as_is(weight, bias) and stats_as_is
 
@@ -425,10 +423,10 @@ def _run_conv_batch_norm(run: tuple, x, conv, conv_weight, conv_bias, running_me
                         stats[0], stats[1], num_batches_tracked, residual, float(momentum), float(eps),
                         activation_code, implementation, conv_dtype, policy, float(negative_slope))[0]
     else:  # the same sums as a stride-1 conv of the rearranged x and filter (ops/stem.py)
-        y = run_in_form(stem, x, conv_weight, lambda xs, ws: _conv_bn_op(
-            xs, ws, conv_bias, (1, 1), (0, 0), (1, 1), 1, weight, bias, stats[0], stats[1], num_batches_tracked,
-            residual, float(momentum), float(eps), activation_code, implementation, conv_dtype, policy,
-            float(negative_slope))[0])
+        y = torch.ops.cudnn_fusion.stem_conv_batch_norm_act.default(
+            x, conv_weight, conv_bias, stem.index, stem.inverse, stem.form, weight, bias, stats[0], stats[1],
+            num_batches_tracked, residual, float(momentum), float(eps), activation_code, implementation, conv_dtype,
+            policy, float(negative_slope))[0]
     if stats[0] is not running_mean:
         with torch.no_grad():
             running_mean.copy_(stats[0])

@@ -15,7 +15,7 @@ from . import decide
 from .decide import Decision
 from .layer_call import LayerCall
 from .library import conv_output_size
-from .stem import input_like, run_in_form, weight_like
+from .stem import input_like, weight_like
 
 _IntPair = Union[int, Sequence[int]]
 
@@ -254,11 +254,12 @@ def conv2d_bias_act(
     run = (decision.fused, (*geometry, act, policy_id(policy.key) if decision.fused else 0), stem)
     if call is not None:
         recorded = None
-        # the record runs the op on x as given (or tells that a repeat matches an eager decision): not for the
-        # space-to-depth form, an odd residual, or an eager layer's call off CUDA or without the extension
+        # the record runs the op on x as given (or tells that a repeat matches an eager decision): not for an odd
+        # residual, or an eager layer's call off CUDA or without the extension
         module = _extension.require() if decision.fused else _extension.load() if passed[0].is_cuda else None
-        if signature is not None and stem is None and not odd and module is not None:
-            recorded = module.ConvBiasActCall(*passed, residual, *run[1])
+        if signature is not None and not odd and module is not None:
+            form = (stem.index, stem.inverse, stem.form) if stem is not None else ()
+            recorded = module.ConvBiasActCall(*passed, residual, *run[1], *form)
         call.remember(decision, config, signature if not odd else None, run, recorded)
     return _run(run, passed[0] if stem is not None else x, weight, bias, residual, padding_mode)
 
@@ -269,14 +270,15 @@ _fused_op = None  # torch.ops.cudnn_fusion.conv_bias_act.default, looked up once
 def _run(run: tuple, x, weight, bias, residual, padding_mode):
     """The call as decided: run = (fused, (stride, padding_pre, padding_post, dilation, groups, activation, policy
     id), the space-to-depth form or None). weight and bias come in the conv's dtype; so does x, but for the form,
-    which rearranges x as given (the geometry is then the form's)."""
+    which rearranges x as given (the geometry is then the form's: the op cudnn_fusion::stem_conv_bias_act)."""
     global _fused_op
     fused, args, stem = run
     if fused:
+        if stem is not None:
+            return torch.ops.cudnn_fusion.stem_conv_bias_act.default(x, weight, bias, residual, stem.index,
+                                                                      stem.inverse, stem.form, *args[5:])
         if _fused_op is None:
             _fused_op = torch.ops.cudnn_fusion.conv_bias_act.default
-        if stem is not None:
-            return run_in_form(stem, x, weight, lambda xs, ws: _fused_op(xs, ws, bias, residual, *args))
         return _fused_op(x, weight, bias, residual, *args)
     stride, padding_pre, padding_post, dilation, groups, activation, _ = args
     return _eager(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups, activation,

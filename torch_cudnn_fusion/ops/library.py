@@ -130,6 +130,27 @@ def _fake_space_to_depth(x, padding_pre, out_size, dtype=None):
     return _empty([x.shape[0], channels, *out_size], x, torch.channels_last, dtype or x.dtype)
 
 
+def _fake_stem_filter(weight, form):
+    """The rearranged filter of a stem's form (form: as stem.StemPlan.form gives it)."""
+    return _empty([weight.shape[0], form[6], form[4], form[5]], weight, torch.channels_last)
+
+
+def _fake_stem_conv_bias_act(x, weight, bias, residual, index, inverse, form, activation, policy=0):
+    x_form = _fake_space_to_depth(x, form[0:2], form[2:4], weight.dtype)
+    return _fake_conv_bias_act(x_form, _fake_stem_filter(weight, form), bias, residual, (1, 1), (0, 0), (0, 0),
+                               (1, 1), 1, activation)
+
+
+def _fake_stem_conv_batch_norm_act(x, conv_weight, conv_bias, index, inverse, form, weight, bias, running_mean,
+                                   running_var, num_batches_tracked, residual, momentum, eps, activation,
+                                   implementation, conv_dtype=None, policy=0, negative_slope=0.01):
+    dtype = conv_dtype or x.dtype
+    x_form = _fake_space_to_depth(x, form[0:2], form[2:4], dtype)
+    return _fake_conv_batch_norm_act(x_form, _fake_stem_filter(conv_weight, form).to(dtype), conv_bias, (1, 1),
+                                     (0, 0), (1, 1), 1, weight, bias, running_mean, running_var, num_batches_tracked,
+                                     residual, momentum, eps, activation, implementation, conv_dtype)
+
+
 def register_python_parts() -> None:
     """Registers the fake kernels once the compiled module has defined the ops."""
     global _registered
@@ -149,4 +170,6 @@ def register_python_parts() -> None:
     torch.library.register_fake("cudnn_fusion::batch_norm_backward_dx")(_fake_batch_norm_backward_dx)
     torch.library.register_fake("cudnn_fusion::conv_batch_norm_act")(_fake_conv_batch_norm_act)
     torch.library.register_fake("cudnn_fusion::space_to_depth")(_fake_space_to_depth)
+    torch.library.register_fake("cudnn_fusion::stem_conv_bias_act")(_fake_stem_conv_bias_act)
+    torch.library.register_fake("cudnn_fusion::stem_conv_batch_norm_act")(_fake_stem_conv_batch_norm_act)
     _registered = True

@@ -5,8 +5,11 @@ cuDNN's engines for a conv of 3 input channels at stride 2 are slow; the same su
 much faster (see docs/benchmarks.md, "Stem convs in their space-to-depth form"). Which convs take the form is decided
 in ops/decide.py (stem_plan); the rearranged input comes from our kernel (cudnn_fusion::space_to_depth, which also
 casts it to the conv's dtype), the rearranged filter from cudnn_fusion::stem_filter: one gather by the plan's index,
-whose gradient is one gather back (each filter element lands once). Both have their autograd in C++: in Python, and
-as a matrix product with a 0/1 matrix, they cost the host more than the stem's GPU time saves on small batches.
+whose gradient is one gather back (each filter element lands once). A conv layer in the form is one op call,
+cudnn_fusion::stem_conv_bias_act or stem_conv_batch_norm_act, with its autograd node in C++ (csrc/ops/stem_form.h):
+it keeps x in the conv's dtype and the filter as passed, not their larger rearrangements, and backward rearranges
+them again. (Three op calls from Python, with saved-tensor hooks in Python, cost twice eager's host time on a batch
+of 8, more than the form's GPU time saved there.)
 
 Geometry, per spatial dim, for kernel k, padding p (both sides) and input size H: the output row i reads input rows
 2i - p + t, t < k. With q = ceil(p / 2) block rows of zeros before the input, that row is block row i + Y (Y < k')
@@ -16,8 +19,7 @@ input has Ho + k' - 1 block rows, Ho = floor((H + 2p - k) / 2) + 1 the conv's ou
 
 from __future__ import annotations
 
-import weakref
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 
@@ -32,6 +34,12 @@ class StemPlan(NamedTuple):
     inverse: torch.Tensor  # [kh * kw * C] int64 on x's device: for each of the filter's elements, where it lands
     dtype: torch.dtype  # the conv's (the rearranged input is written in it)
     note: str
+
+    @property
+    def form(self) -> list[int]:
+        """The form's sizes as the stem ops take them (csrc/ops/stem_form.h): padding_pre, out_size, kernel,
+        channels."""
+        return [*self.padding_pre, *self.out_size, *self.kernel, self.channels]
 
 
 def block_geometry(size: int, kernel: int, padding: int) -> tuple[int, int, int]:
@@ -87,11 +95,6 @@ def plan(x_size, w_size, padding, dtype: torch.dtype, device: torch.device) -> S
                     torch.tensor(inverse, dtype=torch.int64, device=device), dtype, note)
 
 
-def stem_input(x: torch.Tensor, stem: StemPlan) -> torch.Tensor:
-    """x rearranged for the form, in the conv's dtype (our kernel: one pass, also the cast)."""
-    return torch.ops.cudnn_fusion.space_to_depth.default(x, stem.padding_pre, stem.out_size, stem.dtype)
-
-
 def input_like(x: torch.Tensor, stem: StemPlan) -> torch.Tensor:
     """An empty tensor with the properties of x's rearranged form (what a decision needs, without running the
     kernel): its sizes, the conv's dtype, channels_last, a fresh allocation's alignment, x's requires_grad."""
@@ -106,60 +109,3 @@ def weight_like(weight: torch.Tensor, stem: StemPlan) -> torch.Tensor:
     form = torch.empty((weight.shape[0], stem.channels, *stem.kernel), dtype=stem.dtype, device=weight.device,
                        memory_format=torch.channels_last)
     return form.requires_grad_(weight.requires_grad)
-
-
-def stem_weight(weight: torch.Tensor, stem: StemPlan) -> torch.Tensor:
-    """The filter rearranged for the form, channels_last, in the conv's dtype (our op cudnn_fusion::stem_filter: a
-    gather of the filter flattened in channels_last order, by the plan's index; its gradient is the gather back)."""
-    return torch.ops.cudnn_fusion.stem_filter.default(weight, stem.index, stem.inverse, stem.kernel, stem.channels,
-                                                      stem.dtype)
-
-
-def _modified_error(what: str, version: int, now: int) -> RuntimeError:
-    return RuntimeError(
-        "one of the variables needed for gradient computation has been modified by an inplace operation: "
-        f"the {what} of a stem conv (version {version} in the forward, {now} now), which backward rearranges again "
-        "(torch_cudnn_fusion.ops.stem)")
-
-
-def run_in_form(stem: StemPlan, x: torch.Tensor, weight: torch.Tensor,
-                fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """fn(rearranged x, rearranged weight), both in the conv's dtype: the conv op's call in the form. Under autograd
-    the op keeps neither rearrangement for backward (zero channels and padding make them larger than what eager
-    keeps), and backward rearranges again:
-    - for x, x in the conv's dtype, which is what eager's autocast conv keeps (one more pass of our kernel);
-    - for the filter, the `weight` passed in (a parameter, or the autocast cast a conv layer passes), where eager
-      keeps the same tensor or its cast. A weight modified in place before backward is therefore an error here,
-      where eager under autocast would use the cast it kept. (The conv + bias op keeps the filter only where x needs
-      a gradient; a stem's x, the image, usually does not.)"""
-    xs, ws = stem_input(x, stem), stem_weight(weight, stem)
-    if not torch.is_grad_enabled() or torch.compiler.is_compiling():
-        return fn(xs, ws)
-    version, weight_version = x._version, weight._version
-    # weak references: autograd may keep the pack hook as long as what it saved, and it must not keep xs, ws alive
-    xs_ref, ws_ref, x_ref = weakref.ref(xs), weakref.ref(ws), weakref.ref(x)
-
-    def pack(t: torch.Tensor):
-        if t is ws_ref():
-            return ("stem filter", weight)
-        if t is not xs_ref():
-            return t
-        source = x_ref()
-        return ("stem", source if source.dtype == stem.dtype else source.to(stem.dtype), source.dtype == stem.dtype)
-
-    def unpack(saved):
-        if not (isinstance(saved, tuple) and saved[0] in ("stem", "stem filter")):
-            return saved
-        if saved[0] == "stem filter":
-            source = saved[1]
-            if source._version != weight_version:
-                raise _modified_error("filter", weight_version, source._version)
-            return stem_weight(source, stem)
-        _, source, is_x = saved
-        if is_x and source._version != version:
-            raise _modified_error("input", version, source._version)
-        return stem_input(source, stem)
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-        return fn(xs, ws)
-
