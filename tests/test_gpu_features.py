@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import torch_cudnn_fusion as tcf
+from torch_cudnn_fusion.ops.stem import plan
 
 from conftest import capture, capture_training_step, gpu, rel_err
 
@@ -90,6 +91,22 @@ def test_opcheck_every_op(extension):
     for image in (torch.randn(2, 3, 9, 10, device="cuda", requires_grad=True),
                   _input(2, 3, 9, 10, requires_grad=True)):
         torch.library.opcheck(ops.space_to_depth.default, (image, [1, 1], [5, 6], torch.bfloat16))
+    # the form's filter (our gather kernel) and its gradient (the gather back), and the conv ops in the form, of a
+    # 3x3/2 stem of 3 channels: x the float32 image, the filter float32 (cast inside) or already bfloat16
+    stem = plan((2, 3, 10, 10), (c, 3, 3, 3), (1, 1), torch.bfloat16, torch.device("cuda"))
+    w_stem = torch.randn(c, 3, 3, 3, device="cuda", requires_grad=True)
+    torch.library.opcheck(ops.stem_filter.default,
+                          (w_stem, stem.index, stem.inverse, list(stem.kernel), stem.channels, torch.bfloat16))
+    grad_form = torch.randn(c, stem.channels, *stem.kernel, device="cuda", dtype=torch.bfloat16)
+    torch.library.opcheck(ops.stem_filter_backward.default, (grad_form, stem.inverse, [c, 3, 3, 3], torch.float32))
+    image = torch.randn(2, 3, 10, 10, device="cuda").contiguous(memory_format=CL)
+    w_form = w_stem.detach().bfloat16().requires_grad_()
+    torch.library.opcheck(ops.stem_conv_bias_act.default,
+                          (image, w_form, torch.randn(c, device="cuda", dtype=torch.bfloat16, requires_grad=True),
+                           None, stem.index, stem.inverse, stem.form, 1))
+    torch.library.opcheck(ops.stem_conv_batch_norm_act.default,
+                          (image, w_stem, None, stem.index, stem.inverse, stem.form, scale, shift, *stats(),
+                           torch.zeros((), dtype=torch.long, device="cuda"), None, 0.1, 1e-5, 1, 0, torch.bfloat16))
     # the training ops that update the running statistics and the step count in place
     count = torch.zeros((), dtype=torch.long, device="cuda")
     for activation, residual in ((1, None), (0, _input(2, c, 9, 9))):

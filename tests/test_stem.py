@@ -11,11 +11,19 @@ import torch.nn.functional as F
 from torch import nn
 
 import torch_cudnn_fusion as tcf
+from torch_cudnn_fusion.ops import decide
 from torch_cudnn_fusion.ops.stem import plan
 
 from conftest import CountingCall, assert_as_accurate_as_eager, gpu
 
 NOTE = "space-to-depth"
+
+
+@pytest.fixture(autouse=True)
+def form_at_any_size(monkeypatch):
+    """These tests are of the form itself: it is taken at any size (decide.STEM_FORM_MIN_MACS 0), also by the small
+    convs they run (test_a_stem_takes_the_form_from_the_threshold_on sets it itself)."""
+    monkeypatch.setattr(decide, "STEM_FORM_MIN_MACS", 0)
 
 
 def rearranged(x, stem):
@@ -229,6 +237,39 @@ def test_a_fused_stem_conv_relu_trains_in_the_form_and_compiles(extension):
         for i, (g, g_e, g_r) in enumerate(zip(grads, grads_e, grads_r, strict=True)):
             assert_as_accurate_as_eager(f"gradient {i}", g, g_e, g_r, torch.bfloat16)
     assert fused.fusion_status.fused and NOTE in fused.fusion_status.reason, fused.fusion_status
+
+
+@gpu
+@pytest.mark.parametrize("module", ["Conv2dReLU", "Conv2dBNReLU"])
+def test_a_stem_takes_the_form_from_the_threshold_on(extension, monkeypatch, module):
+    """A stem conv of fewer multiply-adds a call than decide.STEM_FORM_MIN_MACS runs as the plain fused conv (its
+    status says nothing of the form), one of exactly as many in the form; in training under bfloat16 autocast both
+    are as accurate as eager against float64, output and every gradient."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 32, 3, 2, 1, bias=module == "Conv2dReLU").cuda().to(memory_format=torch.channels_last)
+    bn = nn.BatchNorm2d(32).cuda()
+    eager = nn.Sequential(copy.deepcopy(conv), *([copy.deepcopy(bn)] if module == "Conv2dBNReLU" else []), nn.ReLU())
+    reference = copy.deepcopy(eager).double()
+    x = torch.randn(4, 3, 20, 20, device="cuda")
+    macs = 4 * 10 * 10 * 32 * 3 * 3 * 3
+    for threshold, form in ((macs + 1, False), (macs, True)):
+        monkeypatch.setattr(decide, "STEM_FORM_MIN_MACS", threshold)
+        fused = (tcf.nn.Conv2dReLU.from_conv(copy.deepcopy(conv)) if module == "Conv2dReLU"
+                 else tcf.nn.Conv2dBNReLU.from_modules(copy.deepcopy(conv), copy.deepcopy(bn)))
+        results = []
+        for model, precision in ((fused, None), (eager, None), (reference, torch.float64)):
+            for prm in model.parameters():
+                prm.grad = None
+            with torch.autocast("cuda", torch.bfloat16, enabled=precision is None):
+                y = model(x.to(precision or x.dtype))
+            y.float().square().sum().backward()
+            results.append((y.detach(), [prm.grad for prm in model.parameters()]))
+        status = fused.fusion_status
+        assert status.fused and (NOTE in status.reason) == form, (threshold, status)
+        (y, grads), (y_e, grads_e), (y_r, grads_r) = results
+        assert_as_accurate_as_eager(f"form {form} y", y, y_e, y_r, torch.bfloat16)
+        for i, (g, g_e, g_r) in enumerate(zip(grads, grads_e, grads_r, strict=True)):
+            assert_as_accurate_as_eager(f"form {form} gradient {i}", g, g_e, g_r, torch.bfloat16)
 
 
 @gpu

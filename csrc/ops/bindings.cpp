@@ -438,6 +438,7 @@ TORCH_LIBRARY(cudnn_fusion, m) {
   m.def(
       "stem_filter(Tensor weight, Tensor index, Tensor inverse, int[2] kernel, int channels, "
       "ScalarType? dtype=None) -> Tensor");  // ops/stem_ops.cpp
+  m.def("stem_filter_backward(Tensor grad, Tensor inverse, int[4] weight_size, ScalarType weight_dtype) -> Tensor");
   m.def("global_avg_pool(Tensor x) -> Tensor");  // ops/pool_ops.cpp
   m.def(
       "squeeze_excite(Tensor x, Tensor w1, Tensor? b1, Tensor w2, Tensor? b2, int activation, bool hard_gate) -> "
@@ -458,6 +459,8 @@ TORCH_LIBRARY_IMPL(cudnn_fusion, CUDA, m) {
   m.impl("batch_norm_backward_dx", &tcf::batch_norm_backward_dx);
   m.impl("conv_batch_norm_act", &tcf::conv_batch_norm_act_forward);
   m.impl("space_to_depth", &tcf::space_to_depth);
+  m.impl("stem_filter", &tcf::stem_filter);
+  m.impl("stem_filter_backward", &tcf::stem_filter_backward);
   m.impl("stem_conv_bias_act", &tcf::stem_conv_bias_act);
   m.impl("stem_conv_batch_norm_act", &tcf::stem_conv_batch_norm_act);
 }

@@ -3,8 +3,8 @@
 // - cudnn_fusion::space_to_depth saves no tensor: x's gradient is the inverse rearrangement of the output's, in ATen
 //   ops, from x's sizes and dtype; the channels past 4 * C and the zero-padding blocks take none.
 // - cudnn_fusion::stem_filter saves its `inverse` index: each weight element lands in the form exactly once, so the
-//   weight's gradient is one gather of the form's, by that index (the form's zeros take none). It is linear in the
-//   gradient and reads nothing forward computed, so ATen differentiates it again under create_graph.
+//   weight's gradient is one gather of the form's, by that index (the form's zeros take none): our kernel, the op
+//   cudnn_fusion::stem_filter_backward, which has no autograd of its own (as the conv ops' backward ops).
 #include <torch/autograd.h>
 #include <torch/library.h>
 
@@ -69,7 +69,7 @@ class StemFilterFunction : public torch::autograd::Function<StemFilterFunction> 
     SavedIntsReader ints(ctx);  // in the order forward saved them
     const auto size = ints.next_list();  // [O, C, kh, kw]
     const auto dtype = ints.next_dtype();
-    return {stem_filter_backward(grad, inverse, size, dtype), none, none, none, none, none};
+    return {call_stem_filter_backward(grad, inverse, size, dtype), none, none, none, none, none};
   }
 };
 

@@ -52,7 +52,7 @@ at::Tensor StemForm::input_grad(const at::Tensor& grad, at::IntArrayRef x_size, 
 
 at::Tensor StemForm::filter_grad(const at::Tensor& grad, at::IntArrayRef weight_size,
                                  at::ScalarType weight_dtype) const {
-  return stem_filter_backward(grad, inverse_, weight_size, weight_dtype);
+  return call_stem_filter_backward(grad, inverse_, weight_size, weight_dtype);
 }
 
 std::vector<int64_t> StemForm::input_size(int64_t batch) const { return {batch, form_[6], form_[2], form_[3]}; }
@@ -87,12 +87,12 @@ at::Tensor space_to_depth_backward(const at::Tensor& grad, at::IntArrayRef x_siz
   return g.slice(2, 0, h).slice(3, 0, w).to(x_dtype);
 }
 
-// Each filter element lands in the form exactly once (stem.plan checks it), at inverse[element]; the form's zeros
-// take no gradient.
-at::Tensor stem_filter_backward(const at::Tensor& grad, const at::Tensor& inverse, at::IntArrayRef weight_size,
-                                at::ScalarType weight_dtype) {
-  auto flat = grad.permute({0, 2, 3, 1}).reshape({weight_size[0], -1}).index_select(1, inverse).to(weight_dtype);
-  return flat.view({weight_size[0], weight_size[2], weight_size[3], weight_size[1]}).permute({0, 3, 1, 2});
+at::Tensor call_stem_filter_backward(const at::Tensor& grad, const at::Tensor& inverse, at::IntArrayRef weight_size,
+                                     at::ScalarType weight_dtype) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("cudnn_fusion::stem_filter_backward", "")
+                       .typed<decltype(stem_filter_backward)>();
+  return op.call(grad, inverse, weight_size, weight_dtype);
 }
 
 }  // namespace tcf

@@ -59,9 +59,8 @@ at::Tensor call_stem_filter(const at::Tensor& weight, const at::Tensor& index, c
 // The gradient of x [x_size, x_dtype] from that of its rearrangement (also space_to_depth's own autograd).
 at::Tensor space_to_depth_backward(const at::Tensor& grad, at::IntArrayRef x_size, at::ScalarType x_dtype,
                                    at::IntArrayRef padding_pre);
-// The filter's gradient [weight_size, weight_dtype] from the rearranged filter's: one gather by `inverse` (also
-// stem_filter's own autograd).
-at::Tensor stem_filter_backward(const at::Tensor& grad, const at::Tensor& inverse, at::IntArrayRef weight_size,
-                                at::ScalarType weight_dtype);
+// cudnn_fusion::stem_filter_backward through the dispatcher (also stem_filter's own autograd).
+at::Tensor call_stem_filter_backward(const at::Tensor& grad, const at::Tensor& inverse, at::IntArrayRef weight_size,
+                                     at::ScalarType weight_dtype);
 
 }  // namespace tcf

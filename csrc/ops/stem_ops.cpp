@@ -4,6 +4,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include "kernels/filter_gather_kernel.h"
 #include "kernels/space_to_depth_kernel.h"
 #include "ops/bn_ops.h"
 #include "ops/conv_ops.h"
@@ -45,10 +46,17 @@ at::Tensor space_to_depth(const at::Tensor& x, at::IntArrayRef padding_pre, at::
 
 namespace {
 
+void check_float_type(at::ScalarType dtype, const char* what) {
+  TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat, "cudnn_fusion: ", what,
+              " must be float16, bfloat16 or float32, got ", dtype);
+}
+
 void check_stem_filter_arguments(const at::Tensor& weight, const at::Tensor& index, const at::Tensor& inverse,
                                  at::IntArrayRef kernel, int64_t channels) {
   TORCH_CHECK(weight.dim() == 4, "cudnn_fusion: stem_filter takes a 4-d weight [O, C, kh, kw], got shape ",
               weight.sizes());
+  TORCH_CHECK(weight.is_cuda(), "cudnn_fusion: stem_filter takes a CUDA weight, got one on ", weight.device());
+  check_float_type(weight.scalar_type(), "stem_filter's weight");
   TORCH_CHECK(kernel.size() == 2 && kernel[0] >= 1 && kernel[1] >= 1,
               "cudnn_fusion: stem_filter's kernel must be two sizes >= 1 (height, width), got ", kernel);
   TORCH_CHECK(channels == 8 || channels == 16, "cudnn_fusion: stem_filter's channels must be 8 or 16, got ", channels);
@@ -64,15 +72,58 @@ void check_stem_filter_arguments(const at::Tensor& weight, const at::Tensor& ind
 
 }  // namespace
 
+namespace {
+
+// One launch of our gather kernel: out [rows, columns] (dense) from `in` [rows, c, h, w] by `index`.
+void gather_filter(const at::Tensor& in, const at::Tensor& index, const at::Tensor& out, const char* what) {
+  if (out.numel() == 0) return;
+  poison_output(out);  // under the tests' poisoning: an element the kernel did not write shows
+  FilterGatherShape shape{in.size(0),   out.numel() / in.size(0),
+                          in.size(1),   in.size(3),
+                          in.size(1) * in.size(2) * in.size(3),
+                          in.stride(0), in.stride(1),
+                          in.stride(2), in.stride(3)};
+  c10::DeviceGuard guard(in.device());
+  const auto status = launch_filter_gather(element_type(in.scalar_type()), element_type(out.scalar_type()),
+                                           in.data_ptr(), index.data_ptr<int64_t>(), out.data_ptr(), shape,
+                                           current_stream());
+  TORCH_CHECK(status == cudaSuccess, "cudnn_fusion: the ", what, " kernel failed to launch: ",
+              cudaGetErrorString(status));
+}
+
+}  // namespace
+
 at::Tensor stem_filter(const at::Tensor& weight, const at::Tensor& index, const at::Tensor& inverse,
                        at::IntArrayRef kernel, int64_t channels, std::optional<at::ScalarType> dtype) {
   check_stem_filter_arguments(weight, index, inverse, kernel, channels);
-  const int64_t out_channels = weight.size(0);
-  auto flat = weight.permute({0, 2, 3, 1}).reshape({out_channels, -1});  // a view of a channels_last weight
-  if (dtype.has_value()) flat = flat.to(*dtype);
-  // the column past the weight's elements is the zero that the form's other elements take
-  auto form = at::constant_pad_nd(flat, {0, 1}, 0).index_select(1, index);
-  return form.view({out_channels, kernel[0], kernel[1], channels}).permute({0, 3, 1, 2});
+  const at::ScalarType out_type = dtype.value_or(weight.scalar_type());
+  check_float_type(out_type, "stem_filter's dtype");
+  // channels_last: dense [O, kernel[0], kernel[1], channels], element by element as the index lists them
+  auto form = at::empty({weight.size(0), channels, kernel[0], kernel[1]},
+                        weight.options().dtype(out_type).memory_format(at::MemoryFormat::ChannelsLast));
+  gather_filter(weight, index, form, "stem filter");
+  return form;
+}
+
+at::Tensor stem_filter_backward(const at::Tensor& grad, const at::Tensor& inverse, at::IntArrayRef weight_size,
+                                at::ScalarType weight_dtype) {
+  check_4d_cuda(grad, "grad");
+  TORCH_CHECK(weight_size.size() == 4 && weight_size[0] == grad.size(0) && weight_size[1] >= 1 &&
+                  weight_size[2] >= 1 && weight_size[3] >= 1,
+              "cudnn_fusion: stem_filter_backward's weight_size must be 4 sizes >= 1, the first grad's ",
+              grad.size(0), ", got ", weight_size);
+  const int64_t elements = weight_size[1] * weight_size[2] * weight_size[3];
+  TORCH_CHECK(inverse.dim() == 1 && inverse.size(0) == elements && inverse.scalar_type() == at::kLong &&
+                  inverse.device() == grad.device(),
+              "cudnn_fusion: stem_filter_backward's inverse must be ", elements, " int64 elements on ", grad.device(),
+              " (from torch_cudnn_fusion.ops.stem.plan), got shape ", inverse.sizes(), " ", inverse.scalar_type(),
+              " on ", inverse.device());
+  check_float_type(weight_dtype, "stem_filter_backward's weight_dtype");
+  // channels_last, as the gradient autograd gives through the gather in ATen ops
+  auto grad_weight = at::empty(weight_size,
+                               grad.options().dtype(weight_dtype).memory_format(at::MemoryFormat::ChannelsLast));
+  gather_filter(grad, inverse, grad_weight, "stem filter gradient");
+  return grad_weight;
 }
 
 at::Tensor stem_conv_bias_act(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
@@ -124,4 +175,3 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_stem
 
 }  // namespace tcf
 
-TORCH_LIBRARY_IMPL(cudnn_fusion, CompositeExplicitAutograd, m) { m.impl("stem_filter", &tcf::stem_filter); }

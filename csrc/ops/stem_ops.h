@@ -25,6 +25,11 @@ at::Tensor space_to_depth(const at::Tensor& x, at::IntArrayRef padding_pre, at::
 at::Tensor stem_filter(const at::Tensor& weight, const at::Tensor& index, const at::Tensor& inverse,
                        at::IntArrayRef kernel, int64_t channels, std::optional<at::ScalarType> dtype);
 
+// The filter's gradient [weight_size] (channels_last, in weight_dtype) from the rearranged filter's, `grad`: one
+// gather by the plan's `inverse` (each filter element lands in the form exactly once; the form's zeros take none).
+at::Tensor stem_filter_backward(const at::Tensor& grad, const at::Tensor& inverse, at::IntArrayRef weight_size,
+                                at::ScalarType weight_dtype);
+
 // conv_bias_act of a stem conv in its form: x and the weight (in the conv's dtype) rearranged by the plan's index,
 // inverse and form (see stem_form.h), then the conv at stride 1 without padding, its bias, residual and activation.
 at::Tensor stem_conv_bias_act(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,

@@ -233,6 +233,11 @@ def _python_reason(device_type: str, dtype: torch.dtype, padding_mode: str = "ze
 
 
 STEM_KERNELS = range(3, 8)  # the filter sizes the space-to-depth form takes (measured: 3x3 and 7x7)
+# The form saves GPU time in proportion to the conv's work and costs the host more per call than the plain fused conv
+# (our kernels rearrange x and the filter forward, x again and the filter's gradient backward): a conv of fewer
+# multiply-adds a call (N * Ho * Wo * K * C * kh * kw) than this, whose step waits on the host, runs faster plain.
+# Set from benchmarks/stem_form_batches.py's crossover (docs/fallback_rules.md, "Stem convs").
+STEM_FORM_MIN_MACS = 1e9
 
 
 def stem_plan(x: torch.Tensor, weight: torch.Tensor, stride, padding_pre, padding_post, dilation, groups: int,
@@ -240,7 +245,7 @@ def stem_plan(x: torch.Tensor, weight: torch.Tensor, stride, padding_pre, paddin
     """The space-to-depth form (ops/stem.py) for a fused conv with these arguments, `dtype` the conv's (autocast's
     where on), or None where it does not take it: a stem conv, stride 2 with 1 to 4 input channels, zero padding on
     both sides of at most half the filter, one group, no dilation, in float16 or bfloat16, channels_last (the form's
-    input is; the output's layout is then eager's), on CUDA."""
+    input is; the output's layout is then eager's), on CUDA, of at least STEM_FORM_MIN_MACS multiply-adds."""
     from .stem import plan
 
     takes = (
@@ -249,8 +254,15 @@ def stem_plan(x: torch.Tensor, weight: torch.Tensor, stride, padding_pre, paddin
         and tuple(padding_pre) == tuple(padding_post) and dtype in (torch.float16, torch.bfloat16)
         and all(k in STEM_KERNELS and 2 * p <= k for k, p in zip(weight.shape[2:], padding_pre))
         and conv_memory_format(x, weight) == torch.channels_last
+        and _conv_macs(x.shape, weight.shape, padding_pre) >= STEM_FORM_MIN_MACS
     )
     return plan(x.shape, weight.shape, tuple(padding_pre), dtype, x.device) if takes else None
+
+
+def _conv_macs(x_size, w_size, padding) -> int:
+    """A stride-2 conv's multiply-adds a call."""
+    out = [(int(x_size[2 + i]) + 2 * int(padding[i]) - int(w_size[2 + i])) // 2 + 1 for i in range(2)]
+    return int(x_size[0]) * out[0] * out[1] * int(w_size[0]) * int(w_size[1]) * int(w_size[2]) * int(w_size[3])
 
 
 def decide_conv(config: ConvConfig) -> Decision:

@@ -130,15 +130,19 @@ def _fake_space_to_depth(x, padding_pre, out_size, dtype=None):
     return _empty([x.shape[0], channels, *out_size], x, torch.channels_last, dtype or x.dtype)
 
 
-def _fake_stem_filter(weight, form):
-    """The rearranged filter of a stem's form (form: as stem.StemPlan.form gives it)."""
-    return _empty([weight.shape[0], form[6], form[4], form[5]], weight, torch.channels_last)
+def _fake_stem_filter(weight, index, inverse, kernel, channels, dtype=None):
+    return _empty([weight.shape[0], channels, *kernel], weight, torch.channels_last, dtype)
+
+
+def _fake_stem_filter_backward(grad, inverse, weight_size, weight_dtype):
+    return _empty(weight_size, grad, torch.channels_last, weight_dtype)
 
 
 def _fake_stem_conv_bias_act(x, weight, bias, residual, index, inverse, form, activation, policy=0):
+    # form: as stem.StemPlan.form gives it (padding before, the rearranged input's size, the filter's, its channels)
     x_form = _fake_space_to_depth(x, form[0:2], form[2:4], weight.dtype)
-    return _fake_conv_bias_act(x_form, _fake_stem_filter(weight, form), bias, residual, (1, 1), (0, 0), (0, 0),
-                               (1, 1), 1, activation)
+    weight_form = _fake_stem_filter(weight, index, inverse, form[4:6], form[6])
+    return _fake_conv_bias_act(x_form, weight_form, bias, residual, (1, 1), (0, 0), (0, 0), (1, 1), 1, activation)
 
 
 def _fake_stem_conv_batch_norm_act(x, conv_weight, conv_bias, index, inverse, form, weight, bias, running_mean,
@@ -146,9 +150,10 @@ def _fake_stem_conv_batch_norm_act(x, conv_weight, conv_bias, index, inverse, fo
                                    implementation, conv_dtype=None, policy=0, negative_slope=0.01):
     dtype = conv_dtype or x.dtype
     x_form = _fake_space_to_depth(x, form[0:2], form[2:4], dtype)
-    return _fake_conv_batch_norm_act(x_form, _fake_stem_filter(conv_weight, form).to(dtype), conv_bias, (1, 1),
-                                     (0, 0), (1, 1), 1, weight, bias, running_mean, running_var, num_batches_tracked,
-                                     residual, momentum, eps, activation, implementation, conv_dtype)
+    weight_form = _fake_stem_filter(conv_weight, index, inverse, form[4:6], form[6], dtype)
+    return _fake_conv_batch_norm_act(x_form, weight_form, conv_bias, (1, 1), (0, 0), (1, 1), 1, weight, bias,
+                                     running_mean, running_var, num_batches_tracked, residual, momentum, eps,
+                                     activation, implementation, conv_dtype)
 
 
 def register_python_parts() -> None:
@@ -170,6 +175,8 @@ def register_python_parts() -> None:
     torch.library.register_fake("cudnn_fusion::batch_norm_backward_dx")(_fake_batch_norm_backward_dx)
     torch.library.register_fake("cudnn_fusion::conv_batch_norm_act")(_fake_conv_batch_norm_act)
     torch.library.register_fake("cudnn_fusion::space_to_depth")(_fake_space_to_depth)
+    torch.library.register_fake("cudnn_fusion::stem_filter")(_fake_stem_filter)
+    torch.library.register_fake("cudnn_fusion::stem_filter_backward")(_fake_stem_filter_backward)
     torch.library.register_fake("cudnn_fusion::stem_conv_bias_act")(_fake_stem_conv_bias_act)
     torch.library.register_fake("cudnn_fusion::stem_conv_batch_norm_act")(_fake_stem_conv_batch_norm_act)
     _registered = True
