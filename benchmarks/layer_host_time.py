@@ -2,8 +2,8 @@
 of a model's Conv2dBNReLU layers (--module Conv2dBN: its Conv2dBN layers, with SiLU, Hardswish or no activation),
 called one layer at a time ("hot": 20 calls of the same layer) and in the model's order
 ("in turn": every layer once, 20 times over), eager's modules beside the fused layer and its pieces. Every row times
-the layers that have a C++ record (all but a space-to-depth stem). bf16 autocast, channels_last, cudnn.benchmark on
-(profile_by_kind.setup), after three training steps of each variant.
+the layers that have a C++ record (a space-to-depth stem has one too since 30a). bf16 autocast, channels_last,
+cudnn.benchmark on (profile_by_kind.setup), after three training steps of each variant.
 
 Rows (each the mean over the layers, a median over 5 rounds; the rows take turns within a round):
 - eager modules: nn.Conv2d + nn.BatchNorm2d + the activation module, with grad (torchvision's Conv2dNormActivation);
@@ -162,8 +162,8 @@ def main() -> None:
         inputs = layer_inputs(eager, names, x[:batch])
         for fn in calls("fused module", names, eager_modules, fused_modules, inputs):
             fn()  # decided and recorded anew at this batch
-        # every row times the same layers: those with a C++ record (the stem's space-to-depth form has none, and runs
-        # the module's Python path on each call, which would weigh on the module row's mean alone)
+        # every row times the same layers: those with a C++ record (a layer without one runs the module's Python
+        # path on each call, which would weigh on the module row's mean alone; before 30a the stem's form had none)
         timed = [n for n in names if fused_modules[n + ".0"]._call.recorded is not None]
         print(f"\nbatch {batch}: the {len(timed)} of {len(names)} layers with a C++ record"
               f"\n{'what':<44}{'hot':>8}{'in turn':>9}")

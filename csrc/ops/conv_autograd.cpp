@@ -71,7 +71,8 @@ class ConvBiasActFunction : public torch::autograd::Function<ConvBiasActFunction
                                                   dilation, groups, activation, policy);
     // the form's x in the conv's dtype, as eager's autocast conv keeps it (backward rearranges it again)
     auto kept_x = !weight.requires_grad() ? at::Tensor() : stem != nullptr ? in_dtype(x, stem->dtype()) : x;
-    std::vector<at::Tensor> saved{kept_x, x.requires_grad() ? weight : at::Tensor(), activation != 0 ? y : at::Tensor()};
+    std::vector<at::Tensor> saved{kept_x, x.requires_grad() ? weight : at::Tensor(),
+                                  activation != 0 ? y : at::Tensor()};
     SavedInts ints;
     ints.add(stem != nullptr);
     if (stem != nullptr) stem->save(ints, saved);
