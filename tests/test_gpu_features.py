@@ -101,9 +101,12 @@ def test_opcheck_every_op(extension):
     torch.library.opcheck(ops.stem_filter_backward.default, (grad_form, stem.inverse, [c, 3, 3, 3], torch.float32))
     image = torch.randn(2, 3, 10, 10, device="cuda").contiguous(memory_format=CL)
     w_form = w_stem.detach().bfloat16().requires_grad_()
+    b_form = torch.randn(c, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     torch.library.opcheck(ops.stem_conv_bias_act.default,
-                          (image, w_form, torch.randn(c, device="cuda", dtype=torch.bfloat16, requires_grad=True),
-                           None, stem.index, stem.inverse, stem.form, 1))
+                          (image, w_form, b_form, None, stem.index, stem.inverse, stem.form, 1))
+    # the float32 parameter with the conv's dtype, as under autocast: the gathers cast it, and its gradient is float32
+    torch.library.opcheck(ops.stem_conv_bias_act.default,
+                          (image, w_stem, b_form, None, stem.index, stem.inverse, stem.form, 1, 0, torch.bfloat16))
     torch.library.opcheck(ops.stem_conv_batch_norm_act.default,
                           (image, w_stem, None, stem.index, stem.inverse, stem.form, scale, shift, *stats(),
                            torch.zeros((), dtype=torch.long, device="cuda"), None, 0.1, 1e-5, 1, 0, torch.bfloat16))

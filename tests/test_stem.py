@@ -272,6 +272,46 @@ def test_a_stem_takes_the_form_from_the_threshold_on(extension, monkeypatch, mod
             assert_as_accurate_as_eager(f"form {form} gradient {i}", g, g_e, g_r, torch.bfloat16)
 
 
+def _node_taking(y, parameter):
+    """The autograd node of y's graph whose input edge is the parameter's accumulator."""
+    seen, todo = set(), [y.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        for child, _ in node.next_functions:
+            if getattr(child, "variable", None) is parameter:
+                return node
+            todo.append(child)
+    raise AssertionError("the parameter is not in y's graph")
+
+
+@gpu
+@pytest.mark.parametrize("module", ["Conv2dReLU", "Conv2dBNReLU"])
+def test_a_stem_in_the_form_under_autocast_takes_the_float32_filter_itself(extension, module):
+    """Under autocast the form's gather casts the filter as it rearranges it and writes its gradient in float32: the
+    op's autograd node takes the parameter itself, with no cast of autocast's before it (a cast launch forward and one
+    backward), in the first call and in the repeats run from the C++ record; the gradient is the parameter's dtype."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 32, 3, 2, 1, bias=module == "Conv2dReLU").cuda().to(memory_format=torch.channels_last)
+    fused = (tcf.nn.Conv2dReLU.from_conv(conv) if module == "Conv2dReLU"
+             else tcf.nn.Conv2dBNReLU.from_modules(conv, nn.BatchNorm2d(32).cuda()))
+    counting = None
+    for call in range(3):
+        if call == 1:
+            counting = fused._call.recorded = CountingCall(fused._call.recorded)
+        with torch.autocast("cuda", torch.bfloat16):
+            y = fused(torch.randn(8, 3, 40, 40, device="cuda"))
+        node = _node_taking(y, fused.weight)
+        assert "ToCopy" not in node.name(), (call, node.name())
+        fused.weight.grad = None
+        y.float().sum().backward()
+        assert fused.weight.grad.dtype == torch.float32
+    assert NOTE in fused.fusion_status.reason, fused.fusion_status
+    assert (counting.ran, counting.declined) == (2, 0), (counting.ran, counting.declined)
+
+
 @gpu
 @pytest.mark.parametrize("case", ["float32", "nchw", "stride 1", "5 channels", "groups"])
 def test_convs_the_form_does_not_take_run_as_before(extension, no_tf32, case):

@@ -427,7 +427,7 @@ TORCH_LIBRARY(cudnn_fusion, m) {
       "(Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "stem_conv_bias_act(Tensor x, Tensor weight, Tensor? bias, Tensor? residual, Tensor index, Tensor inverse, "
-      "int[7] form, int activation, int policy=0) -> Tensor");  // ops/stem_ops.cpp
+      "int[7] form, int activation, int policy=0, ScalarType? conv_dtype=None) -> Tensor");  // ops/stem_ops.cpp
   m.def(
       "stem_conv_batch_norm_act(Tensor x, Tensor conv_weight, Tensor? conv_bias, Tensor index, Tensor inverse, "
       "int[7] form, Tensor weight, Tensor bias, Tensor(a!)? running_mean, Tensor(b!)? running_var, "

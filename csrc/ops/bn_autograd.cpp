@@ -337,9 +337,13 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
     variable_list grads(9);  // one per forward argument; undefined where there is none
     const auto& grad_z = grad_outputs[0];
     if (!grad_z.defined() || !(need_x || need_conv_weight || need_conv_bias)) return grads;
-    // the form's x (kept in the conv's dtype) and filter (kept as passed) rearranged again
+    // the form's x (kept in the conv's dtype) and filter (kept as passed) rearranged again; where x needs no gradient
+    // (a stem's image), the weight gradient reads only the filter's sizes, dtype and layout: no gather for those
     const auto x = stem.has_value() ? stem->input(saved[0]) : saved[0];
-    const auto weight = stem.has_value() ? stem->filter(saved[1]) : saved[1];
+    const auto weight = !stem.has_value() ? saved[1]
+                        : need_x          ? stem->filter(saved[1])
+                                          : at::empty(stem->filter_size(weight_size[0]),
+                                                      x.options().memory_format(at::MemoryFormat::ChannelsLast));
     auto [grad_x, grad_conv_weight, grad_conv_bias] =
         batch_norm_conv_backward(grad_z, x, weight, has_conv_bias, stride, padding, dilation, groups,
                                  {need_x, need_conv_weight, need_conv_bias}, weight_dtype);
@@ -354,6 +358,15 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
   }
 };
 
+// Whether a conv + BatchNorm call has anything for autograd to record: grad mode on and a tensor requiring grad.
+bool conv_batch_norm_records(const at::Tensor& x, const at::Tensor& conv_weight,
+                             const std::optional<at::Tensor>& conv_bias, const at::Tensor& weight,
+                             const at::Tensor& bias, const std::optional<at::Tensor>& residual) {
+  auto requires_grad = [](const std::optional<at::Tensor>& t) { return t.has_value() && t->requires_grad(); };
+  return at::GradMode::is_enabled() && (x.requires_grad() || conv_weight.requires_grad() || requires_grad(conv_bias) ||
+                                        weight.requires_grad() || bias.requires_grad() || requires_grad(residual));
+}
+
 ConvBatchNormOutputs conv_batch_norm_act_autograd(const at::Tensor& x, const at::Tensor& conv_weight,
                                                 const std::optional<at::Tensor>& conv_bias, at::IntArrayRef stride,
                                                 at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
@@ -365,9 +378,7 @@ ConvBatchNormOutputs conv_batch_norm_act_autograd(const at::Tensor& x, const at:
                                                 int64_t activation, int64_t implementation,
                                                 std::optional<at::ScalarType> conv_dtype, int64_t policy,
                                                 double negative_slope) {
-  auto requires_grad = [](const std::optional<at::Tensor>& t) { return t.has_value() && t->requires_grad(); };
-  if (!at::GradMode::is_enabled() || !(x.requires_grad() || conv_weight.requires_grad() || requires_grad(conv_bias) ||
-                                       weight.requires_grad() || bias.requires_grad() || requires_grad(residual))) {
+  if (!conv_batch_norm_records(x, conv_weight, conv_bias, weight, bias, residual)) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;  // nothing to record
     return call_conv_batch_norm_act(x, conv_weight, conv_bias, stride, padding, dilation, groups, weight, bias,
                                     running_mean, running_var, num_batches_tracked, residual, momentum, eps,
@@ -407,9 +418,7 @@ ConvBatchNormOutputs stem_conv_batch_norm_act_autograd(
     const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& num_batches_tracked,
     const std::optional<at::Tensor>& residual, double momentum, double eps, int64_t activation,
     int64_t implementation, std::optional<at::ScalarType> conv_dtype, int64_t policy, double negative_slope) {
-  auto requires_grad = [](const std::optional<at::Tensor>& t) { return t.has_value() && t->requires_grad(); };
-  if (!at::GradMode::is_enabled() || !(x.requires_grad() || conv_weight.requires_grad() || requires_grad(conv_bias) ||
-                                       weight.requires_grad() || bias.requires_grad() || requires_grad(residual))) {
+  if (!conv_batch_norm_records(x, conv_weight, conv_bias, weight, bias, residual)) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;  // nothing to record
     return call_stem_conv_batch_norm_act(x, conv_weight, conv_bias, index, inverse, form, weight, bias, running_mean,
                                          running_var, num_batches_tracked, residual, momentum, eps, activation,

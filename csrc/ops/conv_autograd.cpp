@@ -80,6 +80,7 @@ class ConvBiasActFunction : public torch::autograd::Function<ConvBiasActFunction
     ints.add(x.sizes())
         .add(static_cast<int64_t>(x.scalar_type()))
         .add(weight.sizes())
+        .add(static_cast<int64_t>(weight.scalar_type()))
         .add(stride)
         .add(padding_pre)
         .add(padding_post)
@@ -106,6 +107,7 @@ class ConvBiasActFunction : public torch::autograd::Function<ConvBiasActFunction
     const auto x_size = ints.next_list();
     const auto x_dtype = ints.next_dtype();
     const auto weight_size = ints.next_list();
+    const auto weight_dtype = ints.next_dtype();
     const auto stride = ints.next_list();
     const auto padding_pre = ints.next_list();
     const auto padding_post = ints.next_list();
@@ -142,7 +144,7 @@ class ConvBiasActFunction : public torch::autograd::Function<ConvBiasActFunction
     if (need_w && stem.has_value()) {  // from x rearranged again, and back from the form
       auto grad_form = call_conv_wgrad(grad_z, stem->input(x), stem->filter_size(weight_size[0]), stride,
                                        padding_pre, padding_post, dilation, groups, policy);
-      grad_w = stem->filter_grad(grad_form, weight_size, stem->dtype());  // the op's weight is in the form's dtype
+      grad_w = stem->filter_grad(grad_form, weight_size, weight_dtype);  // the gather casts to the weight's dtype
     } else if (need_w) {
       grad_w = call_conv_wgrad(grad_z, x, weight_size, stride, padding_pre, padding_post, dilation, groups, policy);
     }
@@ -151,13 +153,19 @@ class ConvBiasActFunction : public torch::autograd::Function<ConvBiasActFunction
   }
 };
 
+// Whether a conv call has anything for autograd to record: grad mode on and a tensor requiring grad.
+bool conv_records(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                  const std::optional<at::Tensor>& residual) {
+  auto requires_grad = [](const std::optional<at::Tensor>& t) { return t.has_value() && t->requires_grad(); };
+  return at::GradMode::is_enabled() &&
+         (x.requires_grad() || weight.requires_grad() || requires_grad(bias) || requires_grad(residual));
+}
+
 at::Tensor conv_bias_act_autograd(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                                   const std::optional<at::Tensor>& residual, at::IntArrayRef stride,
                                   at::IntArrayRef padding_pre, at::IntArrayRef padding_post, at::IntArrayRef dilation,
                                   int64_t groups, int64_t activation, int64_t policy) {
-  auto requires_grad = [](const std::optional<at::Tensor>& t) { return t.has_value() && t->requires_grad(); };
-  if (!at::GradMode::is_enabled() ||
-      !(x.requires_grad() || weight.requires_grad() || requires_grad(bias) || requires_grad(residual))) {
+  if (!conv_records(x, weight, bias, residual)) {
     // Nothing to record (inference): skip the autograd node and its saved state.
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return call_conv_bias_act(x, weight, bias, residual, stride, padding_pre, padding_post, dilation, groups,
@@ -172,14 +180,12 @@ at::Tensor stem_conv_bias_act_autograd(const at::Tensor& x, const at::Tensor& we
                                        const std::optional<at::Tensor>& bias,
                                        const std::optional<at::Tensor>& residual, const at::Tensor& index,
                                        const at::Tensor& inverse, at::IntArrayRef form, int64_t activation,
-                                       int64_t policy) {
-  auto requires_grad = [](const std::optional<at::Tensor>& t) { return t.has_value() && t->requires_grad(); };
-  if (!at::GradMode::is_enabled() ||
-      !(x.requires_grad() || weight.requires_grad() || requires_grad(bias) || requires_grad(residual))) {
+                                       int64_t policy, std::optional<at::ScalarType> conv_dtype) {
+  if (!conv_records(x, weight, bias, residual)) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;  // nothing to record
-    return call_stem_conv_bias_act(x, weight, bias, residual, index, inverse, form, activation, policy);
+    return call_stem_conv_bias_act(x, weight, bias, residual, index, inverse, form, activation, policy, conv_dtype);
   }
-  const StemForm stem(index, inverse, form, weight.scalar_type());
+  const StemForm stem(index, inverse, form, conv_dtype.value_or(weight.scalar_type()));
   return ConvBiasActFunction::apply(x, weight, bias, residual, kFormStride, kFormPadding, kFormPadding, kFormStride, 1,
                                     activation, policy, &stem)[0];
 }

@@ -11,9 +11,12 @@ namespace tcf {
 namespace {
 
 // As torch.autocast casts a conv's operand (and ops/conv.py's _autocast): floating point but not float64.
+bool autocast_casts(const at::Tensor& t, const CallState& state) {
+  return state.autocast && t.is_floating_point() && t.scalar_type() != at::kDouble;
+}
+
 at::Tensor autocast_operand(const at::Tensor& t, const CallState& state) {
-  if (!state.autocast || !t.is_floating_point() || t.scalar_type() == at::kDouble) return t;
-  return in_dtype(t, state.autocast_dtype);
+  return autocast_casts(t, state) ? in_dtype(t, state.autocast_dtype) : t;
 }
 
 }  // namespace
@@ -54,9 +57,10 @@ std::optional<at::Tensor> ConvBiasActCall::run(const at::Tensor& x, const at::Te
                        .typed<decltype(conv_bias_act)>();
   std::optional<at::Tensor> cast_bias;
   if (pointer(bias) != nullptr) cast_bias = autocast_operand(*bias, state);
-  if (stem_index_.defined()) {  // the form casts x as it rearranges it
-    return call_stem_conv_bias_act(x, autocast_operand(weight, state), cast_bias, residual, stem_index_,
-                                   stem_inverse_, stem_form_, activation_, policy_);
+  if (stem_index_.defined()) {  // the form casts x and the weight as it rearranges them
+    return call_stem_conv_bias_act(
+        x, weight, cast_bias, residual, stem_index_, stem_inverse_, stem_form_, activation_, policy_,
+        autocast_casts(weight, state) ? std::optional<at::ScalarType>(state.autocast_dtype) : std::nullopt);
   }
   return op.call(autocast_operand(x, state), autocast_operand(weight, state), cast_bias, residual, stride_,
                  padding_pre_, padding_post_, dilation_, groups_, activation_, policy_);

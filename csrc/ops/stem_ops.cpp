@@ -128,8 +128,9 @@ at::Tensor stem_filter_backward(const at::Tensor& grad, const at::Tensor& invers
 
 at::Tensor stem_conv_bias_act(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                               const std::optional<at::Tensor>& residual, const at::Tensor& index,
-                              const at::Tensor& inverse, at::IntArrayRef form, int64_t activation, int64_t policy) {
-  const StemForm stem(index, inverse, form, weight.scalar_type());
+                              const at::Tensor& inverse, at::IntArrayRef form, int64_t activation, int64_t policy,
+                              std::optional<at::ScalarType> conv_dtype) {
+  const StemForm stem(index, inverse, form, conv_dtype.value_or(weight.scalar_type()));
   return call_conv_bias_act(stem.input(x), stem.filter(weight), bias, residual, kFormStride, kFormPadding,
                             kFormPadding, kFormStride, 1, activation, policy);
 }
@@ -137,11 +138,11 @@ at::Tensor stem_conv_bias_act(const at::Tensor& x, const at::Tensor& weight, con
 at::Tensor call_stem_conv_bias_act(const at::Tensor& x, const at::Tensor& weight,
                                    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& residual,
                                    const at::Tensor& index, const at::Tensor& inverse, at::IntArrayRef form,
-                                   int64_t activation, int64_t policy) {
+                                   int64_t activation, int64_t policy, std::optional<at::ScalarType> conv_dtype) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("cudnn_fusion::stem_conv_bias_act", "")
                        .typed<decltype(stem_conv_bias_act)>();
-  return op.call(x, weight, bias, residual, index, inverse, form, activation, policy);
+  return op.call(x, weight, bias, residual, index, inverse, form, activation, policy, conv_dtype);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> stem_conv_batch_norm_act(

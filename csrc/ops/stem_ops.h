@@ -30,15 +30,19 @@ at::Tensor stem_filter(const at::Tensor& weight, const at::Tensor& index, const 
 at::Tensor stem_filter_backward(const at::Tensor& grad, const at::Tensor& inverse, at::IntArrayRef weight_size,
                                 at::ScalarType weight_dtype);
 
-// conv_bias_act of a stem conv in its form: x and the weight (in the conv's dtype) rearranged by the plan's index,
-// inverse and form (see stem_form.h), then the conv at stride 1 without padding, its bias, residual and activation.
+// conv_bias_act of a stem conv in its form: x and the weight rearranged by the plan's index, inverse and form (see
+// stem_form.h) into the conv's dtype (conv_dtype, else the weight's: under autocast the caller passes the float32
+// parameter and autocast's dtype, and the gather casts it), then the conv at stride 1 without padding, its bias (in
+// the conv's dtype), residual and activation.
 at::Tensor stem_conv_bias_act(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                               const std::optional<at::Tensor>& residual, const at::Tensor& index,
-                              const at::Tensor& inverse, at::IntArrayRef form, int64_t activation, int64_t policy);
+                              const at::Tensor& inverse, at::IntArrayRef form, int64_t activation, int64_t policy,
+                              std::optional<at::ScalarType> conv_dtype);
 at::Tensor call_stem_conv_bias_act(const at::Tensor& x, const at::Tensor& weight,
                                    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& residual,
                                    const at::Tensor& index, const at::Tensor& inverse, at::IntArrayRef form,
-                                   int64_t activation, int64_t policy);  // through the dispatcher
+                                   int64_t activation, int64_t policy,
+                                   std::optional<at::ScalarType> conv_dtype);  // through the dispatcher
 
 // conv_batch_norm_act of a stem conv in its form (the form's dtype: conv_dtype, else x's); its results as that op's.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> stem_conv_batch_norm_act(

@@ -210,10 +210,11 @@ def conv2d_bias_act(
                      torch.is_grad_enabled(), torch.backends.cudnn.allow_tf32,
                      autocast and torch.get_autocast_dtype(device_type), torch.are_deterministic_algorithms_enabled())
         if call.signature == signature:
-            if autocast:  # the space-to-depth form casts x as it rearranges it
-                stem = call.run[2]
-                x_cast, weight, bias = _autocast((x if stem is None else None, weight, bias), device_type)
-                x = x_cast if stem is None else x
+            if autocast:  # the space-to-depth form casts x and the weight as it rearranges them
+                if call.run[2] is None:
+                    x, weight, bias = _autocast((x, weight, bias), device_type)
+                else:
+                    bias, = _autocast((bias,), device_type)
             return _run(call.run, x, weight, bias, residual, padding_mode)
     passed = (x, weight, bias)  # as the caller passed them: what a record compares a repeat with
 
@@ -261,7 +262,7 @@ def conv2d_bias_act(
             form = (stem.index, stem.inverse, stem.form) if stem is not None else ()
             recorded = module.ConvBiasActCall(*passed, residual, *run[1], *form)
         call.remember(decision, config, signature if not odd else None, run, recorded)
-    return _run(run, passed[0] if stem is not None else x, weight, bias, residual, padding_mode)
+    return _run(run, *(passed[:2] if stem is not None else (x, weight)), bias, residual, padding_mode)
 
 
 _fused_op = None  # torch.ops.cudnn_fusion.conv_bias_act.default, looked up once
@@ -269,14 +270,15 @@ _fused_op = None  # torch.ops.cudnn_fusion.conv_bias_act.default, looked up once
 
 def _run(run: tuple, x, weight, bias, residual, padding_mode):
     """The call as decided: run = (fused, (stride, padding_pre, padding_post, dilation, groups, activation, policy
-    id), the space-to-depth form or None). weight and bias come in the conv's dtype; so does x, but for the form,
-    which rearranges x as given (the geometry is then the form's: the op cudnn_fusion::stem_conv_bias_act)."""
+    id), the space-to-depth form or None). x, weight and bias come in the conv's dtype, but for the form, which
+    rearranges x and the weight as given into its dtype (the geometry is then the form's: the op
+    cudnn_fusion::stem_conv_bias_act)."""
     global _fused_op
     fused, args, stem = run
     if fused:
         if stem is not None:
             return torch.ops.cudnn_fusion.stem_conv_bias_act.default(x, weight, bias, residual, stem.index,
-                                                                      stem.inverse, stem.form, *args[5:])
+                                                                      stem.inverse, stem.form, *args[5:], stem.dtype)
         if _fused_op is None:
             _fused_op = torch.ops.cudnn_fusion.conv_bias_act.default
         return _fused_op(x, weight, bias, residual, *args)

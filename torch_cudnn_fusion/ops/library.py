@@ -138,10 +138,11 @@ def _fake_stem_filter_backward(grad, inverse, weight_size, weight_dtype):
     return _empty(weight_size, grad, torch.channels_last, weight_dtype)
 
 
-def _fake_stem_conv_bias_act(x, weight, bias, residual, index, inverse, form, activation, policy=0):
+def _fake_stem_conv_bias_act(x, weight, bias, residual, index, inverse, form, activation, policy=0, conv_dtype=None):
     # form: as stem.StemPlan.form gives it (padding before, the rearranged input's size, the filter's, its channels)
-    x_form = _fake_space_to_depth(x, form[0:2], form[2:4], weight.dtype)
-    weight_form = _fake_stem_filter(weight, index, inverse, form[4:6], form[6])
+    dtype = conv_dtype or weight.dtype
+    x_form = _fake_space_to_depth(x, form[0:2], form[2:4], dtype)
+    weight_form = _fake_stem_filter(weight, index, inverse, form[4:6], form[6], dtype)
     return _fake_conv_bias_act(x_form, weight_form, bias, residual, (1, 1), (0, 0), (0, 0), (1, 1), 1, activation)
 
 

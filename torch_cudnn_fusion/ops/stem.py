@@ -32,14 +32,10 @@ class StemPlan(NamedTuple):
     index: torch.Tensor  # [kh' * kw' * channels] int64 on x's device: for each element of the rearranged filter in
     # channels_last order, the filter's element (flattened in channels_last order) it is, or kh * kw * C for a zero
     inverse: torch.Tensor  # [kh * kw * C] int64 on x's device: for each of the filter's elements, where it lands
-    dtype: torch.dtype  # the conv's (the rearranged input is written in it)
+    dtype: torch.dtype  # the conv's (the rearranged input and filter are written in it)
     note: str
-
-    @property
-    def form(self) -> list[int]:
-        """The form's sizes as the stem ops take them (csrc/ops/stem_form.h): padding_pre, out_size, kernel,
-        channels."""
-        return [*self.padding_pre, *self.out_size, *self.kernel, self.channels]
+    form: list[int]  # the sizes above as the stem ops take them (csrc/ops/stem_form.h): padding_pre, out_size,
+    # kernel, channels (made once: a call that the C++ record does not catch passes it as it is)
 
 
 def block_geometry(size: int, kernel: int, padding: int) -> tuple[int, int, int]:
@@ -90,9 +86,10 @@ def plan(x_size, w_size, padding, dtype: torch.dtype, device: torch.device) -> S
     note = (f"stem: the {w_size[2]}x{w_size[3]} stride-2 conv of {in_channels} channels runs as a {kernel[0]}x"
             f"{kernel[1]} stride-1 conv of {channels} (2x2 blocks of pixels as channels, space-to-depth: our kernel "
             "rearranges x)")
-    return StemPlan(before, (geometry[0][2], geometry[1][2]), channels, kernel,
-                    torch.tensor(index, dtype=torch.int64, device=device),
-                    torch.tensor(inverse, dtype=torch.int64, device=device), dtype, note)
+    out_size = (geometry[0][2], geometry[1][2])
+    return StemPlan(before, out_size, channels, kernel, torch.tensor(index, dtype=torch.int64, device=device),
+                    torch.tensor(inverse, dtype=torch.int64, device=device), dtype, note,
+                    [*before, *out_size, *kernel, channels])
 
 
 def input_like(x: torch.Tensor, stem: StemPlan) -> torch.Tensor:
