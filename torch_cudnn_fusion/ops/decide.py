@@ -20,7 +20,7 @@ from .. import _extension
 from .._compile import constant_under_compile
 from .._cpp_enums import Activation
 from ..policy import policy_id
-from .library import conv_memory_format
+from .library import conv_memory_format, conv_output_size
 
 SUPPORTED_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 TRACED = -1  # stands for the sizes of an input torch.compile traces: its plans are chosen when the code runs
@@ -261,8 +261,8 @@ def stem_plan(x: torch.Tensor, weight: torch.Tensor, stride, padding_pre, paddin
 
 def _conv_macs(x_size, w_size, padding) -> int:
     """A stride-2 conv's multiply-adds a call."""
-    out = [(int(x_size[2 + i]) + 2 * int(padding[i]) - int(w_size[2 + i])) // 2 + 1 for i in range(2)]
-    return int(x_size[0]) * out[0] * out[1] * int(w_size[0]) * int(w_size[1]) * int(w_size[2]) * int(w_size[3])
+    out = conv_output_size(x_size, w_size, (2, 2), padding, padding, (1, 1))
+    return int(out[0] * out[1] * out[2] * out[3] * w_size[1] * w_size[2] * w_size[3])
 
 
 def decide_conv(config: ConvConfig) -> Decision:
