@@ -34,9 +34,9 @@ class FusionError(RuntimeError):
 class Decision(NamedTuple):
     """How a layer runs its calls. fused: as the cuDNN op; reason: why not (or a note); backward: (graph, refusal)
     per fused backward step, "" where it runs fused; implementation: "cudnn_graph", "cudnn_legacy" (the legacy cuDNN
-    BatchNorm API), "depthwise_kernel" (our NHWC depthwise kernels where they were faster, PyTorch's elsewhere: the
-    reason says which), "squeeze_excite_op" (a squeeze-and-excitation block as one op of ATen's kernels) or
-    "eager"."""
+    BatchNorm API), "batch_norm_kernel" (BatchNorm's forward in our NHWC kernel), "depthwise_kernel" (our NHWC
+    depthwise kernels where they were faster, PyTorch's elsewhere: the reason says which), "squeeze_excite_op" (a
+    squeeze-and-excitation block as one op of ATen's kernels) or "eager"."""
 
     fused: bool
     reason: str = ""
@@ -98,13 +98,14 @@ class FusionStatus:
     any). backward: for each fused backward step, "" when it runs fused or the reason it runs in ATen:
     "relu_bias_backward" (ReLU backward with the bias-gradient reduction: our kernel for NHWC, a cuDNN graph
     otherwise), "dgrad" and "wgrad" (cuDNN graphs), "batch_norm_act_backward" (BatchNorm's backward with its
-    activation's: our kernel).
+    activation's: our kernel), "batch_norm_backward" (BatchNorm's backward without an activation: a cuDNN graph).
     """
 
     fused: bool
     reason: str = ""
     backward: tuple[tuple[str, str], ...] = ()
-    # "cudnn_graph", "cudnn_legacy" (the legacy cuDNN BatchNorm API), "depthwise_kernel" (our NHWC depthwise
+    # "cudnn_graph", "cudnn_legacy" (the legacy cuDNN BatchNorm API), "batch_norm_kernel" (BatchNorm's forward in
+    # our NHWC kernel), "depthwise_kernel" (our NHWC depthwise
     # kernels where they were faster, PyTorch's elsewhere: the reason says which), "squeeze_excite_op" (a
     # squeeze-and-excitation block as one op of ATen's kernels, one autograd node) or "eager"; "" derives it from
     # `fused`
@@ -123,7 +124,7 @@ class FusionStatus:
             return f"fused (legacy cuDNN BatchNorm API): {self.reason}"
         parts = [f"{name} {'fused' if not why else 'eager (' + why + ')'}" for name, why in self.backward]
         note = f" ({self.reason})" if self.reason else ""
-        what = {"depthwise_kernel": "depthwise kernels",
+        what = {"depthwise_kernel": "depthwise kernels", "batch_norm_kernel": "our BatchNorm kernel",
                 "squeeze_excite_op": "one op of ATen's kernels, one autograd node"}.get(self.implementation,
                                                                                      "cuDNN graph")
         return f"fused ({what}){note}" + (f"; backward: {', '.join(parts)}" if parts else "")
@@ -271,8 +272,8 @@ def decide_conv(config: ConvConfig) -> Decision:
 
 
 def decide_batch_norm(config: BatchNormConfig) -> Decision:
-    """BatchNorm in training: the cuDNN graph when cuDNN builds its forward (and backward, when gradients are
-    needed), else the legacy cuDNN BatchNorm API, else eager."""
+    """BatchNorm in training: our NHWC kernel for channels_last x; else the cuDNN graph when cuDNN builds its forward
+    (and backward, when gradients are needed), else the legacy cuDNN BatchNorm API, else eager."""
     return _decide_batch_norm(tuple(config))
 
 
@@ -342,6 +343,14 @@ def _decide_batch_norm(values: tuple) -> Decision:
         SUPPORTED_DTYPES[config.dtype], config.channels_last, config.device_index, list(config.x_size),
         config.running_stats, config.has_residual, int(config.activation), config.eps, policy_id(config.policy),
     )
+    if not refusals["kernel"]:
+        # the backward as the graph implementation's: our kernel with the activation's mask folded in, or, without
+        # an activation, cuDNN's batchnorm-backward graph (ATen's kernel inside the op where cuDNN refused it)
+        backward = ()
+        if config.needs_grad:
+            backward = ((("batch_norm_act_backward", ""),) if "graph_backward" not in refusals
+                        else (("batch_norm_backward", refusals["graph_backward"]),))
+        return Decision(True, "", backward, "batch_norm_kernel")
     graph_refusal = refusals["graph_forward"] or (refusals.get("graph_backward", "") if config.needs_grad else "")
     if not graph_refusal:
         # NHWC with an activation: the backward is our kernel, with the activation's mask folded in (C++ builds

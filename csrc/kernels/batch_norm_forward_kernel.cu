@@ -1,0 +1,338 @@
+// BatchNorm's training forward with batch statistics, its residual add and activation folded in, for dense NHWC
+// tensors: what the cuDNN batchnorm graph (and for SiLU, Hardswish and LeakyReLU, an ATen kernel after it) and our
+// running-statistics kernel did, in one launch whose host cost is a launch's. With M the rows (N*H*W):
+//   mean     = the batch mean;  var = the biased batch variance;  invstd = 1 / sqrt(var + eps)
+//   y        = activation(round(round((x - mean) * invstd * weight + bias) + residual))
+//   running  = (1 - momentum) * running + momentum * (mean, var * M / (M - 1)); num_batches_tracked + 1
+// round() is the storage type's rounding where eager rounds: BatchNorm's output, then the sum with the residual.
+// (x - mean) * invstd * weight + bias is computed with explicit roundings, in the order the backward kernel
+// (batch_norm_backward_kernel.cu, masked_grad) recomputes it from the saved statistics: its ReLU mask is then this
+// forward's, bit for bit.
+// The statistics are sums of x - shift and its square, shift being the channel's value in row 0: against the
+// variance of x itself that is the shifted-data algorithm, whose sums stay near M * var rather than M * mean^2 (no
+// cancellation where the mean is large against the spread).
+// Three passes: per-block partial sums; their fixed-order sum per channel (deterministic, no atomics) into the
+// statistics; y. They run in one cooperative launch with grid-wide barriers between them where the device takes it,
+// else as three launches with the same arithmetic and the same bits. As in the backward kernel, the first and last
+// pass run one wave, the last walking the rows back from the last, so that its first reads find in L2 what the
+// first pass read last.
+#include "kernels/batch_norm_forward_kernel.h"
+
+#include <cooperative_groups.h>
+
+#include <algorithm>
+
+#include "core/device.h"
+#include "kernels/nhwc_rows.cuh"
+
+namespace tcf {
+namespace {
+
+using nhwc::from_float;
+using nhwc::Pack;
+using nhwc::to_float;
+
+constexpr int kBlocksPerMultiprocessor = 2;
+constexpr int kFinalizeSharedFloats = 32 * 16;
+
+// The activation at s (BatchNorm's output, plus the residual, rounded to the storage type), as PyTorch's kernels
+// compute it in float32; NaN passes through ReLU and ReLU6 as through PyTorch's.
+__device__ inline float activate(float s, int activation, float negative_slope) {
+  switch (activation) {
+    case kActivationRelu:
+      return s <= 0.f ? 0.f : s;
+    case kActivationRelu6:
+      return s <= 0.f ? 0.f : (s >= 6.f ? 6.f : s);
+    case kActivationSilu:
+      return s / (1.f + expf(-s));
+    case kActivationHardswish:
+      return s * fminf(fmaxf(s + 3.f, 0.f), 6.f) / 6.f;
+    case kActivationLeakyRelu:
+      return s > 0.f ? s : s * negative_slope;
+    default:
+      return s;
+  }
+}
+
+// Pass 1: per-block partial sums of d = x - shift (partial[0 .. parts)) and d * d (partial[parts .. 2 * parts)).
+// `shared` holds blockDim.y * blockDim.x * V floats.
+template <typename T, int V>
+__device__ void statistics_rows(const T* __restrict__ x, float* __restrict__ partial, int64_t rows, int64_t channels,
+                                float* shared) {
+  using P = Pack<T, V>;
+  const int64_t groups = channels / V;
+  const int64_t group = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  float sum[V], sum_sq[V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) sum[v] = sum_sq[v] = 0.f;
+  if (group < groups) {
+    const int64_t column = group * V;
+    const P first = *reinterpret_cast<const P*>(x + column);
+    float shift[V];
+#pragma unroll
+    for (int v = 0; v < V; ++v) shift[v] = to_float(first.v[v]);
+    auto add = [&](const P& p) {
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        const float d = to_float(p.v[v]) - shift[v];
+        sum[v] += d;
+        sum_sq[v] += d * d;
+      }
+    };
+    const int64_t step = static_cast<int64_t>(gridDim.y) * blockDim.y;
+    int64_t row = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y;
+    constexpr int kUnroll = 4;  // four rows a step, all loads issued before any use
+    for (; row + (kUnroll - 1) * step < rows; row += kUnroll * step) {
+      P p[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) p[u] = *reinterpret_cast<const P*>(x + (row + u * step) * channels + column);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) add(p[u]);
+    }
+    for (; row < rows; row += step) add(*reinterpret_cast<const P*>(x + row * channels + column));
+  }
+  nhwc::write_block_partial<V>(sum, shared, partial, group, groups, channels);
+  nhwc::write_block_partial<V>(sum_sq, shared, partial + static_cast<int64_t>(gridDim.y) * channels, group, groups,
+                               channels);
+}
+
+// Pass 2 for channel c, from the sums over all rows: the saved statistics, the running ones, the step count.
+template <typename T>
+__device__ void finish_channel(const BatchNormActForwardArgs& a, int64_t c, float sum, float sum_sq) {
+  const double rows = static_cast<double>(a.rows);
+  const float inverse_rows = static_cast<float>(1.0 / rows);
+  const float mean_d = sum * inverse_rows;
+  const float var = fmaxf(sum_sq * inverse_rows - mean_d * mean_d, 0.f);
+  const float mean = to_float(static_cast<const T*>(a.x)[c]) + mean_d;
+  a.save_mean[c] = mean;
+  a.save_invstd[c] = 1.f / sqrtf(var + a.eps);
+  if (a.running_mean_in == nullptr) return;
+  const float unbiased = var * static_cast<float>(rows / (rows - 1.0));
+  a.running_mean_out[c] = a.momentum * mean + (1.f - a.momentum) * a.running_mean_in[c];
+  a.running_var_out[c] = a.momentum * unbiased + (1.f - a.momentum) * a.running_var_in[c];
+  if (c == 0 && a.num_batches_tracked != nullptr) *a.num_batches_tracked += 1;
+}
+
+// Pass 2 as a launch of its own, one block of (32, 32) per 32 channels.
+template <typename T>
+__global__ void batch_norm_act_forward_finalize(const BatchNormActForwardArgs a, int parts) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  const float sum = nhwc::sum_partials(a.partial, parts, a.channels, c);
+  const float sum_sq = nhwc::sum_partials(a.partial + static_cast<int64_t>(parts) * a.channels, parts, a.channels, c);
+  if (threadIdx.y == 0 && c < a.channels) finish_channel<T>(a, c, sum, sum_sq);
+}
+
+// Pass 2 inside the one-launch kernel: the blocks share out tiles of 8 channels; in each, 32 lanes add the partial
+// rows p = lane, lane + 32, ... and lane 0's thread adds the lanes' sums in order, as nhwc::sum_partials does: the
+// two give the same bits. Partial sums are read through L2 (other blocks wrote them in this launch). `shared` holds
+// 32 * 16 floats.
+template <typename T>
+__device__ void finalize_tiles(const BatchNormActForwardArgs& a, int parts, float* shared) {
+  constexpr int kTileChannels = 8, kLanes = 32, kPairs = kTileChannels * kLanes;
+  const int threads = blockDim.x * blockDim.y;
+  const int thread = threadIdx.y * blockDim.x + threadIdx.x;
+  const int64_t blocks = static_cast<int64_t>(gridDim.x) * gridDim.y;
+  const int64_t block = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
+  const float* partial_sq = a.partial + static_cast<int64_t>(parts) * a.channels;
+  for (int64_t tile = block; tile * kTileChannels < a.channels; tile += blocks) {
+    for (int pair = thread; pair < kPairs; pair += threads) {  // a block may have fewer than 256 threads
+      const int lane = pair / kTileChannels, slot = pair % kTileChannels;
+      const int64_t c = tile * kTileChannels + slot;
+      float sum = 0.f, sum_sq = 0.f;
+      if (c < a.channels) {
+        for (int p = lane; p < parts; p += kLanes) {
+          sum += __ldcg(a.partial + static_cast<int64_t>(p) * a.channels + c);
+          sum_sq += __ldcg(partial_sq + static_cast<int64_t>(p) * a.channels + c);
+        }
+      }
+      shared[lane * 2 * kTileChannels + slot] = sum;
+      shared[lane * 2 * kTileChannels + kTileChannels + slot] = sum_sq;
+    }
+    __syncthreads();
+    const int64_t c = tile * kTileChannels + thread;
+    if (thread < kTileChannels && c < a.channels) {
+      float sum = 0.f, sum_sq = 0.f;
+      for (int r = 0; r < kLanes; ++r) {
+        sum += shared[r * 2 * kTileChannels + thread];
+        sum_sq += shared[r * 2 * kTileChannels + kTileChannels + thread];
+      }
+      finish_channel<T>(a, c, sum, sum_sq);
+    }
+    __syncthreads();  // `shared` is rewritten for the next tile
+  }
+}
+
+// Pass 3: y. The statistics are read through L2 (__ldcg): in the one-launch kernel other blocks wrote them in this
+// launch. Each thread takes pass 1's rows (row0, row0 + step, ...) from its last back to row0.
+template <typename T, int V, bool kResidual>
+__device__ void apply_rows(const BatchNormActForwardArgs& a) {
+  using P = Pack<T, V>;
+  const int64_t groups = a.channels / V;
+  const int64_t group = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (group >= groups) return;
+  const int64_t column = group * V;
+  float mean[V], invstd[V], weight[V], bias[V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    mean[v] = __ldcg(a.save_mean + column + v);
+    invstd[v] = __ldcg(a.save_invstd + column + v);
+    weight[v] = a.weight[column + v];
+    bias[v] = a.bias[column + v];
+  }
+  const T* __restrict__ x = static_cast<const T*>(a.x);
+  const T* __restrict__ residual = static_cast<const T*>(a.residual);
+  T* __restrict__ y = static_cast<T*>(a.y);
+  auto process = [&](const P& x_p, const P& r_p, int64_t offset) {
+    P y_p;
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const float xc = __fsub_rn(to_float(x_p.v[v]), mean[v]);
+      float s = to_float(from_float<T>(__fadd_rn(__fmul_rn(__fmul_rn(xc, invstd[v]), weight[v]), bias[v])));
+      if (kResidual) s = to_float(from_float<T>(__fadd_rn(s, to_float(r_p.v[v]))));
+      y_p.v[v] = from_float<T>(activate(s, a.activation, a.negative_slope));
+    }
+    *reinterpret_cast<P*>(y + offset) = y_p;
+  };
+  const int64_t step = static_cast<int64_t>(gridDim.y) * blockDim.y;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y;
+  if (row0 >= a.rows) return;
+  int64_t k = (a.rows - 1 - row0) / step;  // the thread's rows are row0 + k * step, k from here down to 0
+  constexpr int kUnroll = 4;
+  for (; k >= kUnroll - 1; k -= kUnroll) {
+    P x_p[kUnroll], r_p[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t offset = (row0 + (k - u) * step) * a.channels + column;
+      x_p[u] = *reinterpret_cast<const P*>(x + offset);
+      if (kResidual) r_p[u] = *reinterpret_cast<const P*>(residual + offset);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) process(x_p[u], r_p[u], (row0 + (k - u) * step) * a.channels + column);
+  }
+  for (; k >= 0; --k) {
+    const int64_t offset = (row0 + k * step) * a.channels + column;
+    P r_p;
+    if (kResidual) r_p = *reinterpret_cast<const P*>(residual + offset);
+    process(*reinterpret_cast<const P*>(x + offset), r_p, offset);
+  }
+}
+
+template <typename T, int V>
+__global__ void __launch_bounds__(nhwc::kThreads, kBlocksPerMultiprocessor)
+    batch_norm_act_forward_statistics(const BatchNormActForwardArgs a) {
+  extern __shared__ float shared[];  // [blockDim.y][blockDim.x * V]
+  statistics_rows<T, V>(static_cast<const T*>(a.x), a.partial, a.rows, a.channels, shared);
+}
+
+template <typename T, int V, bool kResidual>
+__global__ void __launch_bounds__(nhwc::kThreads, kBlocksPerMultiprocessor)
+    batch_norm_act_forward_apply(const BatchNormActForwardArgs a) {
+  apply_rows<T, V, kResidual>(a);
+}
+
+// The three passes in one cooperative launch: a grid-wide barrier after the partial sums and another after the
+// statistics (as the backward kernel's one launch).
+template <typename T, int V, bool kResidual>
+__global__ void __launch_bounds__(nhwc::kThreads, kBlocksPerMultiprocessor)
+    batch_norm_act_forward_one_launch(const BatchNormActForwardArgs a) {
+  extern __shared__ float shared[];  // max(blockDim.y * blockDim.x * V, 32 * 16) floats
+  auto grid = cooperative_groups::this_grid();
+  statistics_rows<T, V>(static_cast<const T*>(a.x), a.partial, a.rows, a.channels, shared);
+  grid.sync();
+  finalize_tiles<T>(a, static_cast<int>(gridDim.y), shared);
+  grid.sync();
+  apply_rows<T, V, kResidual>(a);
+}
+
+// Whether the one-launch kernel's grid fits on the current device at once (a cooperative launch's condition), from
+// its occupancy at the largest shared memory a launch of this instantiation uses, asked once per device.
+template <typename T, int V, bool kResidual>
+bool one_launch_fits(const dim3& grid, int multiprocessors) {
+  static PerDevice blocks_per_multiprocessor;
+  const int blocks = blocks_per_multiprocessor.get_current([](int device) {  // 0: this launch falls back to three
+    int cooperative = 0, blocks = 0;
+    if (cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, device) != cudaSuccess || !cooperative) {
+      cudaGetLastError();
+      return 0;
+    }
+    const size_t shared = std::max<size_t>(static_cast<size_t>(nhwc::kThreads) * V, kFinalizeSharedFloats) *
+                          sizeof(float);
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, batch_norm_act_forward_one_launch<T, V, kResidual>,
+                                                      nhwc::kThreads, shared) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return blocks;
+  });
+  return static_cast<int64_t>(grid.x) * grid.y * grid.z <= static_cast<int64_t>(blocks) * multiprocessors;
+}
+
+template <typename T, int V, bool kResidual>
+cudaError_t launch_passes(const BatchNormActForwardArgs& a, int multiprocessors, cudaStream_t stream) {
+  const auto shape = nhwc::row_launch(a.rows, a.channels, V, multiprocessors, kBlocksPerMultiprocessor);
+  if (one_launch_fits<T, V, kResidual>(shape.grid, multiprocessors)) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = shape.grid;
+    config.blockDim = shape.block;
+    config.dynamicSmemBytes =
+        std::max<size_t>(static_cast<size_t>(shape.block.x) * V * shape.block.y, kFinalizeSharedFloats) *
+        sizeof(float);
+    config.stream = stream;
+    cudaLaunchAttribute cooperative;
+    cooperative.id = cudaLaunchAttributeCooperative;
+    cooperative.val.cooperative = 1;
+    config.attrs = &cooperative;
+    config.numAttrs = 1;
+    cudaError_t status = cudaLaunchKernelEx(&config, batch_norm_act_forward_one_launch<T, V, kResidual>, a);
+    if (status != cudaErrorCooperativeLaunchTooLarge) return status;
+    cudaGetLastError();  // the device runs fewer blocks at once than its occupancy said (MPS): three launches
+  }
+  const size_t shared_bytes = static_cast<size_t>(shape.block.x) * V * shape.block.y * sizeof(float);
+  batch_norm_act_forward_statistics<T, V><<<shape.grid, shape.block, shared_bytes, stream>>>(a);
+  cudaError_t status = cudaGetLastError();
+  if (status != cudaSuccess) return status;
+  batch_norm_act_forward_finalize<T><<<static_cast<unsigned>((a.channels + 31) / 32), dim3(32, 32), 0, stream>>>(
+      a, static_cast<int>(shape.grid.y));
+  status = cudaGetLastError();
+  if (status != cudaSuccess) return status;
+  batch_norm_act_forward_apply<T, V, kResidual><<<shape.grid, shape.block, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_typed(const BatchNormActForwardArgs& a, bool vectors, int multiprocessors, cudaStream_t stream) {
+  constexpr int kVec = nhwc::Vec<T>::kSize;
+  const bool residual = a.residual != nullptr;
+  if (vectors) {
+    return residual ? launch_passes<T, kVec, true>(a, multiprocessors, stream)
+                    : launch_passes<T, kVec, false>(a, multiprocessors, stream);
+  }
+  return residual ? launch_passes<T, 1, true>(a, multiprocessors, stream)
+                  : launch_passes<T, 1, false>(a, multiprocessors, stream);
+}
+
+}  // namespace
+
+int64_t batch_norm_act_forward_partial_rows(int64_t rows, int64_t channels, bool vectors, int element_bytes,
+                                            int multiprocessors) {
+  return 2 * nhwc::row_launch(rows, channels, vectors ? 16 / element_bytes : 1, multiprocessors,
+                              kBlocksPerMultiprocessor).grid.y;
+}
+
+cudaError_t launch_batch_norm_act_forward_nhwc(ElementType type, const BatchNormActForwardArgs& args, bool vectors,
+                                               int multiprocessors, cudaStream_t stream) {
+  if (args.activation < kActivationNone || args.activation > kActivationLeakyRelu || args.rows < 2) {
+    return cudaErrorInvalidValue;
+  }
+  switch (type) {
+    case ElementType::kHalf:
+      return launch_typed<__half>(args, vectors, multiprocessors, stream);
+    case ElementType::kBFloat16:
+      return launch_typed<__nv_bfloat16>(args, vectors, multiprocessors, stream);
+    case ElementType::kFloat:
+      return launch_typed<float>(args, vectors, multiprocessors, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace tcf
