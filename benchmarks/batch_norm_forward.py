@@ -9,7 +9,8 @@ place (cudnn_fusion::batch_norm_act_update) runs without grad on random bfloat16
 - GPU ms a call at the model's batch: 10 calls captured in a CUDA graph, the median of the replays (timing.
   graph_replay_ms), so the host's cost is not in it;
 - host us a call at --host-batch (8 by default, where the GPU finishes first): timing.host_us.
-The rows take turns; sums over the layers come last.
+Layers of the same shape, activation and residual are timed once (the count column says how many there are); the
+sums over the model's layers, last, weigh each row by its count.
 
     python benchmarks/batch_norm_forward.py [--model mobilenet_v2] [--batch 256] [--host-batch 8] [--json out.json]
 """
@@ -37,8 +38,8 @@ IMPLEMENTATIONS = {"ours": 2, "cuDNN graph": 0}
 
 
 def layers_of(model_name: str, batch: int) -> list[dict]:
-    """(z's shape, activation, residual) of each fused conv + BatchNorm layer, in the order a training step runs
-    them."""
+    """(z's shape, activation, residual) of the fused conv + BatchNorm layers, each kind once with its count, in the
+    order a training step first runs it."""
     model = tcf.fuse(load_model(model_name).cuda().to(memory_format=torch.channels_last))[0]
     seen = []
 
@@ -52,7 +53,11 @@ def layers_of(model_name: str, batch: int) -> list[dict]:
         model(x).float().sum().backward()
     for handle in handles:
         handle.remove()
-    return seen
+    kinds: dict[tuple, dict] = {}
+    for layer in seen:
+        key = (layer["shape"], layer["activation"], layer["residual"])
+        kinds.setdefault(key, {**layer, "count": 0})["count"] += 1
+    return list(kinds.values())
 
 
 def calls(layer: dict, batch: int) -> dict:
@@ -90,7 +95,7 @@ def main() -> None:
     layers = layers_of(args.model, args.batch)
     rows = []
     with torch.no_grad():
-        for i, layer in enumerate(layers):
+        for layer in layers:
             row = {**layer, "gpu_ms": {}, "host_us": {}}
             for name, fn in calls(layer, args.batch).items():
                 row["gpu_ms"][name] = graph_replay_ms(fn)
@@ -98,20 +103,21 @@ def main() -> None:
                 row["host_us"][name] = host_us(fn, calls=50)
             rows.append(row)
             residual = "+res" if layer["residual"] else ""
-            what = f"{i:3d} {str(layer['shape']):<22}{str(layer['activation']):<8}{residual:<5}"
+            what = f"{layer['count']:3d} x {str(layer['shape']):<22}{str(layer['activation']):<8}{residual:<5}"
             print(what + "".join(f"{name} {row['gpu_ms'][name]:.4f} ms / {row['host_us'][name]:.1f} us   "
                                  for name in row["gpu_ms"]), flush=True)
     names = list(rows[0]["gpu_ms"])
     header = run_header(args)
-    print(f"\n{args.model}: {len(rows)} conv + BatchNorm layers' BatchNorm forward (batch_norm_act_update, no grad, "
+    layers = sum(r["count"] for r in rows)
+    print(f"\n{args.model}: {layers} conv + BatchNorm layers' BatchNorm forward (batch_norm_act_update, no grad, "
           f"bf16, channels_last) on {header['gpu']}, torch {header['torch']}, cuDNN {header['cudnn']}")
     gpu_title, host_title = f"GPU ms, sum at batch {args.batch}", f"host us, sum at batch {args.host_batch}"
     print(f"{'implementation':<16}{gpu_title:>30}{host_title:>30}{'layers faster on GPU than eager':>34}")
     for name in names:
-        gpu = sum(r["gpu_ms"][name] for r in rows)
-        host = sum(r["host_us"][name] for r in rows)
-        faster = sum(r["gpu_ms"][name] < r["gpu_ms"]["eager"] for r in rows)
-        print(f"{name:<16}{gpu:>30.3f}{host:>30.1f}{faster:>28d} of {len(rows)}")
+        gpu = sum(r["gpu_ms"][name] * r["count"] for r in rows)
+        host = sum(r["host_us"][name] * r["count"] for r in rows)
+        faster = sum(r["count"] for r in rows if r["gpu_ms"][name] < r["gpu_ms"]["eager"])
+        print(f"{name:<16}{gpu:>30.3f}{host:>30.1f}{faster:>28d} of {layers}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({**header, "host_batch": args.host_batch, "rows": rows}, f, indent=1)
