@@ -165,13 +165,13 @@ def test_batch_norm_backward_kernel_folds_the_activation_in(extension, dtype, sh
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(4, 30, 9, 9), (64, 64, 56, 56), (16, 72, 61, 67), (3, 1280, 7, 7)],
                          ids=["30ch", "64ch-56x56", "72ch-61x67", "1280ch-7x7"])
-@pytest.mark.parametrize("offset", [0.5, 300.0], ids=["mean-0.5", "mean-300"])
+@pytest.mark.parametrize("offset", [0.0, 300.0], ids=["mean-0", "mean-300"])
 def test_our_batch_norm_forward_kernel_s_statistics_and_output(extension, dtype, shape, offset):
     """Our forward kernel (implementation 2, the functional op): y, the saved mean and inverse standard deviation and
     the next running statistics against eager's (ATen's batch norm) and float64, at a channel count no 16-byte vector
     divides (one element at a time), at sizes spread over many blocks whose threads take different numbers of rows,
-    and with a mean far from zero against the spread (what the shifted sums are for); the running statistics it
-    reads are left as they were; one cooperative launch and no cuDNN BatchNorm kernel."""
+    with a batch mean near zero (its error relative to it) and far from zero against the spread; the running
+    statistics it reads are left as they were; one cooperative launch and no cuDNN BatchNorm kernel."""
     torch.manual_seed(0)
     c = shape[1]
     x = (torch.randn(shape, device="cuda") * 2 + offset).to(dtype).to(memory_format=torch.channels_last)

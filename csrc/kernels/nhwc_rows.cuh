@@ -82,37 +82,6 @@ __device__ inline void write_block_partial(const float (&sums)[V], float* shared
   __syncthreads();  // `shared` may be reused by the caller
 }
 
-// write_block_partial with the rows added pairwise (row r and row r + half, while more than one is left), every
-// thread taking part, where write_block_partial's one thread per column adds all blockDim.y rows in turn (85 at 24
-// channels of bfloat16). That serial sum cost our BatchNorm forward kernel on MobileNet v2's narrow layers at batch
-// 256 (H200, a scratch harness): 24 channels at 56x56 55.8 us against 49.7 pairwise, 32 at 28x28 27.2 against 21.5,
-// 64 at 14x14 23.4 against 18.7. The backward kernels keep the serial sum: with the pairwise one, the bfloat16
-// one-launch BatchNorm backward after a residual add spilled 80 and 124 bytes (stores, loads) against 56 and 108,
-// a trade not timed.
-template <int V>
-__device__ inline void write_block_partial_pairwise(const float (&sums)[V], float* shared, float* __restrict__ partial,
-                                                    int64_t group, int64_t groups, int64_t channels) {
-  const int width = blockDim.x * V;
-  float* mine = shared + threadIdx.y * width + threadIdx.x * V;
-#pragma unroll
-  for (int v = 0; v < V; ++v) mine[v] = sums[v];
-  __syncthreads();
-  for (int rows = blockDim.y; rows > 1;) {
-    const int half = (rows + 1) / 2;
-    if (static_cast<int>(threadIdx.y) + half < rows) {
-#pragma unroll
-      for (int v = 0; v < V; ++v) mine[v] += mine[half * width + v];
-    }
-    __syncthreads();
-    rows = half;
-  }
-  if (threadIdx.y == 0 && group < groups) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) partial[static_cast<int64_t>(blockIdx.y) * channels + group * V + v] = mine[v];
-  }
-  __syncthreads();  // `shared` may be reused by the caller
-}
-
 // The fixed-order column sum of `parts` rows of partial sums for the channel of thread x of a (32, 32) block with
 // one block per 32 channels: 32 threads down the rows, then one thread adds their 32 results. Valid in thread y 0.
 __device__ inline float sum_partials(const float* __restrict__ partial, int parts, int64_t channels, int64_t c) {
