@@ -8,12 +8,13 @@
 // (x - mean) * invstd * weight + bias is computed with explicit roundings, in the order the backward kernel
 // (batch_norm_backward_kernel.cu, masked_grad) recomputes it from the saved statistics: its ReLU mask is then this
 // forward's, bit for bit.
-// The statistics are Welford's moments (count, mean, sum of squared deviations), merged in a fixed order by Chan et
-// al.'s formula, as PyTorch's own BatchNorm kernels take them: no cancellation where the mean is large against the
-// spread, and the mean's error stays relative to the mean where it is small. (A first form summed x - x[row 0] and
-// its square: the sums drifted with the shift, and float32 model-zoo tests found running means up to 50x further
-// from float64 than eager's.)
-// Three passes: per-block partial moments; their fixed-order merge per channel (deterministic, no atomics) into the
+// The statistics are sums of x and x * x in double: each product is exact for float16, bfloat16 and float32, and the
+// sums keep about 53 bits, so that neither a mean near zero (its error relative to itself) nor one far from it
+// against the spread (E[x^2] - mean^2 cancels) loses what float32 statistics would. Two earlier forms in float32,
+// tried on an H200 in the whole suite: sums of x - x[row 0] and its square (17 float32 model-zoo tests failed, with
+// running means up to 50x further from float64 than eager's), then Welford's moments merged by Chan's formula (9
+// still failed, by 2-6x, where the batch mean is zero up to rounding, as behind a BatchNorm with no activation).
+// Three passes: per-block partial sums; their fixed-order sum per channel (deterministic, no atomics) into the
 // statistics; y. They run in one cooperative launch with grid-wide barriers between them where the device takes it,
 // else as three launches with the same arithmetic and the same bits. As in the backward kernel, the first and last
 // pass run one wave, the last walking the rows back from the last, so that its first reads find in L2 what the
@@ -51,47 +52,31 @@ __device__ inline float activate(float s, int activation, float negative_slope) 
   return s > 0.f ? s : s * negative_slope;
 }
 
-// Welford's moments of a set of rows for one channel: their count, their mean and the sum of squared deviations
-// from it. merge() adds another set's (Chan et al.'s formula), in a fixed order wherever it is called: the same
-// inputs give the same bits. A set of no rows leaves the moments as they are; merged into an empty one, it is copied.
-__device__ inline void merge(float& n, float& mean, float& m2, float n_b, float mean_b, float m2_b) {
-  if (n_b == 0.f) return;
-  const float total = n + n_b;
-  const float delta = mean_b - mean;
-  const float share = n_b / total;
-  mean += delta * share;
-  m2 += m2_b + delta * delta * n * share;
-  n = total;
-}
+// Floats of dynamic shared memory: the first pass's (two doubles per thread and channel) and the second's (32 lanes
+// of 8 channels' two doubles); the one launch takes the larger.
+constexpr size_t statistics_floats(int V, int threads) { return static_cast<size_t>(4 * V) * threads; }
+constexpr int kFinalizeFloats = 32 * 8 * 2 * 2;
 
-// Floats of dynamic shared memory: the first pass's (a mean and an m2 per thread and channel, a count per thread) and
-// the second's (32 lanes of 8 channels' three moments); the one launch takes the larger.
-constexpr size_t statistics_floats(int V, int threads) { return static_cast<size_t>(2 * V + 1) * threads; }
-constexpr int kFinalizeFloats = 32 * 8 * 3;
-
-// Pass 1: per block, each channel's moments (Welford's update row by row in each thread, whose rows all share its
-// count, then the block's rows merged pairwise) into the partial arrays: mean, m2 and count, each [parts][channels].
-// `shared` holds statistics_floats(V, blockDim.x * blockDim.y) floats.
+// Pass 1: per block, each channel's sum of x and of x * x in double (exact products for every storage type; the
+// block's rows of threads added pairwise) into the partial sums: [2][parts][channels] doubles. `shared` holds
+// statistics_floats(V, blockDim.x * blockDim.y) floats.
 template <typename T, int V>
-__device__ void statistics_rows(const T* __restrict__ x, float* __restrict__ partial, int64_t rows, int64_t channels,
-                                float* shared) {
+__device__ void statistics_rows(const T* __restrict__ x, double* __restrict__ partial, int64_t rows, int64_t channels,
+                                float* shared_floats) {
   using P = Pack<T, V>;
   const int64_t groups = channels / V;
   const int64_t group = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  float n = 0.f, mean[V], m2[V];
+  double sum[V], sum_sq[V];
 #pragma unroll
-  for (int v = 0; v < V; ++v) mean[v] = m2[v] = 0.f;
+  for (int v = 0; v < V; ++v) sum[v] = sum_sq[v] = 0.0;
   if (group < groups) {
     const int64_t column = group * V;
     auto add = [&](const P& p) {
-      n += 1.f;
-      const float inverse = 1.f / n;
 #pragma unroll
       for (int v = 0; v < V; ++v) {
-        const float value = to_float(p.v[v]);
-        const float delta = value - mean[v];
-        mean[v] += delta * inverse;
-        m2[v] += delta * (value - mean[v]);
+        const double value = to_float(p.v[v]);
+        sum[v] += value;
+        sum_sq[v] += value * value;
       }
     };
     const int64_t step = static_cast<int64_t>(gridDim.y) * blockDim.y;
@@ -106,34 +91,28 @@ __device__ void statistics_rows(const T* __restrict__ x, float* __restrict__ par
     }
     for (; row < rows; row += step) add(*reinterpret_cast<const P*>(x + row * channels + column));
   }
-  // The block's rows of threads merged pairwise (row r and row r + half, while more than one is left), every thread
-  // taking part, not by one thread per column in turn over all blockDim.y rows (85 at 24 channels of bfloat16). With
-  // sums in place of the moments, the serial form took 55.8 us against 49.7 on MobileNet v2's 24-channel layer at
-  // 56x56, batch 256 (H200, a scratch harness).
+  // The block's rows of threads added pairwise (row r and row r + half, while more than one is left), every thread
+  // taking part, not by one thread per column in turn over all blockDim.y rows (85 at 24 channels of bfloat16):
+  // with float sums, the serial form took 55.8 us against 49.7 on MobileNet v2's 24-channel layer at 56x56, batch
+  // 256 (H200, a scratch harness).
+  double* shared = reinterpret_cast<double*>(shared_floats);
   const int width = blockDim.x * V;
-  float* my_mean = shared + threadIdx.y * width + threadIdx.x * V;
-  float* my_m2 = my_mean + blockDim.y * width;
-  float* my_n = shared + 2 * blockDim.y * width + threadIdx.y * blockDim.x + threadIdx.x;
+  double* my_sum = shared + threadIdx.y * width + threadIdx.x * V;
+  double* my_sum_sq = my_sum + blockDim.y * width;
 #pragma unroll
   for (int v = 0; v < V; ++v) {
-    my_mean[v] = mean[v];
-    my_m2[v] = m2[v];
+    my_sum[v] = sum[v];
+    my_sum_sq[v] = sum_sq[v];
   }
-  *my_n = n;
   __syncthreads();
   for (int block_rows = blockDim.y; block_rows > 1;) {
     const int half = (block_rows + 1) / 2;
     if (static_cast<int>(threadIdx.y) + half < block_rows) {
-      const float n_b = my_n[half * blockDim.x];
 #pragma unroll
       for (int v = 0; v < V; ++v) {
-        float n_v = n;
-        merge(n_v, mean[v], m2[v], n_b, my_mean[half * width + v], my_m2[half * width + v]);
-        my_mean[v] = mean[v];
-        my_m2[v] = m2[v];
+        my_sum[v] += my_sum[half * width + v];
+        my_sum_sq[v] += my_sum_sq[half * width + v];
       }
-      n += n_b;
-      *my_n = n;
     }
     __syncthreads();
     block_rows = half;
@@ -143,31 +122,34 @@ __device__ void statistics_rows(const T* __restrict__ x, float* __restrict__ par
 #pragma unroll
     for (int v = 0; v < V; ++v) {
       const int64_t at = static_cast<int64_t>(blockIdx.y) * channels + group * V + v;
-      partial[at] = mean[v];
-      partial[parts * channels + at] = m2[v];
-      partial[2 * parts * channels + at] = n;
+      partial[at] = my_sum[v];
+      partial[parts * channels + at] = my_sum_sq[v];
     }
   }
 }
 
-// Pass 2 for channel c, from its moments over all rows: the saved statistics, the running ones, the step count.
-__device__ inline void finish_channel(const BatchNormActForwardArgs& a, int64_t c, float mean, float m2) {
+// Pass 2 for channel c, from its sums over all rows: the saved statistics, the running ones (in double, rounded to
+// float once), the step count.
+__device__ inline void finish_channel(const BatchNormActForwardArgs& a, int64_t c, double sum, double sum_sq) {
   const double rows = static_cast<double>(a.rows);
-  const float var = m2 * static_cast<float>(1.0 / rows);
-  a.save_mean[c] = mean;
-  a.save_invstd[c] = 1.f / sqrtf(var + a.eps);
+  const double mean = sum / rows;
+  const double var = fmax(sum_sq / rows - mean * mean, 0.0);
+  a.save_mean[c] = static_cast<float>(mean);
+  a.save_invstd[c] = static_cast<float>(1.0 / sqrt(var + static_cast<double>(a.eps)));
   if (a.running_mean_in == nullptr) return;
-  const float unbiased = m2 * static_cast<float>(1.0 / (rows - 1.0));
-  a.running_mean_out[c] = a.momentum * mean + (1.f - a.momentum) * a.running_mean_in[c];
-  a.running_var_out[c] = a.momentum * unbiased + (1.f - a.momentum) * a.running_var_in[c];
+  const double momentum = a.momentum;
+  a.running_mean_out[c] = static_cast<float>(momentum * mean + (1.0 - momentum) * a.running_mean_in[c]);
+  a.running_var_out[c] =
+      static_cast<float>(momentum * var * rows / (rows - 1.0) + (1.0 - momentum) * a.running_var_in[c]);
   if (c == 0 && a.num_batches_tracked != nullptr) *a.num_batches_tracked += 1;
 }
 
-// Pass 2: the blocks share out tiles of 8 channels; in each, 32 lanes merge the parts p = lane, lane + 32, ... and
-// one thread per channel merges the lanes' moments in order. The partial moments are read through L2 (in the one
-// launch, other blocks wrote them in this launch). `shared` holds kFinalizeFloats floats.
-__device__ void finalize_tiles(const BatchNormActForwardArgs& a, int parts, float* shared) {
+// Pass 2: the blocks share out tiles of 8 channels; in each, 32 lanes add the parts p = lane, lane + 32, ... and one
+// thread per channel adds the lanes' sums in order. The partial sums are read through L2 (in the one launch, other
+// blocks wrote them in this launch). `shared` holds kFinalizeFloats floats.
+__device__ void finalize_tiles(const BatchNormActForwardArgs& a, int parts, float* shared_floats) {
   constexpr int kTileChannels = 8, kLanes = 32, kPairs = kTileChannels * kLanes;
+  double* shared = reinterpret_cast<double*>(shared_floats);
   const int threads = blockDim.x * blockDim.y;
   const int thread = threadIdx.y * blockDim.x + threadIdx.x;
   const int64_t blocks = static_cast<int64_t>(gridDim.x) * gridDim.y;
@@ -177,27 +159,26 @@ __device__ void finalize_tiles(const BatchNormActForwardArgs& a, int parts, floa
     for (int pair = thread; pair < kPairs; pair += threads) {  // a block may have fewer than 256 threads
       const int lane = pair / kTileChannels, slot = pair % kTileChannels;
       const int64_t c = tile * kTileChannels + slot;
-      float n = 0.f, mean = 0.f, m2 = 0.f;
+      double sum = 0.0, sum_sq = 0.0;
       if (c < a.channels) {
         for (int p = lane; p < parts; p += kLanes) {
-          const float* at = a.partial + static_cast<int64_t>(p) * a.channels + c;
-          merge(n, mean, m2, __ldcg(at + 2 * stride), __ldcg(at), __ldcg(at + stride));
+          const double* at = a.partial + static_cast<int64_t>(p) * a.channels + c;
+          sum += __ldcg(at);
+          sum_sq += __ldcg(at + stride);
         }
       }
-      float* mine = shared + (lane * kTileChannels + slot) * 3;
-      mine[0] = n;
-      mine[1] = mean;
-      mine[2] = m2;
+      shared[(lane * kTileChannels + slot) * 2] = sum;
+      shared[(lane * kTileChannels + slot) * 2 + 1] = sum_sq;
     }
     __syncthreads();
     const int64_t c = tile * kTileChannels + thread;
     if (thread < kTileChannels && c < a.channels) {
-      float n = 0.f, mean = 0.f, m2 = 0.f;
+      double sum = 0.0, sum_sq = 0.0;
       for (int lane = 0; lane < kLanes; ++lane) {
-        const float* theirs = shared + (lane * kTileChannels + thread) * 3;
-        merge(n, mean, m2, theirs[0], theirs[1], theirs[2]);
+        sum += shared[(lane * kTileChannels + thread) * 2];
+        sum_sq += shared[(lane * kTileChannels + thread) * 2 + 1];
       }
-      finish_channel(a, c, mean, m2);
+      finish_channel(a, c, sum, sum_sq);
     }
     __syncthreads();  // `shared` is rewritten for the next tile
   }
@@ -205,8 +186,8 @@ __device__ void finalize_tiles(const BatchNormActForwardArgs& a, int parts, floa
 
 // Pass 2 as a launch of its own: one block of 256 threads per tile of 8 channels.
 __global__ void batch_norm_act_forward_finalize(const BatchNormActForwardArgs a, int parts) {
-  __shared__ float shared[kFinalizeFloats];
-  finalize_tiles(a, parts, shared);
+  __shared__ double shared[kFinalizeFloats / 2];  // doubles: their alignment
+  finalize_tiles(a, parts, reinterpret_cast<float*>(shared));
 }
 
 // Pass 3: y. The statistics are read through L2 (__ldcg): in the one-launch kernel other blocks wrote them in this
@@ -271,7 +252,7 @@ __device__ void apply_rows(const BatchNormActForwardArgs& a) {
 template <typename T, int V>
 __global__ void __launch_bounds__(nhwc::kThreads, kBlocksPerMultiprocessor)
     batch_norm_act_forward_statistics(const BatchNormActForwardArgs a) {
-  extern __shared__ float shared[];  // statistics_floats(V, blockDim.x * blockDim.y)
+  extern __shared__ __align__(16) float shared[];  // statistics_floats(V, blockDim.x * blockDim.y)
   statistics_rows<T, V>(static_cast<const T*>(a.x), a.partial, a.rows, a.channels, shared);
 }
 
@@ -286,7 +267,8 @@ __global__ void __launch_bounds__(nhwc::kThreads, kBlocksPerMultiprocessor)
 template <typename T, int V, bool kResidual, Act kAct>
 __global__ void __launch_bounds__(nhwc::kThreads, kBlocksPerMultiprocessor)
     batch_norm_act_forward_one_launch(const BatchNormActForwardArgs a) {
-  extern __shared__ float shared[];  // max(statistics_floats(V, blockDim.x * blockDim.y), kFinalizeFloats)
+  // max(statistics_floats(V, blockDim.x * blockDim.y), kFinalizeFloats)
+  extern __shared__ __align__(16) float shared[];
   auto grid = cooperative_groups::this_grid();
   statistics_rows<T, V>(static_cast<const T*>(a.x), a.partial, a.rows, a.channels, shared);
   grid.sync();
@@ -365,7 +347,7 @@ cudaError_t launch_typed(const BatchNormActForwardArgs& a, bool vectors, int mul
 
 int64_t batch_norm_act_forward_partial_rows(int64_t rows, int64_t channels, bool vectors, int element_bytes,
                                             int multiprocessors) {
-  return 3 * nhwc::row_launch(rows, channels, vectors ? 16 / element_bytes : 1, multiprocessors,
+  return 2 * nhwc::row_launch(rows, channels, vectors ? 16 / element_bytes : 1, multiprocessors,
                               kBlocksPerMultiprocessor).grid.y;
 }
 

@@ -25,7 +25,7 @@ struct BatchNormActForwardArgs {
   float* running_mean_out;        // the next running statistics; may be the _in pointers (each channel is read, then
   float* running_var_out;         // written, by one thread)
   int64_t* num_batches_tracked;   // null, or counted +1 with the running statistics
-  float* partial;                 // batch_norm_act_forward_partial_rows(...) * channels floats of scratch
+  double* partial;                // batch_norm_act_forward_partial_rows(...) * channels doubles of scratch
   int64_t rows;                   // at least 2
   int64_t channels;
   float eps;
@@ -34,7 +34,7 @@ struct BatchNormActForwardArgs {
   float negative_slope = 0.f;     // LeakyReLU's slope below 0
 };
 
-// Rows of float32 partial sums (each `channels` long) a launch needs as scratch. `vectors`: channels are a multiple
+// Rows of float64 partial sums (each `channels` long) a launch needs as scratch. `vectors`: channels are a multiple
 // of 16 / element_bytes and every tensor pointer is 16-byte aligned (16-byte accesses); else one element at a time.
 int64_t batch_norm_act_forward_partial_rows(int64_t rows, int64_t channels, bool vectors, int element_bytes,
                                             int multiprocessors);

@@ -144,7 +144,7 @@ void batch_norm_act_forward_with_kernel(const at::Tensor& x, const at::Tensor& r
   const int multiprocessors = multiprocessor_count(x.device().index());
   auto partial = at::empty(
       {batch_norm_act_forward_partial_rows(rows, channels, vectors, element_bytes, multiprocessors), channels},
-      x.options().dtype(at::kFloat));
+      x.options().dtype(at::kDouble));
   for (const auto* t : {&y, &save_mean, &save_invstd}) poison_output(*t);
   const bool stats = running_mean.defined();
   if (stats && !next_mean.is_same(running_mean)) {
@@ -166,7 +166,7 @@ void batch_norm_act_forward_with_kernel(const at::Tensor& x, const at::Tensor& r
                                stats ? next_var.data_ptr<float>() : nullptr,
                                stats && num_batches_tracked.defined() ? num_batches_tracked.data_ptr<int64_t>()
                                                                       : nullptr,
-                               partial.data_ptr<float>(),
+                               partial.data_ptr<double>(),
                                rows,
                                channels,
                                static_cast<float>(eps),
