@@ -277,46 +277,20 @@ __global__ void __launch_bounds__(nhwc::kThreads, kBlocksPerMultiprocessor)
   apply_rows<T, V, kResidual, kAct>(a);
 }
 
-// Whether the one-launch kernel's grid fits on the current device at once (a cooperative launch's condition), from
-// its occupancy at the largest shared memory a launch of this instantiation uses, asked once per device.
-template <typename T, int V, bool kResidual, Act kAct>
-bool one_launch_fits(const dim3& grid, int multiprocessors) {
-  static PerDevice blocks_per_multiprocessor;
-  const int blocks = blocks_per_multiprocessor.get_current([](int device) {  // 0: this launch falls back to three
-    int cooperative = 0, blocks = 0;
-    if (cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, device) != cudaSuccess || !cooperative) {
-      cudaGetLastError();
-      return 0;
-    }
-    const size_t shared = std::max<size_t>(statistics_floats(V, nhwc::kThreads), kFinalizeFloats) * sizeof(float);
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, batch_norm_act_forward_one_launch<T, V, kResidual, kAct>,
-                                                      nhwc::kThreads, shared) != cudaSuccess) {
-      cudaGetLastError();
-      return 0;
-    }
-    return blocks;
-  });
-  return static_cast<int64_t>(grid.x) * grid.y * grid.z <= static_cast<int64_t>(blocks) * multiprocessors;
-}
-
 template <typename T, int V, bool kResidual, Act kAct>
 cudaError_t launch_passes(const BatchNormActForwardArgs& a, int multiprocessors, cudaStream_t stream) {
   const auto shape = nhwc::row_launch(a.rows, a.channels, V, multiprocessors, kBlocksPerMultiprocessor);
-  if (one_launch_fits<T, V, kResidual, kAct>(shape.grid, multiprocessors)) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = shape.grid;
-    config.blockDim = shape.block;
-    config.dynamicSmemBytes =
-        std::max<size_t>(statistics_floats(V, shape.block.x * shape.block.y), kFinalizeFloats) * sizeof(float);
-    config.stream = stream;
-    cudaLaunchAttribute cooperative;
-    cooperative.id = cudaLaunchAttributeCooperative;
-    cooperative.val.cooperative = 1;
-    config.attrs = &cooperative;
-    config.numAttrs = 1;
-    cudaError_t status = cudaLaunchKernelEx(&config, batch_norm_act_forward_one_launch<T, V, kResidual, kAct>, a);
-    if (status != cudaErrorCooperativeLaunchTooLarge) return status;
-    cudaGetLastError();  // the device runs fewer blocks at once than its occupancy said (MPS): three launches
+  // the occupancy at the largest shared memory a launch of this instantiation uses, once per device
+  static PerDevice occupancy;
+  const auto shared_floats = [](int threads) {
+    return std::max<size_t>(statistics_floats(V, threads), kFinalizeFloats);
+  };
+  const auto kernel = batch_norm_act_forward_one_launch<T, V, kResidual, kAct>;
+  if (nhwc::cooperative_grid_fits(kernel, shared_floats(nhwc::kThreads) * sizeof(float), shape.grid, multiprocessors,
+                                  occupancy)) {
+    const cudaError_t status = nhwc::launch_cooperative(
+        kernel, shape, shared_floats(shape.block.x * shape.block.y) * sizeof(float), stream, a);
+    if (status != cudaErrorCooperativeLaunchTooLarge) return status;  // else three launches
   }
   const size_t shared_bytes = statistics_floats(V, shape.block.x * shape.block.y) * sizeof(float);
   batch_norm_act_forward_statistics<T, V><<<shape.grid, shape.block, shared_bytes, stream>>>(a);
@@ -358,15 +332,9 @@ cudaError_t launch_batch_norm_act_forward_nhwc(ElementType type, const BatchNorm
       (args.residual != nullptr && args.activation > kActivationRelu6)) {
     return cudaErrorInvalidValue;
   }
-  switch (type) {
-    case ElementType::kHalf:
-      return launch_typed<__half>(args, vectors, multiprocessors, stream);
-    case ElementType::kBFloat16:
-      return launch_typed<__nv_bfloat16>(args, vectors, multiprocessors, stream);
-    case ElementType::kFloat:
-      return launch_typed<float>(args, vectors, multiprocessors, stream);
-  }
-  return cudaErrorInvalidValue;
+  return nhwc::by_element_type(type, [&](auto element) {
+    return launch_typed<decltype(element)>(args, vectors, multiprocessors, stream);
+  });
 }
 
 }  // namespace tcf
