@@ -78,6 +78,10 @@ bool run_batch_norm_graph(GraphKind kind, const BatchNormProblem& p, const std::
   return run_cached_graph(make_batch_norm_key(kind, p, alignment), std::move(pointers), outputs, device, aten);
 }
 
+// A tensor's data for our kernels' arguments, null where it is undefined.
+void* data_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
+float* floats_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
+
 // BatchNorm's backward after ReLU/ReLU6 in our kernel: dx, dweight, dbias (float32), and dz (the masked gradient)
 // when it is defined; or the part `passes` names (kernels/batch_norm_backward_kernel.h), with dweight and dbias its
 // outputs (kBackwardReduce) or inputs (kBackwardDx); tensors a part does not touch may be undefined.
@@ -101,20 +105,18 @@ void batch_norm_act_backward_with_kernel(const at::Tensor& dy, const at::Tensor&
     const bool input = passes == kBackwardDx && t != &dx;
     if (t->defined() && !input && !(dy.defined() && t->is_same(dy))) poison_output(*t);
   }
-  auto pointer = [](const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; };
-  auto floats = [](const at::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; };
-  BatchNormActBackwardArgs args{pointer(dy),
+  BatchNormActBackwardArgs args{data_or_null(dy),
                                 x.data_ptr(),
-                                pointer(y),
+                                data_or_null(y),
                                 save_mean.data_ptr<float>(),
                                 save_invstd.data_ptr<float>(),
                                 weight.data_ptr<float>(),
                                 bias.data_ptr<float>(),
-                                pointer(dz),
-                                pointer(dx),
-                                floats(dweight),
-                                floats(dbias),
-                                floats(partial),
+                                data_or_null(dz),
+                                data_or_null(dx),
+                                floats_or_null(dweight),
+                                floats_or_null(dbias),
+                                floats_or_null(partial),
                                 rows,
                                 channels,
                                 static_cast<int>(activation),
@@ -151,17 +153,15 @@ void batch_norm_act_forward_with_kernel(const at::Tensor& x, const at::Tensor& r
     poison_output(next_mean);
     poison_output(next_var);
   }
-  auto pointer = [](const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; };
-  auto floats = [](const at::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; };
   BatchNormActForwardArgs args{x.data_ptr(),
-                               pointer(residual),
+                               data_or_null(residual),
                                y.data_ptr(),
                                weight.data_ptr<float>(),
                                bias.data_ptr<float>(),
                                save_mean.data_ptr<float>(),
                                save_invstd.data_ptr<float>(),
-                               floats(running_mean),
-                               floats(running_var),
+                               floats_or_null(running_mean),
+                               floats_or_null(running_var),
                                stats ? next_mean.data_ptr<float>() : nullptr,
                                stats ? next_var.data_ptr<float>() : nullptr,
                                stats && num_batches_tracked.defined() ? num_batches_tracked.data_ptr<int64_t>()
