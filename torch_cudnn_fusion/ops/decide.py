@@ -337,8 +337,8 @@ def _decide_batch_norm(values: tuple) -> Decision:
     unmet = module.batch_norm_layer_verdict(list(config.x_size), config.channels_last)
     if unmet:
         return Decision.eager("; ".join(unmet))
-    if TRACED in config.x_size:
-        return Decision(True, TRACED_NOTE, (), "cudnn_graph")
+    if TRACED in config.x_size:  # our kernel takes any channels_last size (the verdict checked the layout)
+        return Decision(True, TRACED_NOTE, (), "batch_norm_kernel" if config.channels_last else "cudnn_graph")
     refusals = module.check_batch_norm_layer(
         SUPPORTED_DTYPES[config.dtype], config.channels_last, config.device_index, list(config.x_size),
         config.running_stats, config.has_residual, int(config.activation), config.eps, policy_id(config.policy),
