@@ -3,8 +3,8 @@ our NHWC kernel (implementation 2: statistics, running-statistics update, step c
 in one launch) against the cuDNN batchnorm graph (implementation 0, with the launch that writes the running
 statistics after it) and eager (F.batch_norm, then the add and the activation module's function).
 
-Each layer's BatchNorm input shape, activation and residual come from a training step of the fused model under
-bfloat16 autocast, channels_last. For every layer and implementation, the op that updates the running statistics in
+Each layer's BatchNorm input shape (its batch set to --batch), activation and residual come from a training-mode
+forward of the fused model on a batch of 2 under bfloat16 autocast, channels_last. For every layer and implementation, the op that updates the running statistics in
 place (cudnn_fusion::batch_norm_act_update) runs without grad on random bfloat16 input:
 - GPU ms a call at the model's batch: 10 calls captured in a CUDA graph, the median of the replays (timing.
   graph_replay_ms), so the host's cost is not in it;
@@ -38,19 +38,19 @@ IMPLEMENTATIONS = {"ours": 2, "cuDNN graph": 0}
 
 
 def layers_of(model_name: str, batch: int) -> list[dict]:
-    """(z's shape, activation, residual) of the fused conv + BatchNorm layers, each kind once with its count, in the
-    order a training step first runs it."""
+    """(z's shape at `batch`, activation, residual) of the fused conv + BatchNorm layers, each kind once with its
+    count, in the order a forward first runs it."""
     model = tcf.fuse(load_model(model_name).cuda().to(memory_format=torch.channels_last))[0]
     seen = []
 
     def hook(module, args, output):
-        seen.append({"shape": tuple(output.shape), "activation": module.activation,
+        seen.append({"shape": (batch, *output.shape[1:]), "activation": module.activation,
                      "residual": len(args) > 1 and args[1] is not None})
 
     handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, Conv2dBN)]
-    x = torch.randn(batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
-    with torch.autocast("cuda", torch.bfloat16):
-        model(x).float().sum().backward()
+    x = torch.randn(2, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+    with torch.autocast("cuda", torch.bfloat16), torch.no_grad():
+        model(x)  # training mode: the layers run their batch-statistics BatchNorm
     for handle in handles:
         handle.remove()
     kinds: dict[tuple, dict] = {}
