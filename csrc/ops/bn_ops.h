@@ -119,7 +119,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_batc
     const std::optional<at::Tensor>& residual, double momentum, double eps, int64_t activation,
     int64_t implementation, std::optional<at::ScalarType> conv_dtype, int64_t policy, double negative_slope);
 
-// conv_batch_norm_act through the dispatcher (its autograd kernel and the stem form's op call it below autograd).
+// batch_norm_act_update through the dispatcher (its autograd kernel calls it below autograd; the C++ record,
+// bn_call.h, above it).
+using BatchNormUpdateOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+BatchNormUpdateOutputs call_batch_norm_act_update(const at::Tensor& x, const at::Tensor& weight,
+                                                  const at::Tensor& bias, const at::Tensor& running_mean,
+                                                  const at::Tensor& running_var,
+                                                  const std::optional<at::Tensor>& num_batches_tracked,
+                                                  const std::optional<at::Tensor>& residual, double momentum,
+                                                  double eps, int64_t activation, int64_t implementation,
+                                                  int64_t policy, double negative_slope);
+
+// conv_batch_norm_act through the dispatcher (its autograd kernel and the stem form's op call it below autograd; the
+// C++ record, conv_bn_call.h, above it).
 using ConvBatchNormOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 ConvBatchNormOutputs call_conv_batch_norm_act(
     const at::Tensor& x, const at::Tensor& conv_weight, const std::optional<at::Tensor>& conv_bias,
