@@ -460,26 +460,41 @@ def test_conv_bn_eval_fold_is_freed_when_training_resumes(extension):
 
 
 def train_steps(model, batches, dtype, lr=0.05):
+    """SGD steps on `batches` under autocast to `dtype` (float64: none): the losses, and the buffers after the first."""
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    losses, first_grads, first_buffers = [], None, None
+    losses, first_buffers = [], None
     for x, target in batches:
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype, enabled=dtype != torch.float64):
             loss = F.cross_entropy(model(x.to(torch.float64 if dtype == torch.float64 else torch.float32)), target)
         loss.backward()
-        if first_grads is None:
-            first_grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
         opt.step()
         losses.append(loss.item())
         if first_buffers is None:
             first_buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
-    return losses, first_grads, first_buffers
+    return losses, first_buffers
+
+
+def gradients_at(model, batches, dtype):
+    """Each batch's gradients at the model's present weights (no step), stacked per parameter."""
+    grads = {}
+    for x, target in batches:
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype, enabled=dtype != torch.float64):
+            loss = F.cross_entropy(model(x.to(torch.float64 if dtype == torch.float64 else torch.float32)), target)
+        loss.backward()
+        for n, p in model.named_parameters():
+            grads.setdefault(n, []).append(p.grad.detach().clone())
+    return {n: torch.stack(g) for n, g in grads.items()}
 
 
 def test_mobilenet_v1_full_size_fused_training_matches_eager(extension):
     """Full width at 224x224 (batch 16), bf16 autocast, channels_last: three SGD steps from the same weights on the
-    same batches. The first step's gradients and running statistics are compared with a float64 reference, the
-    losses of all three steps with eager's."""
+    same batches. The gradients at the initial weights on each of the three batches, pooled per parameter, and the
+    running statistics after the first step are compared with a float64 reference, the losses of all three steps with
+    eager's. The stem BatchNorm's weight gradient lies below bf16's noise at this batch (eager's error in it was 14x,
+    37x and 60x its size on seeds 0-2, 2026-11-28ze): on one batch the rule compared two noises, whose ratio ranged
+    from 0.5 to 2.3 for both fused BatchNorm forwards; three batches pooled average it."""
     torch.manual_seed(0)
     plain = mobilenet_v1().cuda().to(memory_format=torch.channels_last)
     reference_model = copy.deepcopy(plain).double()
@@ -488,12 +503,15 @@ def test_mobilenet_v1_full_size_fused_training_matches_eager(extension):
     batches = [(torch.randn(16, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last),
                 torch.randint(0, 1000, (16,), device="cuda")) for _ in range(3)]
     fallbacks = tcf.plan_cache_stats()["runtime_fallbacks"]
-    losses, grads, buffers = train_steps(fused, batches, torch.bfloat16)
+    grads = gradients_at(tcf.fuse(copy.deepcopy(plain))[0], batches, torch.bfloat16)
+    losses, buffers = train_steps(fused, batches, torch.bfloat16)
     assert tcf.plan_cache_stats()["runtime_fallbacks"] == fallbacks
     statuses = [fused.get_submodule(r.path).fusion_status for r in report.replaced]
     assert all(s.fused and s.implementation == "batch_norm_kernel" for s in statuses), [str(s) for s in statuses]
-    losses_e, grads_e, buffers_e = train_steps(plain, batches, torch.bfloat16)
-    _, grads_r, buffers_r = train_steps(reference_model, batches[:1], torch.float64)
+    grads_e = gradients_at(copy.deepcopy(plain), batches, torch.bfloat16)
+    grads_r = gradients_at(copy.deepcopy(reference_model), batches, torch.float64)
+    losses_e, buffers_e = train_steps(plain, batches, torch.bfloat16)
+    _, buffers_r = train_steps(reference_model, batches[:1], torch.float64)
     for step, (l, l_e) in enumerate(zip(losses, losses_e)):
         assert abs(l - l_e) <= 0.02 * abs(l_e), f"step {step}: fused loss {l} vs eager {l_e}"
     for name, g_r in grads_r.items():
