@@ -10,8 +10,13 @@ from an idle GPU: where the host issues kernels slower than they run, it waits o
 before any is profiled, each time built afresh: a process that has run torch.profiler may launch kernels slower after
 it.
 
+--batch-norm-ab adds the training step of "fused, cuDNN BN": the fused model whose layers decided while our
+BatchNorm forward kernel was reported refused, so that they run the cuDNN batchnorm graph as before it (an A/B of
+the two in one run; inference folds BatchNorm either way).
+
     python benchmarks/profile_by_kind.py [--model mobilenet_v1|mobilenet_v2|resnet50|timm:cspdarknet53] [--batch 256]
-                                         [--no-compile] [--fused-compile] [--dtype bfloat16|float16] [--json out.json]
+                                         [--no-compile] [--fused-compile] [--batch-norm-ab] [--dtype bfloat16|float16]
+                                         [--json out.json]
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import sys
 import time
 
 import torch
+import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -128,10 +134,47 @@ def model_arguments(p: argparse.ArgumentParser, default_model: str, compile_opti
     p.add_argument("--json", default=None)
 
 
-def setup(model: str, batch: int, with_compile: bool = False, fused_compile: bool = False):
+class _KernelRefused:
+    """The compiled module, except that check_batch_norm_layer reports our BatchNorm forward kernel as refused: a
+    layer deciding meanwhile takes the cuDNN graph (tests/test_bn_gpu.py refuses the graph the same way)."""
+
+    def __init__(self, module):
+        self._module = module
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+    def check_batch_norm_layer(self, *args):
+        refusals = dict(self._module.check_batch_norm_layer(*args))
+        refusals["kernel"] = "refused by profile_by_kind.py --batch-norm-ab"
+        return refusals
+
+
+def fused_with_cudnn_batch_norm(plain, x, target, dtype) -> torch.nn.Module:
+    """tcf.fuse of a copy of `plain`, each layer's training decision made (one step's forward and backward on x)
+    while our BatchNorm kernel is reported refused: its BatchNorm layers keep the cuDNN graph."""
+    from torch_cudnn_fusion import _extension
+
+    model = tcf.fuse(copy.deepcopy(plain))[0]
+    model.train()
+    load = _extension.load
+    module = load()
+    _extension.load = lambda: _KernelRefused(module)
+    try:
+        with torch.autocast("cuda", dtype):
+            F.cross_entropy(model(x), target).backward()
+    finally:
+        _extension.load = load
+    model.zero_grad(set_to_none=True)
+    return model
+
+
+def setup(model: str, batch: int, with_compile: bool = False, fused_compile: bool = False,
+          batch_norm_ab: bool = False, dtype: torch.dtype = torch.bfloat16):
     """(plain model, input batch, targets, {"eager": ..., "fused": ..., with_compile "torch.compile": ..., and
-    fused_compile "fused + compile": torch.compile of the fused model} makers of fresh variants), as every profile
-    here takes them: cudnn.benchmark on, seed 0, channels_last, a 224x224 batch on the GPU."""
+    fused_compile "fused + compile": torch.compile of the fused model, batch_norm_ab "fused, cuDNN BN":
+    fused_with_cudnn_batch_norm under autocast to `dtype`} makers of fresh variants), as every profile here takes
+    them: cudnn.benchmark on, seed 0, channels_last, a 224x224 batch on the GPU."""
     torch.backends.cudnn.benchmark = True
     torch.manual_seed(0)
     x = torch.randn(batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
@@ -142,6 +185,8 @@ def setup(model: str, batch: int, with_compile: bool = False, fused_compile: boo
         variants["torch.compile"] = lambda: torch.compile(copy.deepcopy(plain))
     if fused_compile:
         variants["fused + compile"] = lambda: torch.compile(tcf.fuse(copy.deepcopy(plain))[0])
+    if batch_norm_ab:
+        variants["fused, cuDNN BN"] = lambda: fused_with_cudnn_batch_norm(plain, x, target, dtype)
     return plain, x, target, variants
 
 
@@ -196,17 +241,22 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=20, help="timed steps per variant and mode (CUDA-event median)")
     p.add_argument("--top", type=int, default=3, help="kernels listed per kind")
     p.add_argument("--fused-compile", action="store_true", help="also torch.compile of the fused model")
+    p.add_argument("--batch-norm-ab", action="store_true",
+                   help="also the fused training step with the cuDNN BatchNorm graph in place of our kernel")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"],
                    help="the autocast dtype (float16 runs without loss scaling: GradScaler's small kernels left out)")
     args = p.parse_args()
     _, x, target, variants = setup(args.model, args.batch, with_compile=not args.no_compile,
-                                   fused_compile=args.fused_compile)
+                                   fused_compile=args.fused_compile, batch_norm_ab=args.batch_norm_ab,
+                                   dtype=getattr(torch, args.dtype))
     out = {**run_header(args), "dtype": args.dtype, "rows": []}
     # Every variant is timed before any is profiled: torch.profiler can leave the process slower to launch kernels
     # after it stops (pytorch/pytorch#144455), which would charge a variant timed after another's profile.
     for phase in ("time", "profile"):
         for mode in ("train", "inference"):
             for variant, make in variants.items():
+                if mode == "inference" and variant == "fused, cuDNN BN":
+                    continue  # eval folds BatchNorm into the conv: the same as "fused"
                 if phase == "time":
                     row = {"variant": variant, "mode": mode}
                     out["rows"].append(row)

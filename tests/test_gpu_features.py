@@ -64,6 +64,10 @@ def test_opcheck_every_op(extension):
         torch.library.opcheck(ops.batch_norm_act.default,
                               (z, scale.requires_grad_(), shift.requires_grad_(), *stats(), residual, 0.1, 1e-5,
                                activation, 0))
+    # and our forward kernel (implementation 2), functional too: it writes the next statistics to tensors of their own
+    for activation, residual in ((1, None), (3, None), (0, _input(2, c, 9, 9)), (2, _input(2, c, 9, 9))):
+        torch.library.opcheck(ops.batch_norm_act.default,
+                              (z, scale, shift, *stats(), residual, 0.1, 1e-5, activation, 2))
     y, save_mean, save_invstd, _, _, reserve = ops.batch_norm_act(z.detach(), scale.detach(), shift.detach(), None,
                                                                   None, None, 0.1, 1e-5, 1, 0)
     torch.library.opcheck(ops.batch_norm_act_backward.default,
@@ -112,15 +116,16 @@ def test_opcheck_every_op(extension):
                            torch.zeros((), dtype=torch.long, device="cuda"), None, 0.1, 1e-5, 1, 0, torch.bfloat16))
     # the training ops that update the running statistics and the step count in place
     count = torch.zeros((), dtype=torch.long, device="cuda")
-    for activation, residual in ((1, None), (0, _input(2, c, 9, 9))):
-        torch.library.opcheck(ops.batch_norm_act_update.default,
-                              (z, scale, shift, *stats(), count, residual, 0.1, 1e-5, activation, 0))
-    for conv_dtype in (None, torch.bfloat16):
-        x32 = x.detach().float().requires_grad_() if conv_dtype else x
-        w32 = w.detach().float().requires_grad_() if conv_dtype else w
-        torch.library.opcheck(ops.conv_batch_norm_act.default,
-                              (x32, w32, None, [1, 1], [1, 1], [1, 1], 1, scale, shift, *stats(), count, None, 0.1,
-                               1e-5, 1, 0, conv_dtype))
+    for implementation in (0, 2):  # the cuDNN graph, then a commit launch; our kernel, writing them as it computes
+        for activation, residual in ((1, None), (0, _input(2, c, 9, 9))):
+            torch.library.opcheck(ops.batch_norm_act_update.default,
+                                  (z, scale, shift, *stats(), count, residual, 0.1, 1e-5, activation, implementation))
+        for conv_dtype in (None, torch.bfloat16):
+            x32 = x.detach().float().requires_grad_() if conv_dtype else x
+            w32 = w.detach().float().requires_grad_() if conv_dtype else w
+            torch.library.opcheck(ops.conv_batch_norm_act.default,
+                                  (x32, w32, None, [1, 1], [1, 1], [1, 1], 1, scale, shift, *stats(), count, None,
+                                   0.1, 1e-5, 1, implementation, conv_dtype))
     # a squeeze-and-excitation block: bfloat16 x with float32 weights (as autocast leaves them), and float32 without
     # the biases; ReLU and SiLU (codes 1 and 3), sigmoid and hardsigmoid
     se = _input(2, c, 5, 5, requires_grad=True)

@@ -44,10 +44,12 @@ CONV_ACTIVATION_NAMES = ("relu", "relu6", "identity", None)
 
 
 class BatchNormImplementation(enum.IntEnum):
-    """Which cuDNN implementation a BatchNorm op runs (csrc/ops/bn_ops.h)."""
+    """Which implementation a BatchNorm op runs (csrc/ops/bn_ops.h): KERNEL, our NHWC forward kernel with the graph
+    implementation's backward."""
 
     CUDNN_GRAPH = 0
     CUDNN_LEGACY = 1
+    KERNEL = 2
 
 
 class PolicyMode(enum.IntEnum):

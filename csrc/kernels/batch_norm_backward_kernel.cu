@@ -328,29 +328,6 @@ __global__ void __launch_bounds__(nhwc::kThreads, kBlocksPerMultiprocessor)
 
 constexpr int kFinalizeSharedFloats = 32 * 16;
 
-// Whether the one-launch kernel's grid fits on the current device at once (a cooperative launch's condition). The
-// occupancy is taken at the largest block and shared memory a launch of this instantiation uses, once per device.
-template <typename T, int V, Gate G>
-bool one_launch_fits(const dim3& grid, int multiprocessors) {
-  static PerDevice blocks_per_multiprocessor;
-  const int blocks = blocks_per_multiprocessor.get_current([](int device) {  // 0: this launch falls back to three
-    int cooperative = 0, blocks = 0;
-    if (cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, device) != cudaSuccess || !cooperative) {
-      cudaGetLastError();
-      return 0;
-    }
-    const size_t shared = std::max<size_t>(static_cast<size_t>(nhwc::kThreads) * V, kFinalizeSharedFloats) *
-                          sizeof(float);
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, batch_norm_act_backward_one_launch<T, V, G>,
-                                                      nhwc::kThreads, shared) != cudaSuccess) {
-      cudaGetLastError();  // clear it: this launch falls back to three
-      return 0;
-    }
-    return blocks;
-  });
-  return static_cast<int64_t>(grid.x) * grid.y * grid.z <= static_cast<int64_t>(blocks) * multiprocessors;
-}
-
 template <typename T, int V, Gate G>
 cudaError_t launch_passes(const BatchNormActBackwardArgs& a, int multiprocessors, cudaStream_t stream) {
   auto shape = nhwc::row_launch(a.rows, a.channels, V, multiprocessors, kBlocksPerMultiprocessor);
@@ -362,25 +339,17 @@ cudaError_t launch_passes(const BatchNormActBackwardArgs& a, int multiprocessors
   // Not where dx reads back a dz that the first pass wrote in this launch: dz may be dy itself, whose first reads
   // this multiprocessor's L1 may still hold.
   const bool one_launch = a.passes == kBackwardReduce || (a.passes == kBackwardAllPasses && a.dz == nullptr);
-  if (one_launch && one_launch_fits<T, V, G>(shape.grid, multiprocessors)) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = shape.grid;
-    config.blockDim = shape.block;
-    config.dynamicSmemBytes =
-        std::max<size_t>(static_cast<size_t>(shape.block.x) * V * shape.block.y, kFinalizeSharedFloats) *
-        sizeof(float);
-    config.stream = stream;
-    cudaLaunchAttribute cooperative;
-    cooperative.id = cudaLaunchAttributeCooperative;
-    cooperative.val.cooperative = 1;
-    config.attrs = &cooperative;
-    config.numAttrs = 1;
-    cudaError_t status = cudaLaunchKernelEx(
-        &config, batch_norm_act_backward_one_launch<T, V, G>, dy, x, y, a.save_mean, a.save_invstd, a.weight,
-        a.bias, dz, a.partial, a.dweight, a.dbias, inverse_rows, static_cast<T*>(a.dx), a.rows, a.channels,
-        a.activation, a.negative_slope, a.passes == kBackwardAllPasses);
-    if (status != cudaErrorCooperativeLaunchTooLarge) return status;
-    cudaGetLastError();  // the device runs fewer blocks at once than its occupancy said (MPS): three launches
+  // the occupancy at the largest shared memory a launch of this instantiation uses, once per device
+  static PerDevice occupancy;
+  const auto shared_floats = [](size_t threads) { return std::max<size_t>(threads * V, kFinalizeSharedFloats); };
+  const auto kernel = batch_norm_act_backward_one_launch<T, V, G>;
+  if (one_launch && nhwc::cooperative_grid_fits(kernel, shared_floats(nhwc::kThreads) * sizeof(float), shape.grid,
+                                                multiprocessors, occupancy)) {
+    const cudaError_t status = nhwc::launch_cooperative(
+        kernel, shape, shared_floats(shape.block.x * shape.block.y) * sizeof(float), stream, dy, x, y, a.save_mean,
+        a.save_invstd, a.weight, a.bias, dz, a.partial, a.dweight, a.dbias, inverse_rows, static_cast<T*>(a.dx),
+        a.rows, a.channels, a.activation, a.negative_slope, a.passes == kBackwardAllPasses);
+    if (status != cudaErrorCooperativeLaunchTooLarge) return status;  // else three launches
   }
   if (a.passes != kBackwardDx) {
     size_t shared_bytes = static_cast<size_t>(shape.block.x) * V * shape.block.y * sizeof(float);
@@ -433,15 +402,9 @@ cudaError_t launch_batch_norm_act_backward_nhwc(ElementType type, const BatchNor
   // pre-activation, which y is not (the ops refuse a residual with them)
   const bool mask = args.activation == kActivationRelu || args.activation == kActivationRelu6;
   if (args.y != nullptr && !mask) return cudaErrorInvalidValue;
-  switch (type) {
-    case ElementType::kHalf:
-      return launch_typed<__half>(args, vectors, multiprocessors, stream);
-    case ElementType::kBFloat16:
-      return launch_typed<__nv_bfloat16>(args, vectors, multiprocessors, stream);
-    case ElementType::kFloat:
-      return launch_typed<float>(args, vectors, multiprocessors, stream);
-  }
-  return cudaErrorInvalidValue;
+  return nhwc::by_element_type(type, [&](auto element) {
+    return launch_typed<decltype(element)>(args, vectors, multiprocessors, stream);
+  });
 }
 
 }  // namespace tcf

@@ -151,7 +151,7 @@ std::unordered_map<std::string, std::string> check_batch_norm_layer_py(const std
   if (!unmet.empty()) {  // no plan is built for a layer that will not run fused
     std::string joined;
     for (const auto& requirement : unmet) joined += (joined.empty() ? "" : "; ") + requirement;
-    return {{"graph_forward", joined}, {"graph_backward", joined}, {"legacy", joined}};
+    return {{"kernel", joined}, {"graph_forward", joined}, {"graph_backward", joined}, {"legacy", joined}};
   }
   BatchNormProblem p;
   p.policy = policy;
@@ -614,7 +614,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .value("LEAKY_RELU", tcf::Activation::kLeakyRelu);
   py::enum_<tcf::BatchNormImplementation>(m, "BatchNormImplementation")
       .value("CUDNN_GRAPH", tcf::BatchNormImplementation::kGraph)
-      .value("CUDNN_LEGACY", tcf::BatchNormImplementation::kLegacy);
+      .value("CUDNN_LEGACY", tcf::BatchNormImplementation::kLegacy)
+      .value("KERNEL", tcf::BatchNormImplementation::kKernel);
   py::enum_<tcf::PolicyMode>(m, "PolicyMode")
       .value("HEURISTIC", tcf::PolicyMode::kHeuristic)
       .value("AUTOTUNE", tcf::PolicyMode::kAutotune)

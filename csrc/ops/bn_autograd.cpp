@@ -33,6 +33,20 @@ ConvBatchNormOutputs call_conv_batch_norm_act(
                  negative_slope);
 }
 
+BatchNormUpdateOutputs call_batch_norm_act_update(const at::Tensor& x, const at::Tensor& weight,
+                                                  const at::Tensor& bias, const at::Tensor& running_mean,
+                                                  const at::Tensor& running_var,
+                                                  const std::optional<at::Tensor>& num_batches_tracked,
+                                                  const std::optional<at::Tensor>& residual, double momentum,
+                                                  double eps, int64_t activation, int64_t implementation,
+                                                  int64_t policy, double negative_slope) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("cudnn_fusion::batch_norm_act_update", "")
+                       .typed<decltype(batch_norm_act_update_forward)>();
+  return op.call(x, weight, bias, running_mean, running_var, num_batches_tracked, residual, momentum, eps, activation,
+                 implementation, policy, negative_slope);
+}
+
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -239,35 +253,21 @@ ForwardOutputs batch_norm_act_autograd(const at::Tensor& x, const at::Tensor& we
   return {out[0], out[1], out[2], out[3], out[4], out[5]};
 }
 
-using UpdateOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-
-UpdateOutputs call_update_forward(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                                  const at::Tensor& running_mean, const at::Tensor& running_var,
-                                  const std::optional<at::Tensor>& num_batches_tracked,
-                                  const std::optional<at::Tensor>& residual, double momentum, double eps,
-                                  int64_t activation, int64_t implementation, int64_t policy,
-                                  double negative_slope) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("cudnn_fusion::batch_norm_act_update", "")
-                       .typed<decltype(batch_norm_act_update_forward)>();
-  return op.call(x, weight, bias, running_mean, running_var, num_batches_tracked, residual, momentum, eps, activation,
-                 implementation, policy, negative_slope);
-}
-
 // batch_norm_act_update: the op runs below autograd (it writes the running statistics and the count in place), and
 // BatchNormActFunction is handed its results, as in the conv + BatchNorm op below.
-UpdateOutputs batch_norm_act_update_autograd(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                                             const at::Tensor& running_mean, const at::Tensor& running_var,
-                                             const std::optional<at::Tensor>& num_batches_tracked,
-                                             const std::optional<at::Tensor>& residual, double momentum, double eps,
-                                             int64_t activation, int64_t implementation, int64_t policy,
-                                             double negative_slope) {
+BatchNormUpdateOutputs batch_norm_act_update_autograd(const at::Tensor& x, const at::Tensor& weight,
+                                                      const at::Tensor& bias, const at::Tensor& running_mean,
+                                                      const at::Tensor& running_var,
+                                                      const std::optional<at::Tensor>& num_batches_tracked,
+                                                      const std::optional<at::Tensor>& residual, double momentum,
+                                                      double eps, int64_t activation, int64_t implementation,
+                                                      int64_t policy, double negative_slope) {
   auto requires_grad = [](const std::optional<at::Tensor>& t) { return t.has_value() && t->requires_grad(); };
   variable_list computed;
   {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto out = call_update_forward(x, weight, bias, running_mean, running_var, num_batches_tracked, residual, momentum,
-                                   eps, activation, implementation, policy, negative_slope);
+    auto out = call_batch_norm_act_update(x, weight, bias, running_mean, running_var, num_batches_tracked, residual,
+                                          momentum, eps, activation, implementation, policy, negative_slope);
     if (!at::GradMode::is_enabled() ||
         !(x.requires_grad() || weight.requires_grad() || bias.requires_grad() || requires_grad(residual))) {
       return out;  // nothing to record

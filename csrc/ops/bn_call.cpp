@@ -1,7 +1,5 @@
 #include "ops/bn_call.h"
 
-#include <ATen/core/dispatch/Dispatcher.h>
-
 #include "ops/bn_ops.h"
 
 namespace tcf {
@@ -37,13 +35,9 @@ std::optional<at::Tensor> BatchNormCall::run(const at::Tensor& x, const std::opt
   auto now = record_.check({&x, pointer(weight), pointer(bias), pointer(running_mean), pointer(running_var),
                             pointer(num_batches_tracked), pointer(residual)});
   if (!now.has_value()) return std::nullopt;
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("cudnn_fusion::batch_norm_act_update", "")
-                       .typed<decltype(batch_norm_act_update_forward)>();
-  auto out = op.call(x, affine_.scale(weight), affine_.shift(bias), *running_mean, *running_var,
-                     num_batches_tracked, residual, momentum, eps_, activation_, implementation_, policy_,
-                     negative_slope_);
-  return std::get<0>(out);
+  return std::get<0>(call_batch_norm_act_update(x, affine_.scale(weight), affine_.shift(bias), *running_mean,
+                                                *running_var, num_batches_tracked, residual, momentum, eps_,
+                                                activation_, implementation_, policy_, negative_slope_));
 }
 
 }  // namespace tcf

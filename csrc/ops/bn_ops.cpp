@@ -11,6 +11,7 @@
 
 #include "core/device.h"
 #include "kernels/batch_norm_backward_kernel.h"
+#include "kernels/batch_norm_forward_kernel.h"
 #include "kernels/running_stats_kernel.h"
 #include "ops/channels_last_copy.h"
 #include "ops/conv_bn_backward.h"
@@ -26,8 +27,8 @@ namespace tcf {
 namespace {
 
 BatchNormImplementation implementation_from(int64_t value) {
-  TORCH_CHECK(value == 0 || value == 1, "cudnn_fusion: implementation must be 0 (cuDNN graph) or 1 (legacy cuDNN "
-              "BatchNorm), got ", value);
+  TORCH_CHECK(value >= 0 && value <= 2, "cudnn_fusion: implementation must be 0 (cuDNN graph), 1 (legacy cuDNN "
+              "BatchNorm) or 2 (our kernel), got ", value);
   return static_cast<BatchNormImplementation>(value);
 }
 
@@ -77,6 +78,10 @@ bool run_batch_norm_graph(GraphKind kind, const BatchNormProblem& p, const std::
   return run_cached_graph(make_batch_norm_key(kind, p, alignment), std::move(pointers), outputs, device, aten);
 }
 
+// A tensor's data for our kernels' arguments, null where it is undefined.
+void* data_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
+float* floats_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
+
 // BatchNorm's backward after ReLU/ReLU6 in our kernel: dx, dweight, dbias (float32), and dz (the masked gradient)
 // when it is defined; or the part `passes` names (kernels/batch_norm_backward_kernel.h), with dweight and dbias its
 // outputs (kBackwardReduce) or inputs (kBackwardDx); tensors a part does not touch may be undefined.
@@ -100,20 +105,18 @@ void batch_norm_act_backward_with_kernel(const at::Tensor& dy, const at::Tensor&
     const bool input = passes == kBackwardDx && t != &dx;
     if (t->defined() && !input && !(dy.defined() && t->is_same(dy))) poison_output(*t);
   }
-  auto pointer = [](const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; };
-  auto floats = [](const at::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; };
-  BatchNormActBackwardArgs args{pointer(dy),
+  BatchNormActBackwardArgs args{data_or_null(dy),
                                 x.data_ptr(),
-                                pointer(y),
+                                data_or_null(y),
                                 save_mean.data_ptr<float>(),
                                 save_invstd.data_ptr<float>(),
                                 weight.data_ptr<float>(),
                                 bias.data_ptr<float>(),
-                                pointer(dz),
-                                pointer(dx),
-                                floats(dweight),
-                                floats(dbias),
-                                floats(partial),
+                                data_or_null(dz),
+                                data_or_null(dx),
+                                floats_or_null(dweight),
+                                floats_or_null(dbias),
+                                floats_or_null(partial),
                                 rows,
                                 channels,
                                 static_cast<int>(activation),
@@ -122,6 +125,57 @@ void batch_norm_act_backward_with_kernel(const at::Tensor& dy, const at::Tensor&
   auto status = launch_batch_norm_act_backward_nhwc(element_type(x.scalar_type()), args, vectors, multiprocessors,
                                                     current_stream());
   TORCH_CHECK(status == cudaSuccess, "cudnn_fusion: the batch_norm_act_backward kernel failed to launch: ",
+              cudaGetErrorString(status));
+}
+
+// BatchNorm's forward with its residual add and activation in our kernel (kernels/batch_norm_forward_kernel.cu): y,
+// save_mean and save_invstd written; where running_mean is defined, the running statistics read from running_* and
+// written to next_* (the same tensors, for an update in place), and the step counted in num_batches_tracked where
+// it is defined. 16-byte accesses where every tensor allows them, else one element at a time.
+void batch_norm_act_forward_with_kernel(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& y,
+                                        const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& save_mean,
+                                        const at::Tensor& save_invstd, const at::Tensor& running_mean,
+                                        const at::Tensor& running_var, const at::Tensor& next_mean,
+                                        const at::Tensor& next_var, const at::Tensor& num_batches_tracked,
+                                        double momentum, double eps, Activation activation, double negative_slope) {
+  const int64_t channels = x.size(1);
+  const int64_t rows = x.numel() / channels;
+  const int element_bytes = static_cast<int>(x.element_size());
+  bool vectors = channels % (16 / element_bytes) == 0;
+  for (const auto* t : {&x, &residual, &y}) vectors = vectors && (!t->defined() || alignment_of(*t) == 16);
+  const int multiprocessors = multiprocessor_count(x.device().index());
+  auto partial = at::empty(
+      {batch_norm_act_forward_partial_rows(rows, channels, vectors, element_bytes, multiprocessors), channels},
+      x.options().dtype(at::kDouble));
+  for (const auto* t : {&y, &save_mean, &save_invstd}) poison_output(*t);
+  const bool stats = running_mean.defined();
+  if (stats && !next_mean.is_same(running_mean)) {
+    poison_output(next_mean);
+    poison_output(next_var);
+  }
+  BatchNormActForwardArgs args{x.data_ptr(),
+                               data_or_null(residual),
+                               y.data_ptr(),
+                               weight.data_ptr<float>(),
+                               bias.data_ptr<float>(),
+                               save_mean.data_ptr<float>(),
+                               save_invstd.data_ptr<float>(),
+                               floats_or_null(running_mean),
+                               floats_or_null(running_var),
+                               stats ? next_mean.data_ptr<float>() : nullptr,
+                               stats ? next_var.data_ptr<float>() : nullptr,
+                               stats && num_batches_tracked.defined() ? num_batches_tracked.data_ptr<int64_t>()
+                                                                      : nullptr,
+                               partial.data_ptr<double>(),
+                               rows,
+                               channels,
+                               static_cast<float>(eps),
+                               static_cast<float>(momentum),
+                               static_cast<int>(activation),
+                               static_cast<float>(negative_slope)};
+  auto status = launch_batch_norm_act_forward_nhwc(element_type(x.scalar_type()), args, vectors, multiprocessors,
+                                                   current_stream());
+  TORCH_CHECK(status == cudaSuccess, "cudnn_fusion: the batch_norm_act_forward kernel failed to launch: ",
               cudaGetErrorString(status));
 }
 
@@ -302,13 +356,53 @@ bool legacy_backward(const BatchNormProblem& p, const at::Tensor& x, const at::T
   return false;
 }
 
-}  // namespace
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_forward(
+// num_batches_tracked, where given: a one-element int64 tensor on x's device, counted only with running statistics.
+void check_step_counter(const std::optional<at::Tensor>& num_batches_tracked, bool has_stats, const at::Tensor& x) {
+  if (!num_batches_tracked.has_value() || !num_batches_tracked->defined()) return;
+  TORCH_CHECK(has_stats, "cudnn_fusion: num_batches_tracked is counted only with running statistics, got "
+              "num_batches_tracked without running_mean and running_var");
+  TORCH_CHECK(num_batches_tracked->scalar_type() == at::kLong && num_batches_tracked->numel() == 1 &&
+                  num_batches_tracked->device() == x.device(),
+              "cudnn_fusion: num_batches_tracked must be a one-element int64 tensor on x's device (", x.device(),
+              "), got ", num_batches_tracked->scalar_type(), " of shape ", num_batches_tracked->sizes(), " on ",
+              num_batches_tracked->device());
+}
+
+// Our kernels write the running statistics (and the step count) below autograd's in-place bookkeeping: their
+// version counters are moved here, as the in-place ops would move them (the folded eval weights are cached on them).
+void bump_versions(const at::Tensor& running_mean, const at::Tensor& running_var,
+                   const std::optional<at::Tensor>& num_batches_tracked) {
+  bool counts = num_batches_tracked.has_value() && num_batches_tracked->defined();
+  for (const auto* t : {&running_mean, &running_var, counts ? &*num_batches_tracked : nullptr}) {
+    if (t != nullptr && !t->is_inference()) torch::autograd::impl::bump_version(*t);
+  }
+}
+
+// In place, as nn.BatchNorm2d: one launch writes both statistics and counts the step (batch_norm_act_forward checked
+// that they are float32, contiguous and on x's device).
+void commit_running_stats(const at::Tensor& x, const at::Tensor& running_mean, const at::Tensor& running_var,
+                          const std::optional<at::Tensor>& num_batches_tracked, const at::Tensor& next_mean,
+                          const at::Tensor& next_var) {
+  bool counts = num_batches_tracked.has_value() && num_batches_tracked->defined();
+  c10::DeviceGuard guard(x.device());
+  auto status = launch_commit_running_stats(
+      running_mean.data_ptr<float>(), running_var.data_ptr<float>(), next_mean.data_ptr<float>(),
+      next_var.data_ptr<float>(), counts ? num_batches_tracked->data_ptr<int64_t>() : nullptr, next_mean.numel(),
+      current_stream());
+  TORCH_CHECK(status == cudaSuccess, "cudnn_fusion: the running statistics kernel failed to launch: ",
+              cudaGetErrorString(status));
+  bump_versions(running_mean, running_var, num_batches_tracked);
+}
+
+// batch_norm_act_forward; with `commit`, the running statistics updated in place and the step counted in *commit
+// where it is defined (what conv_batch_norm_act and batch_norm_act_update do): the next running statistics it
+// returns are then empty.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
     const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const std::optional<at::Tensor>& running_mean,
     const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& residual, double momentum,
-    double eps, int64_t activation_value, int64_t implementation_value, int64_t policy,
-    double negative_slope) {
+    double eps, int64_t activation_value, int64_t implementation_value, int64_t policy, double negative_slope,
+    const std::optional<at::Tensor>* commit) {
   check_4d_cuda(x, "x");
   auto activation = batch_norm_activation_from(activation_value);
   auto implementation = implementation_from(implementation_value);
@@ -344,12 +438,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   int64_t c = x.size(1);
   auto save_mean = at::empty({c}, stats_options);
   auto save_invstd = at::empty({c}, stats_options);
+  if (implementation == BatchNormImplementation::kKernel && channels_last) {
+    const at::Tensor no_tensor;
+    const at::Tensor& mean_in = running_stats ? *running_mean : no_tensor;
+    const at::Tensor& var_in = running_stats ? *running_var : no_tensor;
+    const bool in_place = commit != nullptr;
+    auto next_mean = in_place ? mean_in : at::empty({running_stats ? c : 0}, stats_options);
+    auto next_var = in_place ? var_in : at::empty({running_stats ? c : 0}, stats_options);
+    const at::Tensor& counter = in_place && commit->has_value() ? **commit : no_tensor;
+    batch_norm_act_forward_with_kernel(x_dense, residual_dense, y, weight, bias, save_mean, save_invstd, mean_in,
+                                       var_in, next_mean, next_var, counter, momentum, eps, activation,
+                                       negative_slope);
+    auto reserve = at::empty({0}, x.options().dtype(at::kByte));
+    if (!in_place) return {y, save_mean, save_invstd, next_mean, next_var, reserve};
+    if (running_stats) bump_versions(mean_in, var_in, *commit);
+    auto none = at::empty({0}, stats_options);
+    return {y, save_mean, save_invstd, none, none, reserve};
+  }
   auto next_mean = at::empty({running_stats ? c : 0}, stats_options);
   auto next_var = at::empty({running_stats ? c : 0}, stats_options);
   auto reserve = at::empty({0}, x.options().dtype(at::kByte));
 
   bool done = false;
-  if (implementation == BatchNormImplementation::kGraph) {
+  if (implementation != BatchNormImplementation::kLegacy) {
     float eps_value = static_cast<float>(eps), momentum_value = static_cast<float>(momentum);
     std::unordered_map<int64_t, void*> pointers{
         {kUidX, x_dense.data_ptr()},           {kUidScale, weight.data_ptr()},
@@ -382,8 +493,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     done = legacy_forward(p, x_dense, residual_dense, y, weight, bias, next_mean, next_var, momentum, eps, save_mean,
                           save_invstd, reserve);
   }
+  auto committed = [&](const at::Tensor& mean, const at::Tensor& var) {
+    if (commit == nullptr || !running_stats) return false;
+    commit_running_stats(x, *running_mean, *running_var, *commit, mean, var);
+    return true;
+  };
   if (done) {
     after_cudnn(y);
+    if (committed(next_mean, next_var)) next_mean = next_var = at::empty({0}, stats_options);
     return {y, save_mean, save_invstd, next_mean, next_var, reserve};
   }
 
@@ -396,8 +513,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   auto [out, mean, invstd] = at::native_batch_norm(x_dense, weight, bias, mean_copy, var_copy, true, momentum, eps);
   if (p.has_residual) out.add_(residual_dense);
   apply_activation_(out, activation, negative_slope);
+  if (committed(mean_copy, var_copy)) mean_copy = var_copy = at::empty({0}, stats_options);
   return {out.contiguous(format), mean, invstd, running_stats ? mean_copy : next_mean,
           running_stats ? var_copy : next_var, at::empty({0}, x.options().dtype(at::kByte))};
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_forward(
+    const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const std::optional<at::Tensor>& running_mean,
+    const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& residual, double momentum,
+    double eps, int64_t activation, int64_t implementation, int64_t policy, double negative_slope) {
+  return forward(x, weight, bias, running_mean, running_var, residual, momentum, eps, activation, implementation,
+                 policy, negative_slope, nullptr);
 }
 
 bool batch_norm_backward_reads_y(int64_t activation, bool has_residual, int64_t implementation, bool channels_last) {
@@ -436,7 +564,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
   auto y_dense = has_y ? y->contiguous(format) : at::Tensor();
   at::Tensor grad = grad_y;
   if (applied_after_cudnn(activation) &&
-      !(implementation == BatchNormImplementation::kGraph && channels_last && x.numel() > 0)) {
+      !(implementation != BatchNormImplementation::kLegacy && channels_last && x.numel() > 0)) {
     // Where our NHWC kernel does not run (the legacy API, NCHW): SiLU's, Hardswish's or LeakyReLU's backward in ATen
     // from its input recomputed, then BatchNorm's alone
     grad = activation_backward_from_input(grad_y.contiguous(format),
@@ -477,7 +605,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
     return at::native_batch_norm_backward(dz, x_dense, weight, std::nullopt, std::nullopt, save_mean, save_invstd,
                                           true, eps, {true, true, true});
   };
-  if (implementation == BatchNormImplementation::kGraph) {
+  if (implementation != BatchNormImplementation::kLegacy) {
     std::array<int8_t, 3> alignment{alignment_of(dz), alignment_of(x_dense), alignment_of(dx)};
     std::unordered_map<int64_t, void*> pointers{
         {kUidDy, dz.data_ptr()},          {kUidX, x_dense.data_ptr()},
@@ -495,7 +623,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
 
 bool batch_norm_backward_in_our_kernel(int64_t activation, int64_t implementation, bool channels_last) {
   return batch_norm_activation_from(activation) != Activation::kNone && channels_last &&
-         implementation_from(implementation) == BatchNormImplementation::kGraph;
+         implementation_from(implementation) != BatchNormImplementation::kLegacy;
 }
 
 bool batch_norm_backward_in_two_steps(int64_t activation, bool has_residual, int64_t implementation,
@@ -605,41 +733,6 @@ at::Tensor batch_norm_backward_dx(const at::Tensor& grad_z, const at::Tensor& x,
   return dx;
 }
 
-namespace {
-
-// num_batches_tracked, where given: a one-element int64 tensor on x's device, counted only with running statistics.
-void check_step_counter(const std::optional<at::Tensor>& num_batches_tracked, bool has_stats, const at::Tensor& x) {
-  if (!num_batches_tracked.has_value() || !num_batches_tracked->defined()) return;
-  TORCH_CHECK(has_stats, "cudnn_fusion: num_batches_tracked is counted only with running statistics, got "
-              "num_batches_tracked without running_mean and running_var");
-  TORCH_CHECK(num_batches_tracked->scalar_type() == at::kLong && num_batches_tracked->numel() == 1 &&
-                  num_batches_tracked->device() == x.device(),
-              "cudnn_fusion: num_batches_tracked must be a one-element int64 tensor on x's device (", x.device(),
-              "), got ", num_batches_tracked->scalar_type(), " of shape ", num_batches_tracked->sizes(), " on ",
-              num_batches_tracked->device());
-}
-
-// In place, as nn.BatchNorm2d: one launch writes both statistics and counts the step (batch_norm_act_forward checked
-// that they are float32, contiguous and on x's device).
-void commit_running_stats(const at::Tensor& x, const at::Tensor& running_mean, const at::Tensor& running_var,
-                          const std::optional<at::Tensor>& num_batches_tracked, const at::Tensor& next_mean,
-                          const at::Tensor& next_var) {
-  bool counts = num_batches_tracked.has_value() && num_batches_tracked->defined();
-  c10::DeviceGuard guard(x.device());
-  auto status = launch_commit_running_stats(
-      running_mean.data_ptr<float>(), running_var.data_ptr<float>(), next_mean.data_ptr<float>(),
-      next_var.data_ptr<float>(), counts ? num_batches_tracked->data_ptr<int64_t>() : nullptr, next_mean.numel(),
-      current_stream());
-  TORCH_CHECK(status == cudaSuccess, "cudnn_fusion: the running statistics kernel failed to launch: ",
-              cudaGetErrorString(status));
-  // The writes run below autograd's in-place bookkeeping: move the version counters here, as the in-place ops would
-  // (the folded eval weights are cached on them).
-  for (const auto* t : {&running_mean, &running_var, counts ? &*num_batches_tracked : nullptr}) {
-    if (t != nullptr && !t->is_inference()) torch::autograd::impl::bump_version(*t);
-  }
-}
-
-}  // namespace
 
 std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>> cast_conv_operands(
     const at::Tensor& x, const at::Tensor& conv_weight, const std::optional<at::Tensor>& conv_bias,
@@ -665,10 +758,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_batc
   check_step_counter(num_batches_tracked, has_stats, x);
   auto z = batch_norm_conv_forward(x_cast, weight_cast, bias_cast.has_value() ? *bias_cast : at::Tensor(), stride,
                                    padding, dilation, groups);
-  auto [y, save_mean, save_invstd, next_mean, next_var, reserve] = batch_norm_act_forward(
-      z, weight, bias, running_mean, running_var, residual, momentum, eps, activation, implementation, policy,
-      negative_slope);
-  if (has_stats) commit_running_stats(x, *running_mean, *running_var, num_batches_tracked, next_mean, next_var);
+  auto [y, save_mean, save_invstd, next_mean, next_var, reserve] =
+      forward(z, weight, bias, running_mean, running_var, residual, momentum, eps, activation, implementation, policy,
+              negative_slope, &num_batches_tracked);
   return {y, z, save_mean, save_invstd, reserve};
 }
 
@@ -680,10 +772,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_update
   TORCH_CHECK(running_mean.defined() && running_var.defined(), "cudnn_fusion: batch_norm_act_update updates "
               "running_mean and running_var: both must be tensors");
   check_step_counter(num_batches_tracked, true, x);
-  auto [y, save_mean, save_invstd, next_mean, next_var, reserve] = batch_norm_act_forward(
-      x, weight, bias, running_mean, running_var, residual, momentum, eps, activation, implementation, policy,
-      negative_slope);
-  commit_running_stats(x, running_mean, running_var, num_batches_tracked, next_mean, next_var);
+  auto [y, save_mean, save_invstd, next_mean, next_var, reserve] =
+      forward(x, weight, bias, running_mean, running_var, residual, momentum, eps, activation, implementation, policy,
+              negative_slope, &num_batches_tracked);
   return {y, save_mean, save_invstd, reserve};
 }
 
@@ -694,8 +785,11 @@ std::unordered_map<std::string, std::string> check_batch_norm_layer(const BatchN
   if (problem.has_residual && applied_after_cudnn(problem.activation)) {
     const std::string why = "SiLU, Hardswish and LeakyReLU after a residual add are not fused (their backward reads "
                             "the sum before the activation, which the op does not keep)";
-    return {{"graph_forward", why}, {"legacy", why}};
+    return {{"kernel", why}, {"graph_forward", why}, {"legacy", why}};
   }
+  // Our forward kernel takes any NHWC layer of the op's dtypes and activations; its backward is the graph
+  // implementation's, whose graph (no activation) is checked below.
+  refusals["kernel"] = problem.channels_last ? "" : "our BatchNorm kernel takes channels_last (NHWC) x only";
   // what cuDNN runs: BatchNorm (+ add) (+ ReLU / ReLU6); the op applies SiLU, Hardswish and LeakyReLU to its output
   BatchNormProblem cudnn_problem = problem;
   cudnn_problem.activation = graph_activation(problem.activation);

@@ -1,8 +1,9 @@
 // The CUDA implementations of the BatchNorm ops: BatchNorm in training (batch statistics, running statistics
-// update) with the residual add and ReLU / ReLU6 fused after it, and its backward. Two cuDNN implementations,
-// chosen by the caller: the frontend graph (batchnorm node + pointwise ops) and the legacy BatchNorm API
-// (cudnnBatchNormalizationForwardTrainingEx / BackwardEx with its fused activation). Where the chosen one fails at
-// run time the op computes the same result with ATen and counts a runtime fallback.
+// update) with the residual add and ReLU / ReLU6 fused after it, and its backward. Three implementations, chosen by
+// the caller: our NHWC kernel (kernels/batch_norm_forward_kernel.cu) for the forward, the frontend graph (batchnorm
+// node + pointwise ops) and the legacy BatchNorm API (cudnnBatchNormalizationForwardTrainingEx / BackwardEx with its
+// fused activation). Where a cuDNN one fails at run time the op computes the same result with ATen and counts a
+// runtime fallback.
 #pragma once
 
 #include <string>
@@ -15,7 +16,9 @@
 
 namespace tcf {
 
-enum class BatchNormImplementation : int64_t { kGraph = 0, kLegacy = 1 };
+// kKernel: the forward in our NHWC kernel (an x that is not channels_last runs the graph's), the backward as the
+// graph implementation's (our kernel with an activation, NHWC; cuDNN's batchnorm-backward graph otherwise).
+enum class BatchNormImplementation : int64_t { kGraph = 0, kLegacy = 1, kKernel = 2 };
 
 // `policy`: a registered engine policy's id (engine_policy.h; 0: the heuristic's choice). `negative_slope`:
 // LeakyReLU's slope below 0 (activation 5); the other activations ignore it.
@@ -47,7 +50,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
 // backward first).
 bool batch_norm_backward_reads_y(int64_t activation, bool has_residual, int64_t implementation, bool channels_last);
 
-// Whether our NHWC kernel runs batch_norm_act_backward (with an activation, channels_last, the graph implementation):
+// Whether our NHWC kernel runs batch_norm_act_backward (with an activation, channels_last, not the legacy API):
 // the backward that the two-step and in-place variants below run.
 bool batch_norm_backward_in_our_kernel(int64_t activation, int64_t implementation, bool channels_last);
 
@@ -116,7 +119,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_batc
     const std::optional<at::Tensor>& residual, double momentum, double eps, int64_t activation,
     int64_t implementation, std::optional<at::ScalarType> conv_dtype, int64_t policy, double negative_slope);
 
-// conv_batch_norm_act through the dispatcher (its autograd kernel and the stem form's op call it below autograd).
+// batch_norm_act_update through the dispatcher (its autograd kernel calls it below autograd; the C++ record,
+// bn_call.h, above it).
+using BatchNormUpdateOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+BatchNormUpdateOutputs call_batch_norm_act_update(const at::Tensor& x, const at::Tensor& weight,
+                                                  const at::Tensor& bias, const at::Tensor& running_mean,
+                                                  const at::Tensor& running_var,
+                                                  const std::optional<at::Tensor>& num_batches_tracked,
+                                                  const std::optional<at::Tensor>& residual, double momentum,
+                                                  double eps, int64_t activation, int64_t implementation,
+                                                  int64_t policy, double negative_slope);
+
+// conv_batch_norm_act through the dispatcher (its autograd kernel and the stem form's op call it below autograd; the
+// C++ record, conv_bn_call.h, above it).
 using ConvBatchNormOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 ConvBatchNormOutputs call_conv_batch_norm_act(
     const at::Tensor& x, const at::Tensor& conv_weight, const std::optional<at::Tensor>& conv_bias,
@@ -131,9 +146,9 @@ std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>> cast_conv_operands
     const at::Tensor& x, const at::Tensor& conv_weight, const std::optional<at::Tensor>& conv_bias,
     at::ScalarType dtype);
 
-// For Python's decision: why each implementation cannot run this layer ("" when it can). Keys "graph_forward",
-// "graph_backward" (cuDNN's refusal of the built plans; absent for an NHWC layer with an activation, whose backward
-// is our kernel) and "legacy" (the legacy API's requirements and status).
+// For Python's decision: why each implementation cannot run this layer ("" when it can). Keys "kernel" (our forward
+// kernel: NHWC), "graph_forward", "graph_backward" (cuDNN's refusal of the built plans; absent for an NHWC layer with
+// an activation, whose backward is our kernel) and "legacy" (the legacy API's requirements and status).
 std::unordered_map<std::string, std::string> check_batch_norm_layer(const BatchNormProblem& problem, double eps);
 
 }  // namespace tcf

@@ -1,7 +1,5 @@
 #include "ops/conv_bn_call.h"
 
-#include <ATen/core/dispatch/Dispatcher.h>
-
 #include "ops/bn_ops.h"
 #include "ops/stem_ops.h"
 
@@ -53,9 +51,6 @@ std::optional<at::Tensor> ConvBatchNormCall::run(
                             pointer(residual)});
   if (!now.has_value()) return std::nullopt;
   const CallState& state = *now;
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("cudnn_fusion::conv_batch_norm_act", "")
-                       .typed<decltype(conv_batch_norm_act_forward)>();
   std::optional<at::ScalarType> conv_dtype;
   if (state.autocast) conv_dtype = state.autocast_dtype;
   if (stem_index_.defined()) {
@@ -64,10 +59,10 @@ std::optional<at::Tensor> ConvBatchNormCall::run(
         running_mean, running_var, num_batches_tracked, residual, momentum, eps_, activation_, implementation_,
         conv_dtype, policy_, negative_slope_));
   }
-  auto out = op.call(x, conv_weight, conv_bias, stride_, padding_, dilation_, groups_, affine_.scale(weight),
-                     affine_.shift(bias), running_mean, running_var, num_batches_tracked, residual, momentum, eps_,
-                     activation_, implementation_, conv_dtype, policy_, negative_slope_);
-  return std::get<0>(out);
+  return std::get<0>(call_conv_batch_norm_act(x, conv_weight, conv_bias, stride_, padding_, dilation_, groups_,
+                                              affine_.scale(weight), affine_.shift(bias), running_mean, running_var,
+                                              num_batches_tracked, residual, momentum, eps_, activation_,
+                                              implementation_, conv_dtype, policy_, negative_slope_));
 }
 
 }  // namespace tcf

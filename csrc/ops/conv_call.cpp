@@ -1,7 +1,5 @@
 #include "ops/conv_call.h"
 
-#include <ATen/core/dispatch/Dispatcher.h>
-
 #include "ops/conv_ops.h"
 #include "ops/stem_ops.h"
 #include "ops/tensor_checks.h"
@@ -52,9 +50,6 @@ std::optional<at::Tensor> ConvBiasActCall::run(const at::Tensor& x, const at::Te
   auto now = record_.check({&x, &weight, pointer(bias), pointer(residual)});
   if (!now.has_value()) return std::nullopt;
   const CallState& state = *now;
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("cudnn_fusion::conv_bias_act", "")
-                       .typed<decltype(conv_bias_act)>();
   std::optional<at::Tensor> cast_bias;
   if (pointer(bias) != nullptr) cast_bias = autocast_operand(*bias, state);
   if (stem_index_.defined()) {  // the form casts x and the weight as it rearranges them
@@ -62,8 +57,8 @@ std::optional<at::Tensor> ConvBiasActCall::run(const at::Tensor& x, const at::Te
         x, weight, cast_bias, residual, stem_index_, stem_inverse_, stem_form_, activation_, policy_,
         autocast_casts(weight, state) ? std::optional<at::ScalarType>(state.autocast_dtype) : std::nullopt);
   }
-  return op.call(autocast_operand(x, state), autocast_operand(weight, state), cast_bias, residual, stride_,
-                 padding_pre_, padding_post_, dilation_, groups_, activation_, policy_);
+  return call_conv_bias_act(autocast_operand(x, state), autocast_operand(weight, state), cast_bias, residual, stride_,
+                            padding_pre_, padding_post_, dilation_, groups_, activation_, policy_);
 }
 
 bool ConvBiasActCall::matches(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,

@@ -41,7 +41,8 @@ at::Tensor conv_dgrad(const at::Tensor& grad_z, const at::Tensor& weight, at::In
                       at::IntArrayRef stride, at::IntArrayRef padding_pre, at::IntArrayRef padding_post,
                       at::IntArrayRef dilation, int64_t groups, int64_t policy);
 
-// conv_bias_act through the dispatcher (its autograd kernel and the stem form's op call it below autograd).
+// conv_bias_act through the dispatcher (its autograd kernel and the stem form's op call it below autograd; the C++
+// record, conv_call.h, above it).
 at::Tensor call_conv_bias_act(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                               const std::optional<at::Tensor>& residual, at::IntArrayRef stride,
                               at::IntArrayRef padding_pre, at::IntArrayRef padding_post, at::IntArrayRef dilation,

@@ -46,17 +46,12 @@ at::Tensor space_to_depth(const at::Tensor& x, at::IntArrayRef padding_pre, at::
 
 namespace {
 
-void check_float_type(at::ScalarType dtype, const char* what) {
-  TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat, "cudnn_fusion: ", what,
-              " must be float16, bfloat16 or float32, got ", dtype);
-}
-
 void check_stem_filter_arguments(const at::Tensor& weight, const at::Tensor& index, const at::Tensor& inverse,
                                  at::IntArrayRef kernel, int64_t channels) {
   TORCH_CHECK(weight.dim() == 4, "cudnn_fusion: stem_filter takes a 4-d weight [O, C, kh, kw], got shape ",
               weight.sizes());
   TORCH_CHECK(weight.is_cuda(), "cudnn_fusion: stem_filter takes a CUDA weight, got one on ", weight.device());
-  check_float_type(weight.scalar_type(), "stem_filter's weight");
+  check_supported_dtype(weight.scalar_type(), "stem_filter's weight");
   TORCH_CHECK(kernel.size() == 2 && kernel[0] >= 1 && kernel[1] >= 1,
               "cudnn_fusion: stem_filter's kernel must be two sizes >= 1 (height, width), got ", kernel);
   TORCH_CHECK(channels == 8 || channels == 16, "cudnn_fusion: stem_filter's channels must be 8 or 16, got ", channels);
@@ -69,10 +64,6 @@ void check_stem_filter_arguments(const at::Tensor& weight, const at::Tensor& ind
                 t->device());
   }
 }
-
-}  // namespace
-
-namespace {
 
 // One launch of our gather kernel: out [rows, columns] (dense) from `in` [rows, c, h, w] by `index`.
 void gather_filter(const at::Tensor& in, const at::Tensor& index, const at::Tensor& out, const char* what) {
@@ -97,7 +88,7 @@ at::Tensor stem_filter(const at::Tensor& weight, const at::Tensor& index, const 
                        at::IntArrayRef kernel, int64_t channels, std::optional<at::ScalarType> dtype) {
   check_stem_filter_arguments(weight, index, inverse, kernel, channels);
   const at::ScalarType out_type = dtype.value_or(weight.scalar_type());
-  check_float_type(out_type, "stem_filter's dtype");
+  check_supported_dtype(out_type, "stem_filter's dtype");
   // channels_last: dense [O, kernel[0], kernel[1], channels], element by element as the index lists them
   auto form = at::empty({weight.size(0), channels, kernel[0], kernel[1]},
                         weight.options().dtype(out_type).memory_format(at::MemoryFormat::ChannelsLast));
@@ -118,7 +109,7 @@ at::Tensor stem_filter_backward(const at::Tensor& grad, const at::Tensor& invers
               "cudnn_fusion: stem_filter_backward's inverse must be ", elements, " int64 elements on ", grad.device(),
               " (from torch_cudnn_fusion.ops.stem.plan), got shape ", inverse.sizes(), " ", inverse.scalar_type(),
               " on ", inverse.device());
-  check_float_type(weight_dtype, "stem_filter_backward's weight_dtype");
+  check_supported_dtype(weight_dtype, "stem_filter_backward's weight_dtype");
   // channels_last, as the gradient autograd gives through the gather in ATen ops
   auto grad_weight = at::empty(weight_size,
                                grad.options().dtype(weight_dtype).memory_format(at::MemoryFormat::ChannelsLast));

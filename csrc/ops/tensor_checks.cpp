@@ -45,11 +45,12 @@ at::Tensor activation_backward(const at::Tensor& grad_y, const at::Tensor& y, Ac
   return grad_y;
 }
 
-void check_supported_dtype(const at::Tensor& t, const char* name) {
-  auto dtype = t.scalar_type();
+void check_supported_dtype(at::ScalarType dtype, const char* name) {
   TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat, "cudnn_fusion: ", name,
               " must be float16, bfloat16 or float32, got ", dtype);
 }
+
+void check_supported_dtype(const at::Tensor& t, const char* name) { check_supported_dtype(t.scalar_type(), name); }
 
 void check_4d_cuda(const at::Tensor& t, const char* name, const char* layout) {
   TORCH_CHECK(t.is_cuda(), "cudnn_fusion: ", name, " must be a CUDA tensor, got one on ", t.device());

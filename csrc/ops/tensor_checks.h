@@ -25,7 +25,8 @@ at::Tensor activation_backward(const at::Tensor& grad_y, const at::Tensor& y, Ac
 at::Tensor activation_backward_from_input(const at::Tensor& grad_y, const at::Tensor& input, Activation activation,
                                           double negative_slope);
 
-// float16, bfloat16 or float32.
+// float16, bfloat16 or float32 (a tensor's dtype, or a dtype argument).
+void check_supported_dtype(at::ScalarType dtype, const char* name);
 void check_supported_dtype(const at::Tensor& t, const char* name);
 // A CUDA tensor of 4 dimensions (`layout` names them in the message) in a supported dtype.
 void check_4d_cuda(const at::Tensor& t, const char* name, const char* layout = "[N, C, H, W]");

@@ -153,7 +153,8 @@ def _explain_batch_norm(path: str, module: nn.Module, decision: Decision, config
         operations = ("conv (" + "; ".join(notes) + ")",)
     operations += ("batchnorm (batch statistics, running-statistics update)",)
     operations += (("add residual",) if has_residual else ()) + ((activation,) if activation else ())
-    engine = {"cudnn_graph": "cuDNN batchnorm graph", "cudnn_legacy": "legacy cuDNN BatchNorm API"}.get(
+    engine = {"cudnn_graph": "cuDNN batchnorm graph", "cudnn_legacy": "legacy cuDNN BatchNorm API",
+              "batch_norm_kernel": "our BatchNorm kernel"}.get(
         implementation, "")
     median = _median_forward_ms(module, inputs, repeats) if inputs is not None else None
     return ExplainRow(path, type(module).__name__, fused, operations if fused else (), engine, median_ms=median,

@@ -82,8 +82,9 @@ def _affine_or_identity(weight, bias, identity) -> tuple[torch.Tensor, torch.Ten
 
 
 def _implementation(decision: Decision) -> int:
-    return int(BatchNormImplementation.CUDNN_LEGACY if decision.implementation == "cudnn_legacy"
-               else BatchNormImplementation.CUDNN_GRAPH)
+    return int({"cudnn_legacy": BatchNormImplementation.CUDNN_LEGACY,
+                "batch_norm_kernel": BatchNormImplementation.KERNEL}.get(decision.implementation,
+                                                                         BatchNormImplementation.CUDNN_GRAPH))
 
 
 def _where(channels, x_size) -> str:

@@ -20,7 +20,7 @@ from .. import _extension
 from .._compile import constant_under_compile
 from .._cpp_enums import Activation
 from ..policy import policy_id
-from .library import conv_memory_format
+from .library import conv_memory_format, conv_output_size
 
 SUPPORTED_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 TRACED = -1  # stands for the sizes of an input torch.compile traces: its plans are chosen when the code runs
@@ -34,9 +34,9 @@ class FusionError(RuntimeError):
 class Decision(NamedTuple):
     """How a layer runs its calls. fused: as the cuDNN op; reason: why not (or a note); backward: (graph, refusal)
     per fused backward step, "" where it runs fused; implementation: "cudnn_graph", "cudnn_legacy" (the legacy cuDNN
-    BatchNorm API), "depthwise_kernel" (our NHWC depthwise kernels where they were faster, PyTorch's elsewhere: the
-    reason says which), "squeeze_excite_op" (a squeeze-and-excitation block as one op of ATen's kernels) or
-    "eager"."""
+    BatchNorm API), "batch_norm_kernel" (BatchNorm's forward in our NHWC kernel), "depthwise_kernel" (our NHWC
+    depthwise kernels where they were faster, PyTorch's elsewhere: the reason says which), "squeeze_excite_op" (a
+    squeeze-and-excitation block as one op of ATen's kernels) or "eager"."""
 
     fused: bool
     reason: str = ""
@@ -98,13 +98,14 @@ class FusionStatus:
     any). backward: for each fused backward step, "" when it runs fused or the reason it runs in ATen:
     "relu_bias_backward" (ReLU backward with the bias-gradient reduction: our kernel for NHWC, a cuDNN graph
     otherwise), "dgrad" and "wgrad" (cuDNN graphs), "batch_norm_act_backward" (BatchNorm's backward with its
-    activation's: our kernel).
+    activation's: our kernel), "batch_norm_backward" (BatchNorm's backward without an activation: a cuDNN graph).
     """
 
     fused: bool
     reason: str = ""
     backward: tuple[tuple[str, str], ...] = ()
-    # "cudnn_graph", "cudnn_legacy" (the legacy cuDNN BatchNorm API), "depthwise_kernel" (our NHWC depthwise
+    # "cudnn_graph", "cudnn_legacy" (the legacy cuDNN BatchNorm API), "batch_norm_kernel" (BatchNorm's forward in
+    # our NHWC kernel), "depthwise_kernel" (our NHWC depthwise
     # kernels where they were faster, PyTorch's elsewhere: the reason says which), "squeeze_excite_op" (a
     # squeeze-and-excitation block as one op of ATen's kernels, one autograd node) or "eager"; "" derives it from
     # `fused`
@@ -123,7 +124,7 @@ class FusionStatus:
             return f"fused (legacy cuDNN BatchNorm API): {self.reason}"
         parts = [f"{name} {'fused' if not why else 'eager (' + why + ')'}" for name, why in self.backward]
         note = f" ({self.reason})" if self.reason else ""
-        what = {"depthwise_kernel": "depthwise kernels",
+        what = {"depthwise_kernel": "depthwise kernels", "batch_norm_kernel": "our BatchNorm kernel",
                 "squeeze_excite_op": "one op of ATen's kernels, one autograd node"}.get(self.implementation,
                                                                                      "cuDNN graph")
         return f"fused ({what}){note}" + (f"; backward: {', '.join(parts)}" if parts else "")
@@ -261,8 +262,8 @@ def stem_plan(x: torch.Tensor, weight: torch.Tensor, stride, padding_pre, paddin
 
 def _conv_macs(x_size, w_size, padding) -> int:
     """A stride-2 conv's multiply-adds a call."""
-    out = [(int(x_size[2 + i]) + 2 * int(padding[i]) - int(w_size[2 + i])) // 2 + 1 for i in range(2)]
-    return int(x_size[0]) * out[0] * out[1] * int(w_size[0]) * int(w_size[1]) * int(w_size[2]) * int(w_size[3])
+    out = conv_output_size(x_size, w_size, (2, 2), padding, padding, (1, 1))
+    return int(out[0] * out[1] * out[2] * out[3] * w_size[1] * w_size[2] * w_size[3])
 
 
 def decide_conv(config: ConvConfig) -> Decision:
@@ -271,8 +272,8 @@ def decide_conv(config: ConvConfig) -> Decision:
 
 
 def decide_batch_norm(config: BatchNormConfig) -> Decision:
-    """BatchNorm in training: the cuDNN graph when cuDNN builds its forward (and backward, when gradients are
-    needed), else the legacy cuDNN BatchNorm API, else eager."""
+    """BatchNorm in training: our NHWC kernel for channels_last x; else the cuDNN graph when cuDNN builds its forward
+    (and backward, when gradients are needed), else the legacy cuDNN BatchNorm API, else eager."""
     return _decide_batch_norm(tuple(config))
 
 
@@ -336,12 +337,20 @@ def _decide_batch_norm(values: tuple) -> Decision:
     unmet = module.batch_norm_layer_verdict(list(config.x_size), config.channels_last)
     if unmet:
         return Decision.eager("; ".join(unmet))
-    if TRACED in config.x_size:
-        return Decision(True, TRACED_NOTE, (), "cudnn_graph")
+    if TRACED in config.x_size:  # our kernel takes any channels_last size (the verdict checked the layout)
+        return Decision(True, TRACED_NOTE, (), "batch_norm_kernel" if config.channels_last else "cudnn_graph")
     refusals = module.check_batch_norm_layer(
         SUPPORTED_DTYPES[config.dtype], config.channels_last, config.device_index, list(config.x_size),
         config.running_stats, config.has_residual, int(config.activation), config.eps, policy_id(config.policy),
     )
+    if not refusals["kernel"]:
+        # the backward as the graph implementation's: our kernel with the activation's mask folded in, or, without
+        # an activation, cuDNN's batchnorm-backward graph (ATen's kernel inside the op where cuDNN refused it)
+        backward = ()
+        if config.needs_grad:
+            backward = ((("batch_norm_act_backward", ""),) if "graph_backward" not in refusals
+                        else (("batch_norm_backward", refusals["graph_backward"]),))
+        return Decision(True, "", backward, "batch_norm_kernel")
     graph_refusal = refusals["graph_forward"] or (refusals.get("graph_backward", "") if config.needs_grad else "")
     if not graph_refusal:
         # NHWC with an activation: the backward is our kernel, with the activation's mask folded in (C++ builds
