@@ -60,7 +60,8 @@ class BatchNorm2dReLU(nn.BatchNorm2d):
     """relu(batch_norm(x)) — nn.BatchNorm2d followed by nn.ReLU (or nn.ReLU6 with activation="relu6").
 
     Same constructor, parameters, buffers and state_dict keys as nn.BatchNorm2d. With batch statistics (training)
-    it runs as one cuDNN graph, or the legacy cuDNN BatchNorm API where the graph is refused, or eager; with running
+    it runs as our NHWC kernel (channels_last x), else one cuDNN graph, or the legacy cuDNN BatchNorm API where the
+    graph is refused, or eager; with running
     statistics (eval) it runs eager. `fusion_status` says which, and why.
     """
 

@@ -6,8 +6,8 @@ first call on (ops.batch_norm.conv2d_batch_norm_act): inside it the conv is PyTo
 depthwise 3x3 layer our NHWC kernels where they are faster (the forward in bfloat16 and float16; dgrad at stride 2,
 and at stride 1 as the forward kernel with the filter turned 180 degrees; wgrad in bfloat16 and float16, and in
 float32 at stride 2) — BatchNorm needs the whole conv output for its statistics before it can normalize any of it — and
-BatchNorm + add + activation run fused (the cuDNN graph, or the legacy cuDNN BatchNorm API where the graph is
-refused).
+BatchNorm + add + activation run fused (our NHWC kernel for a channels_last conv output; otherwise the cuDNN graph,
+or the legacy cuDNN BatchNorm API where the graph is refused).
 Eval (running statistics): BatchNorm folds into the conv's weight and bias and the layer runs as one fused
 conv + bias (+ residual) + ReLU graph (SiLU, Hardswish and LeakyReLU, which the conv graphs do not express, are
 applied to its output in place); the fold is recomputed whenever a parameter or statistic changes.

@@ -117,9 +117,10 @@ def batch_norm_act(
     "hardswish", "leaky_relu" (with negative_slope, as F.leaky_relu's) (SiLU, Hardswish and LeakyReLU without a
     residual: with one the call runs eager) or None.
 
-    With batch statistics (training, or no running statistics) it runs as one cuDNN graph (or the legacy cuDNN
-    BatchNorm API, where cuDNN refuses the graph), running statistics updated as F.batch_norm updates them; with
-    running statistics (inference) it runs eager — fold it into the conv before it instead (Conv2dBNReLU does).
+    With batch statistics (training, or no running statistics) it runs as our NHWC kernel for channels_last x,
+    otherwise as one cuDNN graph (or the legacy cuDNN BatchNorm API, where cuDNN refuses the graph), running
+    statistics updated as F.batch_norm updates them; with running statistics (inference) it runs eager — fold it
+    into the conv before it instead (Conv2dBNReLU does).
     policy: the EnginePolicy for its cuDNN graphs (None: the global one). call: the calling layer's LayerCall, which
     keeps the decision; where the call runs the op that writes float32 running statistics, its C++ record
     (csrc/ops/bn_call.h) runs a repeated call without returning to Python.
