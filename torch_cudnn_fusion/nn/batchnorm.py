@@ -61,8 +61,7 @@ class BatchNorm2dReLU(nn.BatchNorm2d):
 
     Same constructor, parameters, buffers and state_dict keys as nn.BatchNorm2d. With batch statistics (training)
     it runs as our NHWC kernel (channels_last x), else one cuDNN graph, or the legacy cuDNN BatchNorm API where the
-    graph is refused, or eager; with running
-    statistics (eval) it runs eager. `fusion_status` says which, and why.
+    graph is refused, or eager; with running statistics (eval) it runs eager. `fusion_status` says which, and why.
     """
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: Optional[float] = 0.1, affine: bool = True,

@@ -105,10 +105,9 @@ class FusionStatus:
     reason: str = ""
     backward: tuple[tuple[str, str], ...] = ()
     # "cudnn_graph", "cudnn_legacy" (the legacy cuDNN BatchNorm API), "batch_norm_kernel" (BatchNorm's forward in
-    # our NHWC kernel), "depthwise_kernel" (our NHWC depthwise
-    # kernels where they were faster, PyTorch's elsewhere: the reason says which), "squeeze_excite_op" (a
-    # squeeze-and-excitation block as one op of ATen's kernels, one autograd node) or "eager"; "" derives it from
-    # `fused`
+    # our NHWC kernel), "depthwise_kernel" (our NHWC depthwise kernels where they were faster, PyTorch's elsewhere:
+    # the reason says which), "squeeze_excite_op" (a squeeze-and-excitation block as one op of ATen's kernels, one
+    # autograd node) or "eager"; "" derives it from `fused`
     implementation_name: str = ""
 
     @property
