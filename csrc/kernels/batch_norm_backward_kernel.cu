@@ -389,8 +389,7 @@ cudaError_t launch_typed(const BatchNormActBackwardArgs& a, bool vectors, int mu
 
 int64_t batch_norm_act_backward_partial_rows(int64_t rows, int64_t channels, bool vectors, int element_bytes,
                                              int multiprocessors) {
-  return 2 * nhwc::row_launch(rows, channels, vectors ? 16 / element_bytes : 1, multiprocessors,
-                              kBlocksPerMultiprocessor).grid.y;
+  return nhwc::two_sum_partial_rows(rows, channels, vectors, element_bytes, multiprocessors, kBlocksPerMultiprocessor);
 }
 
 cudaError_t launch_batch_norm_act_backward_nhwc(ElementType type, const BatchNormActBackwardArgs& args, bool vectors,
