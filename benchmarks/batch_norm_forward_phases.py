@@ -1,0 +1,204 @@
+"""Where our BatchNorm forward kernel's time goes on small layers: its phases (statistics, first grid barrier,
+finalize, second barrier, apply) and its time under other launch shapes, against a copy of the same bytes.
+
+The cuDNN graph's BatchNorm forward took 12-15 us on mobilenet_v2's narrow 14x14 and 7x7 layers at batch 256 where
+our kernel took 27-33 (H200, 28ze, batch_norm_forward.py); no layer ran under 26 us in ours. This probe breaks that
+down. It needs no torch build of the package: it writes a copy of csrc/kernels/batch_norm_forward_kernel.cu with
+  - %globaltimer stamps between the one-launch kernel's phases (block (0, 0), and the latest block's end), and
+  - knobs for the launch shape: blocks per multiprocessor (main: 2), three launches in place of one cooperative
+    launch, at least N rows per thread (fewer blocks for small layers),
+compiles it with batch_norm_forward_phases.cu and nvcc for each build variant (rows unrolled 4 or 8 a step in the
+first and last pass; the finalize's loads 4 at a time), and runs each on mobilenet_v2's BatchNorm shapes (batch 256,
+bfloat16, NHWC). Each patch is asserted to apply, so a changed kernel fails here loudly, not silently unpatched.
+Written on 2026-12-07 in a session that got no GPU: it compiles (nvcc 13.0, sm_90) but has not run yet.
+
+    python benchmarks/batch_norm_forward_phases.py [--json out.json] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+KERNEL = HERE.parent / "csrc" / "kernels" / "batch_norm_forward_kernel.cu"
+
+# (name, -D flags): rows per step in the statistics and apply passes; the finalize's loads issued 4 at a time
+BUILDS = [("unroll 4", ["-DPROBE_UNROLL=4", "-DPROBE_FINALIZE_BATCH=0"]),
+          ("unroll 8", ["-DPROBE_UNROLL=8", "-DPROBE_FINALIZE_BATCH=0"]),
+          ("finalize loads x4", ["-DPROBE_UNROLL=4", "-DPROBE_FINALIZE_BATCH=1"])]
+
+KNOBS = """__device__ unsigned long long g_stamps[8];
+int g_blocks_per_sm = 2;
+int g_force_three = 0;
+int g_min_rows_per_thread = 0;
+__device__ inline unsigned long long probe_time() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+#define PROBE_STAMP(i) \\
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) g_stamps[i] = probe_time()
+// row_launch's shape with the knobs: g_blocks_per_sm a multiprocessor, grid.y cut to give each thread at least
+// g_min_rows_per_thread rows
+inline nhwc::Launch probe_launch_shape(int64_t rows, int64_t channels, int vector, int multiprocessors) {
+  auto shape = nhwc::row_launch(rows, channels, vector, multiprocessors, g_blocks_per_sm);
+  if (g_min_rows_per_thread > 0) {
+    const int64_t most = std::max<int64_t>(1, rows / (static_cast<int64_t>(shape.block.y) * g_min_rows_per_thread));
+    shape.grid.y = static_cast<unsigned>(std::min<int64_t>(shape.grid.y, most));
+  }
+  return shape;
+}
+"""
+
+FINALIZE_LOOP = """        for (int p = lane; p < parts; p += kLanes) {
+          const double* at = a.partial + static_cast<int64_t>(p) * a.channels + c;
+          sum += __ldcg(at);
+          sum_sq += __ldcg(at + stride);
+        }"""
+
+FINALIZE_BATCHED = """#if PROBE_FINALIZE_BATCH
+        int p = lane;
+        for (; p + 3 * kLanes < parts; p += 4 * kLanes) {  // four parts' loads issued before their sums
+          double s[4], q[4];
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            const double* at = a.partial + static_cast<int64_t>(p + u * kLanes) * a.channels + c;
+            s[u] = __ldcg(at);
+            q[u] = __ldcg(at + stride);
+          }
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            sum += s[u];
+            sum_sq += q[u];
+          }
+        }
+        for (; p < parts; p += kLanes) {
+          const double* at = a.partial + static_cast<int64_t>(p) * a.channels + c;
+          sum += __ldcg(at);
+          sum_sq += __ldcg(at + stride);
+        }
+#else
+""" + FINALIZE_LOOP + "\n#endif"
+
+ONE_LAUNCH = """  statistics_rows<T, V>(static_cast<const T*>(a.x), a.partial, a.rows, a.channels, shared);
+  grid.sync();
+  finalize_tiles(a, static_cast<int>(gridDim.y), shared);
+  grid.sync();
+  apply_rows<T, V, kResidual, kAct>(a);"""
+
+ONE_LAUNCH_STAMPED = """  PROBE_STAMP(0);
+  statistics_rows<T, V>(static_cast<const T*>(a.x), a.partial, a.rows, a.channels, shared);
+  PROBE_STAMP(1);
+  grid.sync();
+  PROBE_STAMP(2);
+  finalize_tiles(a, static_cast<int>(gridDim.y), shared);
+  PROBE_STAMP(3);
+  grid.sync();
+  PROBE_STAMP(4);
+  apply_rows<T, V, kResidual, kAct>(a);
+  __syncthreads();
+  if (threadIdx.x == 0 && threadIdx.y == 0) atomicMax(&g_stamps[5], probe_time());"""
+
+
+def patched_kernel(source: str) -> str:
+    """The kernel's source with the probe's stamps and knobs; each replacement asserted to apply once."""
+    replacements = [
+        ("namespace tcf {\nnamespace {", "namespace tcf {\n" + KNOBS + "namespace {"),
+        ("constexpr int kUnroll = 4;  // four rows a step", "constexpr int kUnroll = PROBE_UNROLL;  // rows a step"),
+        ("  constexpr int kUnroll = 4;\n  for (; k >= kUnroll - 1",
+         "  constexpr int kUnroll = PROBE_UNROLL;\n  for (; k >= kUnroll - 1"),
+        (FINALIZE_LOOP, FINALIZE_BATCHED),
+        (ONE_LAUNCH, ONE_LAUNCH_STAMPED),
+        ("  const auto shape = nhwc::row_launch(a.rows, a.channels, V, multiprocessors, kBlocksPerMultiprocessor);",
+         "  const auto shape = probe_launch_shape(a.rows, a.channels, V, multiprocessors);"),
+        ("  if (nhwc::cooperative_grid_fits(kernel", "  if (!g_force_three && nhwc::cooperative_grid_fits(kernel"),
+    ]
+    for old, new in replacements:
+        count = source.count(old)
+        if count != 1:
+            raise SystemExit(f"batch_norm_forward_phases: the kernel has changed: {count} places match the patch "
+                             f"that starts {old.strip().splitlines()[0]!r} (expected 1); update the probe")
+        source = source.replace(old, new)
+    return source
+
+
+def nvcc() -> str:
+    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    candidates = [Path(cuda_home) / "bin" / "nvcc"] if cuda_home else []
+    found = shutil.which("nvcc")
+    candidates += [Path(found)] if found else []
+    candidates += [Path("/usr/local/cuda/bin/nvcc")]
+    for path in candidates:
+        if path.exists():
+            return str(path)
+    raise SystemExit("batch_norm_forward_phases: no nvcc found (CUDA_HOME, PATH, /usr/local/cuda)")
+
+
+def build(work: Path, name: str, flags: list[str]) -> Path:
+    binary = work / name.replace(" ", "_")
+    command = [nvcc(), "-std=c++17", "-O3", "-gencode=arch=compute_90,code=sm_90", *flags,
+               f"-I{HERE.parent / 'csrc'}", f"-I{work}", str(work / "batch_norm_forward_phases.cu"), "-o", str(binary)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"batch_norm_forward_phases: nvcc failed for {name}:\n{done.stderr[-3000:]}")
+    return binary
+
+
+def parse(output: str, build_name: str) -> tuple[str, list[dict]]:
+    device, rows = "", []
+    for line in output.splitlines():
+        fields = line.split(",")
+        if fields[0] == "device":
+            device = f"{fields[1]} ({fields[2]} multiprocessors)"
+        elif fields[0] == "row":
+            numbers = [float(f) for f in fields[5:]]
+            rows.append({"build": build_name, "channels": int(fields[1]), "size": int(fields[2]),
+                         "activation": "relu6" if fields[3] == "2" else "none", "variant": fields[4],
+                         "graph_us": numbers[0], "issued_us": numbers[1], "copy_us": numbers[2],
+                         "grid": [int(numbers[3]), int(numbers[4])], "block": [int(numbers[5]), int(numbers[6])],
+                         "phases_us": dict(zip(("statistics", "barrier 1", "finalize", "barrier 2", "apply"),
+                                               numbers[7:12]))})
+    return device, rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", default=None)
+    p.add_argument("--keep", default=None, help="write the patched sources and binaries here (default: a temp dir)")
+    args = p.parse_args()
+    work = Path(args.keep or tempfile.mkdtemp(prefix="bn_forward_phases_"))
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "bnf_patched.cu").write_text(patched_kernel(KERNEL.read_text()))
+    shutil.copy(HERE / "batch_norm_forward_phases.cu", work / "batch_norm_forward_phases.cu")
+    with concurrent.futures.ThreadPoolExecutor(len(BUILDS)) as pool:
+        binaries = list(pool.map(lambda b: build(work, *b), BUILDS))
+    device, rows = "", []
+    for (name, _), binary in zip(BUILDS, binaries):
+        done = subprocess.run([str(binary)], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"batch_norm_forward_phases: {name} failed: {done.stderr[-2000:]}")
+        device, found = parse(done.stdout, name)
+        rows += found
+    print(f"our BatchNorm forward kernel on {device}: us a launch (CUDA-graph replay), batch 256, bfloat16, NHWC; "
+          "phases: block (0, 0)'s view of the one launch, apply to the latest block's end")
+    print(f"{'build':<19}{'shape':<16}{'variant':<19}{'us':>7}{'issued':>8}{'copy':>7}{'grid':>10}"
+          f"{'stats':>7}{'bar1':>6}{'final':>7}{'bar2':>6}{'apply':>7}")
+    for r in rows:
+        shape = f"{r['channels']}@{r['size']}x{r['size']} {r['activation']}"
+        phases = "".join(f"{v:>{w}.2f}" for v, w in zip(r["phases_us"].values(), (7, 6, 7, 6, 7)))
+        print(f"{r['build']:<19}{shape:<16}{r['variant']:<19}{r['graph_us']:>7.2f}{r['issued_us']:>8.2f}"
+              f"{r['copy_us']:>7.2f}{r['grid'][0]:>4}x{r['grid'][1]:<5}{phases}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": device, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
