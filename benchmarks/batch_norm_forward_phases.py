@@ -20,14 +20,15 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
-import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 KERNEL = HERE.parent / "csrc" / "kernels" / "batch_norm_forward_kernel.cu"
+sys.path.insert(0, str(HERE.parent))  # torch_cudnn_fusion._build_paths from this checkout
 
 # (name, -D flags): rows per step in the statistics and apply passes; the finalize's loads issued 4 at a time
 BUILDS = [("unroll 4", ["-DPROBE_UNROLL=4", "-DPROBE_FINALIZE_BATCH=0"]),
@@ -130,15 +131,17 @@ def patched_kernel(source: str) -> str:
 
 
 def nvcc() -> str:
-    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    candidates = [Path(cuda_home) / "bin" / "nvcc"] if cuda_home else []
-    found = shutil.which("nvcc")
-    candidates += [Path(found)] if found else []
-    candidates += [Path("/usr/local/cuda/bin/nvcc")]
-    for path in candidates:
-        if path.exists():
-            return str(path)
-    raise SystemExit("batch_norm_forward_phases: no nvcc found (CUDA_HOME, PATH, /usr/local/cuda)")
+    """The nvcc of the toolkit the package's build takes (_build_paths.cuda_home: CUDA_HOME, torch's guess,
+    /usr/local/cuda-<torch's CUDA>, /usr/local/cuda)."""
+    import torch
+    from torch.utils import cpp_extension
+
+    from torch_cudnn_fusion._build_paths import cuda_home
+
+    home = cuda_home(cpp_extension.CUDA_HOME, torch.version.cuda)
+    if home is None:
+        raise SystemExit("batch_norm_forward_phases: no CUDA toolkit found (set CUDA_HOME)")
+    return str(home / "bin" / "nvcc")
 
 
 def build(work: Path, name: str, flags: list[str]) -> Path:

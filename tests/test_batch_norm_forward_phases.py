@@ -1,0 +1,56 @@
+"""benchmarks/batch_norm_forward_phases.py, the probe of our BatchNorm forward kernel's phases, without a GPU: its
+patches apply to today's kernel (so a kernel edit that breaks them fails here, not on the next GPU run), a kernel it
+does not know is refused by name, the patched copy compiles with the harness where a CUDA toolkit is found, and the
+harness's lines are read back."""
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import batch_norm_forward_phases as probe  # noqa: E402
+
+
+def test_every_patch_applies_to_the_kernel():
+    patched = probe.patched_kernel(probe.KERNEL.read_text())
+    for stamp in range(5):
+        assert f"PROBE_STAMP({stamp});" in patched
+    assert "atomicMax(&g_stamps[5], probe_time())" in patched
+    assert patched.count("constexpr int kUnroll = PROBE_UNROLL;") == 2  # the statistics and the apply pass
+    assert "#if PROBE_FINALIZE_BATCH" in patched
+    assert "const auto shape = probe_launch_shape(a.rows, a.channels, V, multiprocessors);" in patched
+    assert "if (!g_force_three && nhwc::cooperative_grid_fits(kernel" in patched
+
+
+def test_a_kernel_the_probe_does_not_know_is_refused_by_name():
+    source = probe.KERNEL.read_text().replace("  grid.sync();\n  finalize_tiles",
+                                              "  grid.sync();  // moved\n  finalize_tiles")
+    with pytest.raises(SystemExit, match="the kernel has changed: 0 places match the patch that starts "
+                                         "'statistics_rows<T, V>"):
+        probe.patched_kernel(source)
+
+
+def test_the_harness_lines_are_read_back():
+    output = ("device,NVIDIA H200,132\n"
+              "row,64,14,0,main,31.20,33.00,4.10,1,264,8,32,3.10,2.20,4.30,2.00,6.50\n"
+              "row,192,28,2,three launches,80.00,81.00,30.00,1,264,24,10,0.00,0.00,0.00,0.00,0.00\n")
+    device, rows = probe.parse(output, "unroll 4")
+    assert device == "NVIDIA H200 (132 multiprocessors)"
+    assert rows[0] == {"build": "unroll 4", "channels": 64, "size": 14, "activation": "none", "variant": "main",
+                       "graph_us": 31.2, "issued_us": 33.0, "copy_us": 4.1, "grid": [1, 264], "block": [8, 32],
+                       "phases_us": {"statistics": 3.1, "barrier 1": 2.2, "finalize": 4.3, "barrier 2": 2.0,
+                                     "apply": 6.5}}
+    assert rows[1]["activation"] == "relu6" and rows[1]["variant"] == "three launches"
+
+
+def test_the_patched_kernel_compiles_with_the_harness(tmp_path):
+    try:
+        probe.nvcc()
+    except SystemExit:
+        pytest.skip("no CUDA toolkit here")
+    (tmp_path / "bnf_patched.cu").write_text(probe.patched_kernel(probe.KERNEL.read_text()))
+    shutil.copy(probe.HERE / "batch_norm_forward_phases.cu", tmp_path / "batch_norm_forward_phases.cu")
+    name, flags = probe.BUILDS[2]  # the finalize's batched loads: the patch with the most code of its own
+    assert probe.build(tmp_path, name, flags).is_file()
