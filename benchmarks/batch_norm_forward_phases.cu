@@ -3,7 +3,8 @@
 // (g_blocks_per_sm, g_force_three, g_min_rows_per_thread). No torch: the kernel's launch function is called directly.
 // For each BatchNorm shape (batch 256, bfloat16, NHWC) and each launch-shape variant, one line:
 //   row,<channels>,<size>,<activation>,<variant>,<graph us>,<stream us>,<copy us>,<grid x>,<grid y>,<block x>,
-//       <block y>,<stamps us: statistics, barrier 1, finalize, barrier 2, apply (to the last block's end)>
+//       <block y>,<max |y - y of main's three launches|>,<stamps us: statistics, barrier 1, finalize, barrier 2,
+//       apply (to the last block's end)>
 // graph us: 20 launches captured in a CUDA graph, the median of 15 replays, per launch; stream us: 20 launches
 // issued back to back, the median of 15; copy us: a device-to-device copy of x's bytes, timed as `graph us`. The
 // stamps (%globaltimer, block (0, 0) but the last, the latest block's end) come from one more launch; 0 where the
@@ -13,6 +14,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <vector>
 
@@ -45,6 +47,16 @@ __global__ void fill(__nv_bfloat16* x, int64_t n) {
     const uint32_t h = static_cast<uint32_t>(i * 2654435761u) ^ static_cast<uint32_t>(i >> 7) * 40503u;
     x[i] = __float2bfloat16(((h & 0xffff) / 65536.f - 0.5f) * 3.f + 0.2f);
   }
+}
+
+// *worst = max over i of |a[i] - b[i]| (non-negative floats compare as their bits)
+__global__ void max_difference(const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t n, unsigned* worst) {
+  float local = 0.f;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    local = fmaxf(local, fabsf(__bfloat162float(a[i]) - __bfloat162float(b[i])));
+  }
+  atomicMax(worst, __float_as_uint(local));
 }
 
 // The median per call of 15 timings of `issue` (which issues `calls` calls) on `stream`.
@@ -106,9 +118,12 @@ int main() {
   const int64_t batch = 256;
   int64_t most = 0;
   for (const Shape& s : shapes) most = std::max<int64_t>(most, batch * s.channels * s.size * s.size);
-  __nv_bfloat16 *x, *y;
+  __nv_bfloat16 *x, *y, *reference;
   CHECK(cudaMalloc(&x, most * 2));
   CHECK(cudaMalloc(&y, most * 2));
+  CHECK(cudaMalloc(&reference, most * 2));
+  unsigned* worst;
+  CHECK(cudaMalloc(&worst, sizeof(unsigned)));
   fill<<<1024, 256>>>(x, most);
   CHECK(cudaDeviceSynchronize());
   float *weight, *bias, *mean, *invstd, *running_mean, *running_var;
@@ -128,6 +143,14 @@ int main() {
     const int64_t rows = batch * s.size * s.size;
     const float copy = graph_us(
         [&] { CHECK(cudaMemcpyAsync(y, x, rows * s.channels * 2, cudaMemcpyDeviceToDevice, stream)); }, stream);
+    // y of main's arithmetic (three launches: statistics, finalize, apply), which every variant's y is held against
+    g_blocks_per_sm = 2;
+    g_force_three = 1;
+    g_min_rows_per_thread = 0;
+    const BatchNormActForwardArgs first{x,        nullptr, reference, weight,  bias,       mean, invstd,
+                                        running_mean, running_var, running_mean, running_var, steps, partial,
+                                        rows,     s.channels, 1e-5f, 0.1f, s.activation, 0.f};
+    CHECK(launch_batch_norm_act_forward_nhwc(ElementType::kBFloat16, first, true, multiprocessors, stream));
     for (const Variant& v : variants) {
       g_blocks_per_sm = v.blocks_per_sm;
       g_force_three = v.three_launches;
@@ -147,9 +170,15 @@ int main() {
       launch();
       CHECK(cudaStreamSynchronize(stream));
       CHECK(cudaMemcpyFromSymbol(stamps, g_stamps, sizeof stamps));
+      CHECK(cudaMemsetAsync(worst, 0, sizeof(unsigned), stream));
+      max_difference<<<1024, 256, 0, stream>>>(y, reference, rows * s.channels, worst);
+      unsigned worst_bits = 0;
+      CHECK(cudaMemcpy(&worst_bits, worst, sizeof worst_bits, cudaMemcpyDeviceToHost));
+      float difference;
+      std::memcpy(&difference, &worst_bits, sizeof difference);
       const nhwc::Launch shape = probe_launch_shape(a.rows, a.channels, 8, multiprocessors);
-      std::printf("row,%d,%d,%d,%s,%.2f,%.2f,%.2f,%u,%u,%u,%u", s.channels, s.size, s.activation, v.name, graph,
-                  issued, copy, shape.grid.x, shape.grid.y, shape.block.x, shape.block.y);
+      std::printf("row,%d,%d,%d,%s,%.2f,%.2f,%.2f,%u,%u,%u,%u,%g", s.channels, s.size, s.activation, v.name, graph,
+                  issued, copy, shape.grid.x, shape.grid.y, shape.block.x, shape.block.y, difference);
       for (int phase = 0; phase < 5; ++phase) {
         const bool stamped = !v.three_launches && stamps[0] != 0;
         std::printf(",%.2f", stamped ? (stamps[phase + 1] - stamps[phase]) / 1e3 : 0.0);

@@ -8,8 +8,9 @@ down. It needs no torch build of the package: it writes a copy of csrc/kernels/b
   - knobs for the launch shape: blocks per multiprocessor (main: 2), three launches in place of one cooperative
     launch, at least N rows per thread (fewer blocks for small layers),
 compiles it with batch_norm_forward_phases.cu and nvcc for each build variant (rows unrolled 4 or 8 a step in the
-first and last pass; the finalize's loads 4 at a time), and runs each on mobilenet_v2's BatchNorm shapes (batch 256,
-bfloat16, NHWC). Each patch is asserted to apply, so a changed kernel fails here loudly, not silently unpatched.
+first and last pass; the finalize's loads 4 at a time; one barrier: each block adds all parts of its own channels'
+partial sums, with no finalize pass and no second barrier), and runs each on mobilenet_v2's BatchNorm shapes (batch
+256, bfloat16, NHWC). Each variant's y is held against y from main's arithmetic (three launches): max |dy|. Each patch is asserted to apply, so a changed kernel fails here loudly, not silently unpatched.
 Written on 2026-12-07 in a session that got no GPU: it compiles (nvcc 13.0, sm_90) but has not run yet.
 
     python benchmarks/batch_norm_forward_phases.py [--json out.json] [--keep DIR]
@@ -30,10 +31,12 @@ HERE = Path(__file__).resolve().parent
 KERNEL = HERE.parent / "csrc" / "kernels" / "batch_norm_forward_kernel.cu"
 sys.path.insert(0, str(HERE.parent))  # torch_cudnn_fusion._build_paths from this checkout
 
-# (name, -D flags): rows per step in the statistics and apply passes; the finalize's loads issued 4 at a time
+# (name, -D flags): rows per step in the statistics and apply passes; the finalize's loads issued 4 at a time; one
+# barrier: each block adds all parts of its own channels' partial sums (probe_block_statistics), no finalize pass
 BUILDS = [("unroll 4", ["-DPROBE_UNROLL=4", "-DPROBE_FINALIZE_BATCH=0"]),
           ("unroll 8", ["-DPROBE_UNROLL=8", "-DPROBE_FINALIZE_BATCH=0"]),
-          ("finalize loads x4", ["-DPROBE_UNROLL=4", "-DPROBE_FINALIZE_BATCH=1"])]
+          ("finalize loads x4", ["-DPROBE_UNROLL=4", "-DPROBE_FINALIZE_BATCH=1"]),
+          ("one barrier", ["-DPROBE_UNROLL=4", "-DPROBE_FINALIZE_BATCH=0", "-DPROBE_REDUNDANT=1"])]
 
 KNOBS = """__device__ unsigned long long g_stamps[8];
 int g_blocks_per_sm = 2;
@@ -88,6 +91,75 @@ FINALIZE_BATCHED = """#if PROBE_FINALIZE_BATCH
 #else
 """ + FINALIZE_LOOP + "\n#endif"
 
+BLOCK_STATISTICS = """// Probe: every block's own channels' statistics from all parts of the partial sums (after the
+// first barrier), each block adding the parts in the same order, so that no finalize pass and no second barrier are
+// needed. Block row 0 writes the saved and running statistics (finish_channel); the block's columns' mean and
+// invstd (blockDim.x * V floats each) then sit at the start of `shared`, for apply_rows.
+template <int V>
+__device__ void probe_block_statistics(const BatchNormActForwardArgs& a, int parts, float* shared_floats) {
+  const int64_t groups = a.channels / V;
+  const int64_t group = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(parts) * a.channels;
+  double sum[V], sum_sq[V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) sum[v] = sum_sq[v] = 0.0;
+  if (group < groups) {
+    for (int p = threadIdx.y; p < parts; p += blockDim.y) {
+      const double* at = a.partial + static_cast<int64_t>(p) * a.channels + group * V;
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        sum[v] += __ldcg(at + v);
+        sum_sq[v] += __ldcg(at + stride + v);
+      }
+    }
+  }
+  double* shared = reinterpret_cast<double*>(shared_floats);
+  const int width = blockDim.x * V;
+  double* my_sum = shared + threadIdx.y * width + threadIdx.x * V;
+  double* my_sum_sq = my_sum + blockDim.y * width;
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    my_sum[v] = sum[v];
+    my_sum_sq[v] = sum_sq[v];
+  }
+  __syncthreads();
+  for (int block_rows = blockDim.y; block_rows > 1;) {
+    const int half = (block_rows + 1) / 2;
+    if (static_cast<int>(threadIdx.y) + half < block_rows) {
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        my_sum[v] += my_sum[half * width + v];
+        my_sum_sq[v] += my_sum_sq[half * width + v];
+      }
+    }
+    __syncthreads();
+    block_rows = half;
+  }
+  float mean[V], invstd[V];
+  if (threadIdx.y == 0 && group < groups) {
+    const double rows = static_cast<double>(a.rows);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const double m = my_sum[v] / rows;
+      const double var = fmax(my_sum_sq[v] / rows - m * m, 0.0);
+      mean[v] = static_cast<float>(m);
+      invstd[v] = static_cast<float>(1.0 / sqrt(var + static_cast<double>(a.eps)));
+      if (blockIdx.y == 0) finish_channel(a, group * V + v, my_sum[v], my_sum_sq[v]);
+    }
+  }
+  __syncthreads();  // the sums are read; their space takes the block's statistics
+  if (threadIdx.y == 0 && group < groups) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      shared_floats[threadIdx.x * V + v] = mean[v];
+      shared_floats[width + threadIdx.x * V + v] = invstd[v];
+    }
+  }
+  __syncthreads();
+}
+
+"""
+
 ONE_LAUNCH = """  statistics_rows<T, V>(static_cast<const T*>(a.x), a.partial, a.rows, a.channels, shared);
   grid.sync();
   finalize_tiles(a, static_cast<int>(gridDim.y), shared);
@@ -99,11 +171,18 @@ ONE_LAUNCH_STAMPED = """  PROBE_STAMP(0);
   PROBE_STAMP(1);
   grid.sync();
   PROBE_STAMP(2);
+#if PROBE_REDUNDANT
+  probe_block_statistics<V>(a, static_cast<int>(gridDim.y), shared);
+  PROBE_STAMP(3);
+  PROBE_STAMP(4);
+  apply_rows<T, V, kResidual, kAct>(a, shared, shared + blockDim.x * V);
+#else
   finalize_tiles(a, static_cast<int>(gridDim.y), shared);
   PROBE_STAMP(3);
   grid.sync();
   PROBE_STAMP(4);
   apply_rows<T, V, kResidual, kAct>(a);
+#endif
   __syncthreads();
   if (threadIdx.x == 0 && threadIdx.y == 0) atomicMax(&g_stamps[5], probe_time());"""
 
@@ -120,6 +199,13 @@ def patched_kernel(source: str) -> str:
         ("  const auto shape = nhwc::row_launch(a.rows, a.channels, V, multiprocessors, kBlocksPerMultiprocessor);",
          "  const auto shape = probe_launch_shape(a.rows, a.channels, V, multiprocessors);"),
         ("  if (nhwc::cooperative_grid_fits(kernel", "  if (!g_force_three && nhwc::cooperative_grid_fits(kernel"),
+        ("// Pass 3: y. The statistics are read", BLOCK_STATISTICS + "// Pass 3: y. The statistics are read"),
+        ("__device__ void apply_rows(const BatchNormActForwardArgs& a) {",
+         "__device__ void apply_rows(const BatchNormActForwardArgs& a, const float* block_mean = nullptr,\n"
+         "                           const float* block_invstd = nullptr) {"),
+        ("    mean[v] = __ldcg(a.save_mean + column + v);\n    invstd[v] = __ldcg(a.save_invstd + column + v);",
+         "    mean[v] = block_mean ? block_mean[threadIdx.x * V + v] : __ldcg(a.save_mean + column + v);\n"
+         "    invstd[v] = block_invstd ? block_invstd[threadIdx.x * V + v] : __ldcg(a.save_invstd + column + v);"),
     ]
     for old, new in replacements:
         count = source.count(old)
@@ -166,8 +252,9 @@ def parse(output: str, build_name: str) -> tuple[str, list[dict]]:
                          "activation": "relu6" if fields[3] == "2" else "none", "variant": fields[4],
                          "graph_us": numbers[0], "issued_us": numbers[1], "copy_us": numbers[2],
                          "grid": [int(numbers[3]), int(numbers[4])], "block": [int(numbers[5]), int(numbers[6])],
+                         "max_difference": numbers[7],
                          "phases_us": dict(zip(("statistics", "barrier 1", "finalize", "barrier 2", "apply"),
-                                               numbers[7:12]))})
+                                               numbers[8:13]))})
     return device, rows
 
 
@@ -190,14 +277,15 @@ def main() -> None:
         device, found = parse(done.stdout, name)
         rows += found
     print(f"our BatchNorm forward kernel on {device}: us a launch (CUDA-graph replay), batch 256, bfloat16, NHWC; "
-          "phases: block (0, 0)'s view of the one launch, apply to the latest block's end")
+          "phases: block (0, 0)'s view of the one launch, apply to the latest block's end; max |dy|: y against main's "
+          "arithmetic (three launches)")
     print(f"{'build':<19}{'shape':<16}{'variant':<19}{'us':>7}{'issued':>8}{'copy':>7}{'grid':>10}"
-          f"{'stats':>7}{'bar1':>6}{'final':>7}{'bar2':>6}{'apply':>7}")
+          f"{'stats':>7}{'bar1':>6}{'final':>7}{'bar2':>6}{'apply':>7}{'max |dy|':>10}")
     for r in rows:
         shape = f"{r['channels']}@{r['size']}x{r['size']} {r['activation']}"
         phases = "".join(f"{v:>{w}.2f}" for v, w in zip(r["phases_us"].values(), (7, 6, 7, 6, 7)))
         print(f"{r['build']:<19}{shape:<16}{r['variant']:<19}{r['graph_us']:>7.2f}{r['issued_us']:>8.2f}"
-              f"{r['copy_us']:>7.2f}{r['grid'][0]:>4}x{r['grid'][1]:<5}{phases}")
+              f"{r['copy_us']:>7.2f}{r['grid'][0]:>4}x{r['grid'][1]:<5}{phases}{r['max_difference']:>10.3g}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": device, "rows": rows}, f, indent=1)

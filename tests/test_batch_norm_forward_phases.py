@@ -34,15 +34,17 @@ def test_a_kernel_the_probe_does_not_know_is_refused_by_name():
 
 def test_the_harness_lines_are_read_back():
     output = ("device,NVIDIA H200,132\n"
-              "row,64,14,0,main,31.20,33.00,4.10,1,264,8,32,3.10,2.20,4.30,2.00,6.50\n"
-              "row,192,28,2,three launches,80.00,81.00,30.00,1,264,24,10,0.00,0.00,0.00,0.00,0.00\n")
+              "row,64,14,0,main,31.20,33.00,4.10,1,264,8,32,0,3.10,2.20,4.30,2.00,6.50\n"
+              "row,192,28,2,three launches,80.00,81.00,30.00,1,264,24,10,0.0078125,0.00,0.00,0.00,0.00,0.00\n")
     device, rows = probe.parse(output, "unroll 4")
     assert device == "NVIDIA H200 (132 multiprocessors)"
     assert rows[0] == {"build": "unroll 4", "channels": 64, "size": 14, "activation": "none", "variant": "main",
                        "graph_us": 31.2, "issued_us": 33.0, "copy_us": 4.1, "grid": [1, 264], "block": [8, 32],
+                       "max_difference": 0.0,
                        "phases_us": {"statistics": 3.1, "barrier 1": 2.2, "finalize": 4.3, "barrier 2": 2.0,
                                      "apply": 6.5}}
     assert rows[1]["activation"] == "relu6" and rows[1]["variant"] == "three launches"
+    assert rows[1]["max_difference"] == 0.0078125
 
 
 def test_the_patched_kernel_compiles_with_the_harness(tmp_path):
