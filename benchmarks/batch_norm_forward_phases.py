@@ -10,7 +10,8 @@ down. It needs no torch build of the package: it writes a copy of csrc/kernels/b
 compiles it with batch_norm_forward_phases.cu and nvcc for each build variant (rows unrolled 4 or 8 a step in the
 first and last pass; the finalize's loads 4 at a time; one barrier: each block adds all parts of its own channels'
 partial sums, with no finalize pass and no second barrier), and runs each on mobilenet_v2's BatchNorm shapes (batch
-256, bfloat16, NHWC). Each variant's y is held against y from main's arithmetic (three launches): max |dy|. Each patch is asserted to apply, so a changed kernel fails here loudly, not silently unpatched.
+256, bfloat16, NHWC). Each variant's y is held against y from main's arithmetic (three launches): max |dy|. Each
+patch is asserted to apply, so a changed kernel fails here loudly, not silently unpatched.
 Written on 2026-12-07 in a session that got no GPU: it compiles (nvcc 13.0, sm_90) but has not run yet.
 
     python benchmarks/batch_norm_forward_phases.py [--json out.json] [--keep DIR]
@@ -93,8 +94,9 @@ FINALIZE_BATCHED = """#if PROBE_FINALIZE_BATCH
 
 BLOCK_STATISTICS = """// Probe: every block's own channels' statistics from all parts of the partial sums (after the
 // first barrier), each block adding the parts in the same order, so that no finalize pass and no second barrier are
-// needed. Block row 0 writes the saved and running statistics (finish_channel); the block's columns' mean and
-// invstd (blockDim.x * V floats each) then sit at the start of `shared`, for apply_rows.
+// needed. The block's rows of threads are added by statistics_rows's own pairwise sum (its lines, taken from the
+// kernel's source: block_reduction). Block row 0 writes the saved and running statistics (finish_channel); the
+// block's columns' mean and invstd (blockDim.x * V floats each) then sit at the start of `shared`, for apply_rows.
 template <int V>
 __device__ void probe_block_statistics(const BatchNormActForwardArgs& a, int parts, float* shared_floats) {
   const int64_t groups = a.channels / V;
@@ -113,29 +115,7 @@ __device__ void probe_block_statistics(const BatchNormActForwardArgs& a, int par
       }
     }
   }
-  double* shared = reinterpret_cast<double*>(shared_floats);
-  const int width = blockDim.x * V;
-  double* my_sum = shared + threadIdx.y * width + threadIdx.x * V;
-  double* my_sum_sq = my_sum + blockDim.y * width;
-#pragma unroll
-  for (int v = 0; v < V; ++v) {
-    my_sum[v] = sum[v];
-    my_sum_sq[v] = sum_sq[v];
-  }
-  __syncthreads();
-  for (int block_rows = blockDim.y; block_rows > 1;) {
-    const int half = (block_rows + 1) / 2;
-    if (static_cast<int>(threadIdx.y) + half < block_rows) {
-#pragma unroll
-      for (int v = 0; v < V; ++v) {
-        my_sum[v] += my_sum[half * width + v];
-        my_sum_sq[v] += my_sum_sq[half * width + v];
-      }
-    }
-    __syncthreads();
-    block_rows = half;
-  }
-  float mean[V], invstd[V];
+@BLOCK_REDUCTION@  float mean[V], invstd[V];
   if (threadIdx.y == 0 && group < groups) {
     const double rows = static_cast<double>(a.rows);
 #pragma unroll
@@ -187,8 +167,29 @@ ONE_LAUNCH_STAMPED = """  PROBE_STAMP(0);
   if (threadIdx.x == 0 && threadIdx.y == 0) atomicMax(&g_stamps[5], probe_time());"""
 
 
+REDUCTION_START = "  double* shared = reinterpret_cast<double*>(shared_floats);\n  const int width = blockDim.x * V;\n"
+REDUCTION_END = "    block_rows = half;\n  }\n"
+
+
+def block_reduction(source: str) -> str:
+    """statistics_rows's pairwise sum of the block's rows of threads (from `double* shared = ...` to the end of its
+    loop), as the kernel's source has it, for the one-barrier build's probe_block_statistics: one copy of it, the
+    kernel's."""
+    if source.count(REDUCTION_START) != 1:
+        raise SystemExit("batch_norm_forward_phases: the kernel has changed: statistics_rows's block sum does not "
+                         "start once with `double* shared = ...; const int width = blockDim.x * V;`; update the "
+                         "probe")
+    start = source.index(REDUCTION_START)
+    end = source.find(REDUCTION_END, start)
+    if end < 0:
+        raise SystemExit("batch_norm_forward_phases: the kernel has changed: statistics_rows's block sum has no "
+                         "`block_rows = half;` loop end; update the probe")
+    return source[start:end + len(REDUCTION_END)]
+
+
 def patched_kernel(source: str) -> str:
     """The kernel's source with the probe's stamps and knobs; each replacement asserted to apply once."""
+    block_statistics = BLOCK_STATISTICS.replace("@BLOCK_REDUCTION@", block_reduction(source))
     replacements = [
         ("namespace tcf {\nnamespace {", "namespace tcf {\n" + KNOBS + "namespace {"),
         ("constexpr int kUnroll = 4;  // four rows a step", "constexpr int kUnroll = PROBE_UNROLL;  // rows a step"),
@@ -199,7 +200,7 @@ def patched_kernel(source: str) -> str:
         ("  const auto shape = nhwc::row_launch(a.rows, a.channels, V, multiprocessors, kBlocksPerMultiprocessor);",
          "  const auto shape = probe_launch_shape(a.rows, a.channels, V, multiprocessors);"),
         ("  if (nhwc::cooperative_grid_fits(kernel", "  if (!g_force_three && nhwc::cooperative_grid_fits(kernel"),
-        ("// Pass 3: y. The statistics are read", BLOCK_STATISTICS + "// Pass 3: y. The statistics are read"),
+        ("// Pass 3: y. The statistics are read", block_statistics + "// Pass 3: y. The statistics are read"),
         ("__device__ void apply_rows(const BatchNormActForwardArgs& a) {",
          "__device__ void apply_rows(const BatchNormActForwardArgs& a, const float* block_mean = nullptr,\n"
          "                           const float* block_invstd = nullptr) {"),

@@ -24,6 +24,19 @@ def test_every_patch_applies_to_the_kernel():
     assert "if (!g_force_three && nhwc::cooperative_grid_fits(kernel" in patched
 
 
+def test_the_one_barrier_build_sums_the_block_with_the_kernels_own_lines():
+    source = probe.KERNEL.read_text()
+    reduction = probe.block_reduction(source)
+    assert reduction.startswith(probe.REDUCTION_START) and reduction.endswith(probe.REDUCTION_END)
+    assert "for (int block_rows = blockDim.y; block_rows > 1;)" in reduction
+    patched = probe.patched_kernel(source)
+    assert "@BLOCK_REDUCTION@" not in patched
+    function = patched[patched.index("__device__ void probe_block_statistics"):]
+    assert reduction in function[:function.index("float mean[V], invstd[V];")]
+    with pytest.raises(SystemExit, match="statistics_rows's block sum has no `block_rows = half;` loop end"):
+        probe.block_reduction(source.replace("    block_rows = half;\n  }\n", "    block_rows = half;  // x\n  }\n"))
+
+
 def test_a_kernel_the_probe_does_not_know_is_refused_by_name():
     source = probe.KERNEL.read_text().replace("  grid.sync();\n  finalize_tiles",
                                               "  grid.sync();  // moved\n  finalize_tiles")
