@@ -67,5 +67,7 @@ def test_the_patched_kernel_compiles_with_the_harness(tmp_path):
         pytest.skip("no CUDA toolkit here")
     (tmp_path / "bnf_patched.cu").write_text(probe.patched_kernel(probe.KERNEL.read_text()))
     shutil.copy(probe.HERE / "batch_norm_forward_phases.cu", tmp_path / "batch_norm_forward_phases.cu")
-    name, flags = probe.BUILDS[2]  # the finalize's batched loads: the patch with the most code of its own
-    assert probe.build(tmp_path, name, flags).is_file()
+    # one build with every code path the probe adds behind a macro: the finalize's batched loads and the one-barrier
+    # statistics (which keeps finalize_tiles for its three-launch variants), rows unrolled 8
+    flags = ["-DPROBE_UNROLL=8", "-DPROBE_FINALIZE_BATCH=1", "-DPROBE_REDUNDANT=1"]
+    assert probe.build(tmp_path, "every probe path", flags).is_file()
