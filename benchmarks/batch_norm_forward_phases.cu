@@ -114,7 +114,7 @@ int main() {
   };
   const Variant variants[] = {{"main", 2, 0, 0},          {"three launches", 2, 1, 0}, {"1 block/SM", 1, 0, 0},
                               {"rows >= 16", 2, 0, 16},  {"rows >= 32", 2, 0, 32},   {"rows >= 64", 2, 0, 64},
-                              {"three, rows >= 32", 2, 1, 32}};
+                              {"three + rows >= 32", 2, 1, 32}};
   const int64_t batch = 256;
   int64_t most = 0;
   for (const Shape& s : shapes) most = std::max<int64_t>(most, batch * s.channels * s.size * s.size);
