@@ -94,24 +94,29 @@ __device__ void statistics_rows(const T* __restrict__ x, double* __restrict__ pa
   // The block's rows of threads added pairwise (row r and row r + half, while more than one is left), every thread
   // taking part, not by one thread per column in turn over all blockDim.y rows (85 at 24 channels of bfloat16):
   // with float sums, MobileNet v2's 19 BatchNorm shapes (batch 256, H200, a scratch harness) took 1726 us together
-  // with the serial sum against 1683 pairwise.
+  // with the serial sum against 1683 pairwise. Sum v of thread (x, y) sits at shared[v][y][x] (sums of squares
+  // after the sums): a warp's threads touch consecutive doubles. Laid out [y][x][v] (a thread's V sums side by side,
+  // 8 V bytes apart from its neighbour's), each half warp's 16 accesses fell on 2 banks' pairs, 8-way conflicts:
+  // this pass then took 10.9 us of our kernel's 25.0 on mobilenet_v2's 64-channel 14x14 layer (H100, batch 256,
+  // bfloat16, batch_norm_forward_phases.py, 2026-12-07), where a copy of x and y took 3.1.
   double* shared = reinterpret_cast<double*>(shared_floats);
-  const int width = blockDim.x * V;
-  double* my_sum = shared + threadIdx.y * width + threadIdx.x * V;
-  double* my_sum_sq = my_sum + blockDim.y * width;
+  const int plane = blockDim.x * blockDim.y;
+  double* my_sum = shared + threadIdx.y * blockDim.x + threadIdx.x;  // sum v at my_sum[v * plane]
+  double* my_sum_sq = my_sum + V * plane;
 #pragma unroll
   for (int v = 0; v < V; ++v) {
-    my_sum[v] = sum[v];
-    my_sum_sq[v] = sum_sq[v];
+    my_sum[v * plane] = sum[v];
+    my_sum_sq[v * plane] = sum_sq[v];
   }
   __syncthreads();
   for (int block_rows = blockDim.y; block_rows > 1;) {
     const int half = (block_rows + 1) / 2;
     if (static_cast<int>(threadIdx.y) + half < block_rows) {
+      const int below = half * blockDim.x;
 #pragma unroll
       for (int v = 0; v < V; ++v) {
-        my_sum[v] += my_sum[half * width + v];
-        my_sum_sq[v] += my_sum_sq[half * width + v];
+        my_sum[v * plane] += my_sum[v * plane + below];
+        my_sum_sq[v * plane] += my_sum_sq[v * plane + below];
       }
     }
     __syncthreads();
@@ -122,8 +127,8 @@ __device__ void statistics_rows(const T* __restrict__ x, double* __restrict__ pa
 #pragma unroll
     for (int v = 0; v < V; ++v) {
       const int64_t at = static_cast<int64_t>(blockIdx.y) * channels + group * V + v;
-      partial[at] = my_sum[v];
-      partial[parts * channels + at] = my_sum_sq[v];
+      partial[at] = my_sum[v * plane];
+      partial[parts * channels + at] = my_sum_sq[v * plane];
     }
   }
 }
