@@ -8,11 +8,15 @@ down. It needs no torch build of the package: it writes a copy of csrc/kernels/b
   - knobs for the launch shape: blocks per multiprocessor (main: 2), three launches in place of one cooperative
     launch, at least N rows per thread (fewer blocks for small layers),
 compiles it with batch_norm_forward_phases.cu and nvcc for each build variant (rows unrolled 4 or 8 a step in the
-first and last pass; the finalize's loads 4 at a time; one barrier: each block adds all parts of its own channels'
-partial sums, with no finalize pass and no second barrier), and runs each on mobilenet_v2's BatchNorm shapes (batch
-256, bfloat16, NHWC). Each variant's y is held against y from main's arithmetic (three launches): max |dy|. Each
-patch is asserted to apply, so a changed kernel fails here loudly, not silently unpatched.
-Written on 2026-12-07 in a session that got no GPU: it compiles (nvcc 13.0, sm_90) but has not run yet.
+first and last pass; the finalize's loads 4 at a time), and runs each on mobilenet_v2's BatchNorm shapes (batch 256,
+bfloat16, NHWC). Each variant's y is held against y from main's arithmetic (three launches): max |dy|. Each patch is
+asserted to apply, so a changed kernel fails here loudly, not silently unpatched.
+
+First run (H100, 2026-12-07, benchmarks/results/batch_norm_forward_phases_h100_2026-12-07a.json): on the 64-channel
+14x14 layer, 25.0 us, of which the statistics pass took 10.9 (its block sum's shared-memory bank conflicts, since
+mended in the kernel), the two barriers 1.3 and 1.1, the finalize 2.1 and the apply pass 8.4; a copy of x and y took
+3.1. A fourth build then, "one barrier" (each block adding all parts of its own channels' sums, no finalize pass and
+no second barrier), was slower on every shape, 1.3x to 10x, and was dropped.
 
     python benchmarks/batch_norm_forward_phases.py [--json out.json] [--keep DIR]
 """
@@ -32,12 +36,10 @@ HERE = Path(__file__).resolve().parent
 KERNEL = HERE.parent / "csrc" / "kernels" / "batch_norm_forward_kernel.cu"
 sys.path.insert(0, str(HERE.parent))  # torch_cudnn_fusion._build_paths from this checkout
 
-# (name, -D flags): rows per step in the statistics and apply passes; the finalize's loads issued 4 at a time; one
-# barrier: each block adds all parts of its own channels' partial sums (probe_block_statistics), no finalize pass
+# (name, -D flags): rows per step in the statistics and apply passes; the finalize's loads issued 4 at a time
 BUILDS = [("unroll 4", ["-DPROBE_UNROLL=4", "-DPROBE_FINALIZE_BATCH=0"]),
           ("unroll 8", ["-DPROBE_UNROLL=8", "-DPROBE_FINALIZE_BATCH=0"]),
-          ("finalize loads x4", ["-DPROBE_UNROLL=4", "-DPROBE_FINALIZE_BATCH=1"]),
-          ("one barrier", ["-DPROBE_UNROLL=4", "-DPROBE_FINALIZE_BATCH=0", "-DPROBE_REDUNDANT=1"])]
+          ("finalize loads x4", ["-DPROBE_UNROLL=4", "-DPROBE_FINALIZE_BATCH=1"])]
 
 KNOBS = """__device__ unsigned long long g_stamps[8];
 int g_blocks_per_sm = 2;
@@ -92,54 +94,6 @@ FINALIZE_BATCHED = """#if PROBE_FINALIZE_BATCH
 #else
 """ + FINALIZE_LOOP + "\n#endif"
 
-BLOCK_STATISTICS = """// Probe: every block's own channels' statistics from all parts of the partial sums (after the
-// first barrier), each block adding the parts in the same order, so that no finalize pass and no second barrier are
-// needed. The block's rows of threads are added by statistics_rows's own pairwise sum (its lines, taken from the
-// kernel's source: block_reduction). Block row 0 writes the saved and running statistics (finish_channel); the
-// block's columns' mean and invstd (blockDim.x * V floats each) then sit at the start of `shared`, for apply_rows.
-template <int V>
-__device__ void probe_block_statistics(const BatchNormActForwardArgs& a, int parts, float* shared_floats) {
-  const int64_t groups = a.channels / V;
-  const int64_t group = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t stride = static_cast<int64_t>(parts) * a.channels;
-  double sum[V], sum_sq[V];
-#pragma unroll
-  for (int v = 0; v < V; ++v) sum[v] = sum_sq[v] = 0.0;
-  if (group < groups) {
-    for (int p = threadIdx.y; p < parts; p += blockDim.y) {
-      const double* at = a.partial + static_cast<int64_t>(p) * a.channels + group * V;
-#pragma unroll
-      for (int v = 0; v < V; ++v) {
-        sum[v] += __ldcg(at + v);
-        sum_sq[v] += __ldcg(at + stride + v);
-      }
-    }
-  }
-@BLOCK_REDUCTION@  float mean[V], invstd[V];
-  if (threadIdx.y == 0 && group < groups) {
-    const double rows = static_cast<double>(a.rows);
-#pragma unroll
-    for (int v = 0; v < V; ++v) {
-      const double m = my_sum[v] / rows;
-      const double var = fmax(my_sum_sq[v] / rows - m * m, 0.0);
-      mean[v] = static_cast<float>(m);
-      invstd[v] = static_cast<float>(1.0 / sqrt(var + static_cast<double>(a.eps)));
-      if (blockIdx.y == 0) finish_channel(a, group * V + v, my_sum[v], my_sum_sq[v]);
-    }
-  }
-  __syncthreads();  // the sums are read; their space takes the block's statistics
-  if (threadIdx.y == 0 && group < groups) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) {
-      shared_floats[threadIdx.x * V + v] = mean[v];
-      shared_floats[width + threadIdx.x * V + v] = invstd[v];
-    }
-  }
-  __syncthreads();
-}
-
-"""
-
 ONE_LAUNCH = """  statistics_rows<T, V>(static_cast<const T*>(a.x), a.partial, a.rows, a.channels, shared);
   grid.sync();
   finalize_tiles(a, static_cast<int>(gridDim.y), shared);
@@ -151,45 +105,17 @@ ONE_LAUNCH_STAMPED = """  PROBE_STAMP(0);
   PROBE_STAMP(1);
   grid.sync();
   PROBE_STAMP(2);
-#if PROBE_REDUNDANT
-  probe_block_statistics<V>(a, static_cast<int>(gridDim.y), shared);
-  PROBE_STAMP(3);
-  PROBE_STAMP(4);
-  apply_rows<T, V, kResidual, kAct>(a, shared, shared + blockDim.x * V);
-#else
   finalize_tiles(a, static_cast<int>(gridDim.y), shared);
   PROBE_STAMP(3);
   grid.sync();
   PROBE_STAMP(4);
   apply_rows<T, V, kResidual, kAct>(a);
-#endif
   __syncthreads();
   if (threadIdx.x == 0 && threadIdx.y == 0) atomicMax(&g_stamps[5], probe_time());"""
 
 
-REDUCTION_START = "  double* shared = reinterpret_cast<double*>(shared_floats);\n  const int width = blockDim.x * V;\n"
-REDUCTION_END = "    block_rows = half;\n  }\n"
-
-
-def block_reduction(source: str) -> str:
-    """statistics_rows's pairwise sum of the block's rows of threads (from `double* shared = ...` to the end of its
-    loop), as the kernel's source has it, for the one-barrier build's probe_block_statistics: one copy of it, the
-    kernel's."""
-    if source.count(REDUCTION_START) != 1:
-        raise SystemExit("batch_norm_forward_phases: the kernel has changed: statistics_rows's block sum does not "
-                         "start once with `double* shared = ...; const int width = blockDim.x * V;`; update the "
-                         "probe")
-    start = source.index(REDUCTION_START)
-    end = source.find(REDUCTION_END, start)
-    if end < 0:
-        raise SystemExit("batch_norm_forward_phases: the kernel has changed: statistics_rows's block sum has no "
-                         "`block_rows = half;` loop end; update the probe")
-    return source[start:end + len(REDUCTION_END)]
-
-
 def patched_kernel(source: str) -> str:
     """The kernel's source with the probe's stamps and knobs; each replacement asserted to apply once."""
-    block_statistics = BLOCK_STATISTICS.replace("@BLOCK_REDUCTION@", block_reduction(source))
     replacements = [
         ("namespace tcf {\nnamespace {", "namespace tcf {\n" + KNOBS + "namespace {"),
         ("constexpr int kUnroll = 4;  // four rows a step", "constexpr int kUnroll = PROBE_UNROLL;  // rows a step"),
@@ -200,13 +126,6 @@ def patched_kernel(source: str) -> str:
         ("  const auto shape = nhwc::row_launch(a.rows, a.channels, V, multiprocessors, kBlocksPerMultiprocessor);",
          "  const auto shape = probe_launch_shape(a.rows, a.channels, V, multiprocessors);"),
         ("  if (nhwc::cooperative_grid_fits(kernel", "  if (!g_force_three && nhwc::cooperative_grid_fits(kernel"),
-        ("// Pass 3: y. The statistics are read", block_statistics + "// Pass 3: y. The statistics are read"),
-        ("__device__ void apply_rows(const BatchNormActForwardArgs& a) {",
-         "__device__ void apply_rows(const BatchNormActForwardArgs& a, const float* block_mean = nullptr,\n"
-         "                           const float* block_invstd = nullptr) {"),
-        ("    mean[v] = __ldcg(a.save_mean + column + v);\n    invstd[v] = __ldcg(a.save_invstd + column + v);",
-         "    mean[v] = block_mean ? block_mean[threadIdx.x * V + v] : __ldcg(a.save_mean + column + v);\n"
-         "    invstd[v] = block_invstd ? block_invstd[threadIdx.x * V + v] : __ldcg(a.save_invstd + column + v);"),
     ]
     for old, new in replacements:
         count = source.count(old)

@@ -24,19 +24,6 @@ def test_every_patch_applies_to_the_kernel():
     assert "if (!g_force_three && nhwc::cooperative_grid_fits(kernel" in patched
 
 
-def test_the_one_barrier_build_sums_the_block_with_the_kernels_own_lines():
-    source = probe.KERNEL.read_text()
-    reduction = probe.block_reduction(source)
-    assert reduction.startswith(probe.REDUCTION_START) and reduction.endswith(probe.REDUCTION_END)
-    assert "for (int block_rows = blockDim.y; block_rows > 1;)" in reduction
-    patched = probe.patched_kernel(source)
-    assert "@BLOCK_REDUCTION@" not in patched
-    function = patched[patched.index("__device__ void probe_block_statistics"):]
-    assert reduction in function[:function.index("float mean[V], invstd[V];")]
-    with pytest.raises(SystemExit, match="statistics_rows's block sum has no `block_rows = half;` loop end"):
-        probe.block_reduction(source.replace("    block_rows = half;\n  }\n", "    block_rows = half;  // x\n  }\n"))
-
-
 def test_a_kernel_the_probe_does_not_know_is_refused_by_name():
     source = probe.KERNEL.read_text().replace("  grid.sync();\n  finalize_tiles",
                                               "  grid.sync();  // moved\n  finalize_tiles")
@@ -67,7 +54,6 @@ def test_the_patched_kernel_compiles_with_the_harness(tmp_path):
         pytest.skip("no CUDA toolkit here")
     (tmp_path / "bnf_patched.cu").write_text(probe.patched_kernel(probe.KERNEL.read_text()))
     shutil.copy(probe.HERE / "batch_norm_forward_phases.cu", tmp_path / "batch_norm_forward_phases.cu")
-    # one build with every code path the probe adds behind a macro: the finalize's batched loads and the one-barrier
-    # statistics (which keeps finalize_tiles for its three-launch variants), rows unrolled 8
-    flags = ["-DPROBE_UNROLL=8", "-DPROBE_FINALIZE_BATCH=1", "-DPROBE_REDUNDANT=1"]
+    # one build with every code path the probe adds behind a macro: the finalize's batched loads, rows unrolled 8
+    flags = ["-DPROBE_UNROLL=8", "-DPROBE_FINALIZE_BATCH=1"]
     assert probe.build(tmp_path, "every probe path", flags).is_file()
