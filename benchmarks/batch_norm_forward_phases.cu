@@ -8,7 +8,8 @@
 // graph us: 20 launches captured in a CUDA graph, the median of 15 replays, per launch; stream us: 20 launches
 // issued back to back, the median of 15; copy us: a device-to-device copy of x's bytes, timed as `graph us`. The
 // stamps (%globaltimer, block (0, 0) but the last, the latest block's end) come from one more launch; 0 where the
-// variant runs three launches.
+// variant runs three launches. Before a shape's rows, one line of its reference's bits (y of main's three launches,
+// the saved mean and invstd), hashed: bits,<channels>,<size>,<hex>.
 #include "bnf_patched.cu"
 
 #include <algorithm>
@@ -57,6 +58,17 @@ __global__ void max_difference(const __nv_bfloat16* a, const __nv_bfloat16* b, i
     local = fmaxf(local, fabsf(__bfloat162float(a[i]) - __bfloat162float(b[i])));
   }
   atomicMax(worst, __float_as_uint(local));
+}
+
+// *hash += the bits of a[i] times an odd function of i, over all i (wrapping): equal arrays give equal hashes, and
+// arrays differing anywhere different ones but by chance
+__global__ void bits_hash(const uint16_t* a, int64_t n, unsigned long long* hash) {
+  unsigned long long local = 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    local += a[i] * (2 * static_cast<unsigned long long>(i) * 0x9E3779B97F4A7C15ull + 1);
+  }
+  atomicAdd(hash, local);
 }
 
 // The median per call of 15 timings of `issue` (which issues `calls` calls) on `stream`.
@@ -151,6 +163,17 @@ int main() {
                                         running_mean, running_var, running_mean, running_var, steps, partial,
                                         rows,     s.channels, 1e-5f, 0.1f, s.activation, 0.f};
     CHECK(launch_batch_norm_act_forward_nhwc(ElementType::kBFloat16, first, true, multiprocessors, stream));
+    // its bits (y, then the saved mean and invstd), to compare builds of two versions of the kernel
+    unsigned long long hashes[3] = {};
+    unsigned long long* hash;
+    CHECK(cudaMalloc(&hash, sizeof hashes));
+    CHECK(cudaMemsetAsync(hash, 0, sizeof hashes, stream));
+    bits_hash<<<1024, 256, 0, stream>>>(reinterpret_cast<const uint16_t*>(reference), rows * s.channels, hash);
+    bits_hash<<<8, 256, 0, stream>>>(reinterpret_cast<const uint16_t*>(mean), 2 * s.channels, hash + 1);
+    bits_hash<<<8, 256, 0, stream>>>(reinterpret_cast<const uint16_t*>(invstd), 2 * s.channels, hash + 2);
+    CHECK(cudaMemcpy(hashes, hash, sizeof hashes, cudaMemcpyDeviceToHost));
+    CHECK(cudaFree(hash));
+    std::printf("bits,%d,%d,%016llx%016llx%016llx\n", s.channels, s.size, hashes[0], hashes[1], hashes[2]);
     for (const Variant& v : variants) {
       g_blocks_per_sm = v.blocks_per_sm;
       g_force_three = v.three_launches;

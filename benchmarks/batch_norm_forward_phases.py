@@ -18,7 +18,8 @@ mended in the kernel), the two barriers 1.3 and 1.1, the finalize 2.1 and the ap
 3.1. A fourth build then, "one barrier" (each block adding all parts of its own channels' sums, no finalize pass and
 no second barrier), was slower on every shape, 1.3x to 10x, and was dropped.
 
-    python benchmarks/batch_norm_forward_phases.py [--json out.json] [--keep DIR]
+    python benchmarks/batch_norm_forward_phases.py [--json out.json] [--keep DIR] [--builds NAME ...]
+        [--kernel OTHER.cu --bits-of out.json]    (the same bits from another version of the kernel?)
 """
 
 from __future__ import annotations
@@ -160,12 +161,15 @@ def build(work: Path, name: str, flags: list[str]) -> Path:
     return binary
 
 
-def parse(output: str, build_name: str) -> tuple[str, list[dict]]:
-    device, rows = "", []
+def parse(output: str, build_name: str) -> tuple[str, list[dict], dict]:
+    """(device, rows, {"<channels>@<size>": hash of the reference's bits})"""
+    device, rows, bits = "", [], {}
     for line in output.splitlines():
         fields = line.split(",")
         if fields[0] == "device":
             device = f"{fields[1]} ({fields[2]} multiprocessors)"
+        elif fields[0] == "bits":
+            bits[f"{fields[1]}@{fields[2]}"] = fields[3]
         elif fields[0] == "row":
             numbers = [float(f) for f in fields[5:]]
             rows.append({"build": build_name, "channels": int(fields[1]), "size": int(fields[2]),
@@ -175,27 +179,37 @@ def parse(output: str, build_name: str) -> tuple[str, list[dict]]:
                          "max_difference": numbers[7],
                          "phases_us": dict(zip(("statistics", "barrier 1", "finalize", "barrier 2", "apply"),
                                                numbers[8:13]))})
-    return device, rows
+    return device, rows, bits
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", default=None)
     p.add_argument("--keep", default=None, help="write the patched sources and binaries here (default: a temp dir)")
+    p.add_argument("--kernel", default=str(KERNEL), help="the kernel's source to probe (another version of it, for "
+                   "an A/B)")
+    p.add_argument("--builds", nargs="+", choices=[name for name, _ in BUILDS], default=None,
+                   help="the builds to run (default: all)")
+    p.add_argument("--bits-of", default=None, help="a --json of another run (another version of the kernel): say on "
+                   "which shapes the reference's bits (y, saved mean and invstd) are the same")
     args = p.parse_args()
+    builds = [b for b in BUILDS if args.builds is None or b[0] in args.builds]
     work = Path(args.keep or tempfile.mkdtemp(prefix="bn_forward_phases_"))
     work.mkdir(parents=True, exist_ok=True)
-    (work / "bnf_patched.cu").write_text(patched_kernel(KERNEL.read_text()))
+    (work / "bnf_patched.cu").write_text(patched_kernel(Path(args.kernel).read_text()))
     shutil.copy(HERE / "batch_norm_forward_phases.cu", work / "batch_norm_forward_phases.cu")
-    with concurrent.futures.ThreadPoolExecutor(len(BUILDS)) as pool:
-        binaries = list(pool.map(lambda b: build(work, *b), BUILDS))
-    device, rows = "", []
-    for (name, _), binary in zip(BUILDS, binaries):
+    with concurrent.futures.ThreadPoolExecutor(len(builds)) as pool:
+        binaries = list(pool.map(lambda b: build(work, *b), builds))
+    device, rows, bits = "", [], None
+    for (name, _), binary in zip(builds, binaries):
         done = subprocess.run([str(binary)], capture_output=True, text=True)
         if done.returncode != 0:
             raise SystemExit(f"batch_norm_forward_phases: {name} failed: {done.stderr[-2000:]}")
-        device, found = parse(done.stdout, name)
+        device, found, found_bits = parse(done.stdout, name)
         rows += found
+        if bits is not None and found_bits != bits:  # the builds change the loads' order, not the arithmetic's
+            raise SystemExit(f"batch_norm_forward_phases: build {name}'s reference differs from {builds[0][0]}'s")
+        bits = found_bits
     print(f"our BatchNorm forward kernel on {device}: us a launch (CUDA-graph replay), batch 256, bfloat16, NHWC; "
           "phases: block (0, 0)'s view of the one launch, apply to the latest block's end; max |dy|: y against main's "
           "arithmetic (three launches)")
@@ -206,9 +220,14 @@ def main() -> None:
         phases = "".join(f"{v:>{w}.2f}" for v, w in zip(r["phases_us"].values(), (7, 6, 7, 6, 7)))
         print(f"{r['build']:<19}{shape:<16}{r['variant']:<19}{r['graph_us']:>7.2f}{r['issued_us']:>8.2f}"
               f"{r['copy_us']:>7.2f}{r['grid'][0]:>4}x{r['grid'][1]:<5}{phases}{r['max_difference']:>10.3g}")
+    if args.bits_of:
+        other = json.loads(Path(args.bits_of).read_text())["bits"]
+        same = [shape for shape in bits if other.get(shape) == bits[shape]]
+        print(f"the reference's bits (y, saved mean and invstd) as in {args.bits_of}: {len(same)} of {len(bits)} "
+              f"shapes" + "".join(f"; differ: {shape}" for shape in bits if shape not in same))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": device, "rows": rows}, f, indent=1)
+            json.dump({"device": device, "kernel": args.kernel, "bits": bits, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

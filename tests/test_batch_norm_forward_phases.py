@@ -34,10 +34,12 @@ def test_a_kernel_the_probe_does_not_know_is_refused_by_name():
 
 def test_the_harness_lines_are_read_back():
     output = ("device,NVIDIA H200,132\n"
+              "bits,64,14,00000000000000ab00000000000000cd00000000000000ef\n"
               "row,64,14,0,main,31.20,33.00,4.10,1,264,8,32,0,3.10,2.20,4.30,2.00,6.50\n"
               "row,192,28,2,three launches,80.00,81.00,30.00,1,264,24,10,0.0078125,0.00,0.00,0.00,0.00,0.00\n")
-    device, rows = probe.parse(output, "unroll 4")
+    device, rows, bits = probe.parse(output, "unroll 4")
     assert device == "NVIDIA H200 (132 multiprocessors)"
+    assert bits == {"64@14": "00000000000000ab00000000000000cd00000000000000ef"}
     assert rows[0] == {"build": "unroll 4", "channels": 64, "size": 14, "activation": "none", "variant": "main",
                        "graph_us": 31.2, "issued_us": 33.0, "copy_us": 4.1, "grid": [1, 264], "block": [8, 32],
                        "max_difference": 0.0,
