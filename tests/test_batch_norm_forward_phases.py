@@ -49,6 +49,15 @@ def test_the_harness_lines_are_read_back():
     assert rows[1]["max_difference"] == 0.0078125
 
 
+def test_the_reference_bits_are_compared_shape_by_shape():
+    ours = {"64@14": "a1", "96@14": "b2", "160@7": "c3"}
+    assert probe.same_bits(ours, dict(ours), "old.json") == (
+        "the reference's bits (y, saved mean and invstd) as old.json's on 3 of 3 shapes")
+    assert probe.same_bits(ours, {"64@14": "a1", "96@14": "b0"}, "old.json") == (
+        "the reference's bits (y, saved mean and invstd) as old.json's on 1 of 3 shapes; differ: 96@14; "
+        "differ: 160@7")
+
+
 def test_the_patched_kernel_compiles_with_the_harness(tmp_path):
     try:
         probe.nvcc()
