@@ -3,6 +3,7 @@ patches apply to today's kernel (so a kernel edit that breaks them fails here, n
 does not know is refused by name, the patched copy compiles with the harness where a CUDA toolkit is found, and the
 harness's lines are read back."""
 
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -47,6 +48,16 @@ def test_the_harness_lines_are_read_back():
                                      "apply": 6.5}}
     assert rows[1]["activation"] == "relu6" and rows[1]["variant"] == "three launches"
     assert rows[1]["max_difference"] == 0.0078125
+
+
+def test_the_harness_variant_names_hold_no_comma():
+    """The harness prints comma-separated lines with the variant's name as a field: a comma in a name (once "three,
+    rows >= 32") broke parse() on the GPU, after the builds and the runs."""
+    harness = (probe.HERE / "batch_norm_forward_phases.cu").read_text()
+    table = harness[harness.index("const Variant variants[] = {"):]
+    names = re.findall(r'\{"([^"]*)", \d', table[:table.index("};")])
+    assert len(names) == 7 and names[0] == "main"
+    assert [name for name in names if "," in name] == []
 
 
 def test_the_reference_bits_are_compared_shape_by_shape():
