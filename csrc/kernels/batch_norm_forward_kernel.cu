@@ -89,7 +89,17 @@ __device__ void statistics_rows(const T* __restrict__ x, double* __restrict__ pa
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) add(p[u]);
     }
-    for (; row < rows; row += step) add(*reinterpret_cast<const P*>(x + row * channels + column));
+    if (row < rows) {  // the last rows, fewer than kUnroll: their loads issued together too, added in order
+      P p[kUnroll - 1];
+#pragma unroll
+      for (int u = 0; u < kUnroll - 1; ++u) {
+        if (row + u * step < rows) p[u] = *reinterpret_cast<const P*>(x + (row + u * step) * channels + column);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll - 1; ++u) {
+        if (row + u * step < rows) add(p[u]);
+      }
+    }
   }
   // The block's rows of threads added pairwise (row r and row r + half, while more than one is left), every thread
   // taking part, not by one thread per column in turn over all blockDim.y rows (85 at 24 channels of bfloat16):
@@ -246,11 +256,20 @@ __device__ void apply_rows(const BatchNormActForwardArgs& a) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) process(x_p[u], r_p[u], (row0 + (k - u) * step) * a.channels + column);
   }
-  for (; k >= 0; --k) {
-    const int64_t offset = (row0 + k * step) * a.channels + column;
-    P r_p;
-    if (kResidual) r_p = *reinterpret_cast<const P*>(residual + offset);
-    process(*reinterpret_cast<const P*>(x + offset), r_p, offset);
+  if (k >= 0) {  // the first rows, k + 1 < kUnroll of them: their loads issued together too
+    P x_p[kUnroll - 1], r_p[kUnroll - 1];
+#pragma unroll
+    for (int u = 0; u < kUnroll - 1; ++u) {
+      if (k - u < 0) break;
+      const int64_t offset = (row0 + (k - u) * step) * a.channels + column;
+      x_p[u] = *reinterpret_cast<const P*>(x + offset);
+      if (kResidual) r_p[u] = *reinterpret_cast<const P*>(residual + offset);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll - 1; ++u) {
+      if (k - u < 0) break;
+      process(x_p[u], r_p[u], (row0 + (k - u) * step) * a.channels + column);
+    }
   }
 }
 
