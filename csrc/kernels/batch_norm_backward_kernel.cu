@@ -97,7 +97,7 @@ __device__ inline float masked_grad(float dy, float xc, float y, float invstd, f
 constexpr int kBlocksPerMultiprocessor = 2;
 
 // Pass 1: per-block partial sums of g (partial[0]) and g * xc (partial[1]); g written to dz when dz is not null.
-// `shared` holds blockDim.y * blockDim.x * V floats.
+// `shared` holds V * blockDim.y * blockDim.x floats.
 template <typename T, int V, Gate G>
 __device__ void reduce_rows(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ y,
                             const float* __restrict__ save_mean, const float* __restrict__ save_invstd,
@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(nhwc::kThreads, kBlocksPerMultiprocessor)
                                    const float* __restrict__ weight, const float* __restrict__ bias,
                                    T* __restrict__ dz, float* __restrict__ partial, int64_t rows, int64_t channels,
                                    int activation, float negative_slope) {
-  extern __shared__ float shared[];  // [blockDim.y][blockDim.x * V]
+  extern __shared__ float shared[];  // [V][blockDim.y][blockDim.x]
   reduce_rows<T, V, G>(dy, x, y, save_mean, save_invstd, weight, bias, dz, partial, rows, channels, activation,
                             negative_slope, shared);
 }

@@ -77,20 +77,25 @@ inline int64_t two_sum_partial_rows(int64_t rows, int64_t channels, bool vectors
                  .grid.y;
 }
 
-// Adds the block's rows of per-thread sums (`sums`, V per thread) in a fixed order and writes one partial sum per
-// channel to partial[blockIdx.y][channel]. `shared` holds blockDim.y * blockDim.x * V floats.
+// Adds the block's rows of per-thread sums (`sums`, V per thread) in a fixed order (row 0 first) and writes one
+// partial sum per channel to partial[blockIdx.y][channel]. `shared` holds V * blockDim.y * blockDim.x floats, laid
+// out [v][y][x] so that a warp's stores and loads touch consecutive words, and the V channels of a column are added
+// by V rows of threads side by side (v = y, y + blockDim.y, ...). Laid out [y][x][v], with row 0 adding all V in
+// turn, a warp's 32 accesses fell on 32 / V banks (8-way conflicts for bfloat16's V 8) and the V sums ran one after
+// another. Each channel's rows are added in the same order as then: the same bits.
 template <int V>
 __device__ inline void write_block_partial(const float (&sums)[V], float* shared, float* __restrict__ partial,
                                            int64_t group, int64_t groups, int64_t channels) {
-  const int width = blockDim.x * V;
+  const int plane = blockDim.y * blockDim.x;
+  const int at = threadIdx.y * blockDim.x + threadIdx.x;
 #pragma unroll
-  for (int v = 0; v < V; ++v) shared[threadIdx.y * width + threadIdx.x * V + v] = sums[v];
+  for (int v = 0; v < V; ++v) shared[v * plane + at] = sums[v];
   __syncthreads();
-  if (threadIdx.y == 0 && group < groups) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) {
+  if (group < groups) {
+    for (int v = threadIdx.y; v < V; v += blockDim.y) {
+      const float* column = shared + v * plane + threadIdx.x;
       float total = 0.f;
-      for (int r = 0; r < static_cast<int>(blockDim.y); ++r) total += shared[r * width + threadIdx.x * V + v];
+      for (int r = 0; r < static_cast<int>(blockDim.y); ++r) total += column[r * blockDim.x];
       partial[static_cast<int64_t>(blockIdx.y) * channels + group * V + v] = total;
     }
   }

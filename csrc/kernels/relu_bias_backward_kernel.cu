@@ -22,7 +22,7 @@ template <typename T>
 __global__ void relu_bias_backward_nhwc(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dz,
                                         float* __restrict__ partial, int64_t rows, int64_t channels, bool relu6) {
   constexpr int kVec = Vec<T>::kSize;
-  extern __shared__ float shared[];  // [blockDim.y][blockDim.x * kVec]
+  extern __shared__ float shared[];  // [kVec][blockDim.y][blockDim.x]
   const int64_t groups = channels / kVec;
   const int64_t group = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   float sums[kVec];
