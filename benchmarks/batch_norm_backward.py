@@ -1,0 +1,110 @@
+"""BatchNorm's training backward in each implementation, layer by layer over a model's fused conv + BatchNorm layers
+(the shapes, activations and residuals batch_norm_forward.py finds): the backward of cudnn_fusion::batch_norm_act
+as its autograd node runs it after our forward kernel (implementation 2) and after the cuDNN graph's (0), against
+eager's (F.batch_norm, the add and the activation, through autograd); and our ReLU + bias-gradient kernel
+(cudnn_fusion::relu_bias_backward, the conv + bias + ReLU layers' backward) on the same shapes.
+
+GPU ms a call at the model's batch, bfloat16, channels_last: 10 calls of torch.autograd.grad (retain_graph) captured
+in a CUDA graph, the median of the replays (timing.graph_replay_ms). With --bits, a hash of each layer's gradients
+from our kernels, on inputs from a fixed seed: two builds of the kernels that should give the same bits print the
+same lines ("bits,<layer>,<kernel>,<sha256>").
+
+    python benchmarks/batch_norm_backward.py [--model mobilenet_v2] [--batch 256] [--bits] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from torch_cudnn_fusion._cpp_enums import Activation
+from torch_cudnn_fusion.ops.conv import eager_activation
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from batch_norm_forward import IMPLEMENTATIONS, layers_of  # noqa: E402
+from profile_by_kind import run_header  # noqa: E402
+from timing import graph_replay_ms  # noqa: E402
+
+
+def inputs(layer: dict, batch: int, seed: int) -> dict:
+    torch.manual_seed(seed)
+    shape = (batch, *layer["shape"][1:])
+    c = shape[1]
+    bf16 = lambda: torch.randn(shape, device="cuda").to(torch.bfloat16).to(memory_format=torch.channels_last)  # noqa: E731
+    return {"z": bf16().requires_grad_(), "dy": bf16(), "residual": bf16() if layer["residual"] else None,
+            "weight": (torch.rand(c, device="cuda") + 0.5).requires_grad_(),
+            "bias": torch.randn(c, device="cuda").requires_grad_()}
+
+
+def backward_calls(layer: dict, batch: int, seed: int = 0) -> dict:
+    """name -> a call of the layer's BatchNorm backward (the forward run once, outside), and the tensors it fills."""
+    act = Activation.from_name(layer["activation"])
+    calls = {}
+    for name, implementation in IMPLEMENTATIONS.items():
+        t = inputs(layer, batch, seed)
+        y = torch.ops.cudnn_fusion.batch_norm_act(t["z"], t["weight"], t["bias"], None, None, t["residual"], 0.1,
+                                                  1e-5, int(act), implementation)[0]
+        calls[name] = (lambda y=y, t=t: torch.autograd.grad(y, (t["z"], t["weight"], t["bias"]), t["dy"],
+                                                            retain_graph=True))
+    t = inputs(layer, batch, seed)
+    y = F.batch_norm(t["z"], None, None, t["weight"], t["bias"], True, 0.1, 1e-5)
+    y = eager_activation(y + t["residual"] if t["residual"] is not None else y, act, 0.01)
+    calls["eager"] = lambda: torch.autograd.grad(y, (t["z"], t["weight"], t["bias"]), t["dy"], retain_graph=True)
+    if act in (Activation.RELU, Activation.RELU6) and not layer["residual"]:
+        t = inputs(layer, batch, seed)
+        out = torch.relu(t["z"].detach()) if act == Activation.RELU else F.relu6(t["z"].detach())
+        calls["relu_bias_backward"] = lambda: torch.ops.cudnn_fusion.relu_bias_backward(t["dy"], out, int(act))
+    return calls
+
+
+def bits(tensors) -> str:
+    digest = hashlib.sha256()
+    for tensor in tensors:
+        digest.update(tensor.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="mobilenet_v2")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--bits", action="store_true", help="print a hash of our kernels' gradients for each layer")
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    torch.backends.cudnn.benchmark = True
+    layers = layers_of(args.model, args.batch)
+    rows = []
+    for index, layer in enumerate(layers):
+        calls = backward_calls(layer, args.batch)
+        row = {**layer, "gpu_ms": {name: graph_replay_ms(fn) for name, fn in calls.items()}}
+        rows.append(row)
+        residual = "+res" if layer["residual"] else ""
+        what = f"{layer['count']:3d} x {str(layer['shape']):<22}{str(layer['activation']):<8}{residual:<5}"
+        print(what + "".join(f"{name} {ms:.4f}   " for name, ms in row["gpu_ms"].items()), flush=True)
+        if args.bits:
+            for name in ("ours", "relu_bias_backward"):
+                if name in calls:
+                    print(f"bits,{index},{name},{bits(backward_calls(layer, args.batch, seed=1)[name]())}")
+    header = run_header(args)
+    layers = sum(r["count"] for r in rows)
+    print(f"\n{args.model}: {layers} conv + BatchNorm layers' BatchNorm backward (bf16, channels_last) on "
+          f"{header['gpu']}, torch {header['torch']}, cuDNN {header['cudnn']}")
+    print(f"{'implementation':<20}{'GPU ms, sum at batch ' + str(args.batch):>30}{'layers faster than eager':>30}")
+    for name in ("ours", "cuDNN graph", "eager", "relu_bias_backward"):
+        timed = [r for r in rows if name in r["gpu_ms"]]
+        gpu = sum(r["gpu_ms"][name] * r["count"] for r in timed)
+        faster = sum(r["count"] for r in timed if r["gpu_ms"][name] < r["gpu_ms"]["eager"])
+        print(f"{name:<20}{gpu:>30.3f}{faster:>24d} of {sum(r['count'] for r in timed)}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({**header, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+"""benchmarks/batch_norm_backward.py's hash of our kernels' gradients (no GPU needed): two builds that should give
+the same bits are compared by it, so it must change with any one element's bits and not with where the tensor is."""
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import batch_norm_backward  # noqa: E402
+
+
+def test_bits_changes_with_one_element_by_one_ulp_and_with_the_order_of_the_tensors():
+    grad_x = torch.randn(2, 8, 3, 3).to(torch.bfloat16).to(memory_format=torch.channels_last)
+    grad_w, grad_b = torch.randn(8), torch.randn(8)
+    base = batch_norm_backward.bits((grad_x, grad_w, grad_b))
+    assert base == batch_norm_backward.bits((grad_x.clone(), grad_w.clone(), grad_b.clone()))
+    nudged = grad_w.clone()
+    nudged[5] = torch.nextafter(nudged[5], torch.tensor(float("inf")))
+    assert batch_norm_backward.bits((grad_x, nudged, grad_b)) != base
+    x_nudged = grad_x.clone()
+    x_nudged[1, 7, 2, 2] = -x_nudged[1, 7, 2, 2] if x_nudged[1, 7, 2, 2] != 0 else 1.0
+    assert batch_norm_backward.bits((x_nudged, grad_w, grad_b)) != base
+    assert batch_norm_backward.bits((grad_x, grad_b, grad_w)) != base
