@@ -46,6 +46,18 @@ def backward_calls(layer: dict, batch: int, seed: int = 0) -> dict:
     """name -> a call of the layer's BatchNorm backward (the forward run once, outside), and the tensors it fills."""
     act = Activation.from_name(layer["activation"])
     calls = {}
+    # The forwards run on a stream of their own: autograd runs each backward node on its forward's stream, and a
+    # forward on the legacy default stream cannot join the capture of graph_replay_ms (cudaErrorStreamCaptureImplicit).
+    forward_stream = torch.cuda.Stream()
+    forward_stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(forward_stream):
+        calls.update(forwards(layer, batch, seed, act))
+    torch.cuda.current_stream().wait_stream(forward_stream)
+    return calls
+
+
+def forwards(layer: dict, batch: int, seed: int, act: Activation) -> dict:
+    calls = {}
     for name, implementation in IMPLEMENTATIONS.items():
         t = inputs(layer, batch, seed)
         y = torch.ops.cudnn_fusion.batch_norm_act(t["z"], t["weight"], t["bias"], None, None, t["residual"], 0.1,
