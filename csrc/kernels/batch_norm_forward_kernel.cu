@@ -256,20 +256,11 @@ __device__ void apply_rows(const BatchNormActForwardArgs& a) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) process(x_p[u], r_p[u], (row0 + (k - u) * step) * a.channels + column);
   }
-  if (k >= 0) {  // the first rows, k + 1 < kUnroll of them: their loads issued together too
-    P x_p[kUnroll - 1], r_p[kUnroll - 1];
-#pragma unroll
-    for (int u = 0; u < kUnroll - 1; ++u) {
-      if (k - u < 0) break;
-      const int64_t offset = (row0 + (k - u) * step) * a.channels + column;
-      x_p[u] = *reinterpret_cast<const P*>(x + offset);
-      if (kResidual) r_p[u] = *reinterpret_cast<const P*>(residual + offset);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll - 1; ++u) {
-      if (k - u < 0) break;
-      process(x_p[u], r_p[u], (row0 + (k - u) * step) * a.channels + column);
-    }
+  for (; k >= 0; --k) {
+    const int64_t offset = (row0 + k * step) * a.channels + column;
+    P r_p;
+    if (kResidual) r_p = *reinterpret_cast<const P*>(residual + offset);
+    process(*reinterpret_cast<const P*>(x + offset), r_p, offset);
   }
 }
 
