@@ -53,17 +53,31 @@ __device__ inline unsigned long long probe_time() {
 }
 #define PROBE_STAMP(i) \\
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) g_stamps[i] = probe_time()
-// row_launch's shape with the knobs: g_blocks_per_sm a multiprocessor, grid.y cut to give each thread at least
-// g_min_rows_per_thread rows
+"""
+
+# Before the launch function: the launch shape with the knobs (the kernel's own, PROBE_KERNEL_SHAPE, where
+# g_blocks_per_sm is 0), inserted before launch_passes (after the kernel's forward_launch, where it has one).
+LAUNCH_SHAPE = """// the kernel's shape, or row_launch's with g_blocks_per_sm a multiprocessor; grid.y cut to give each thread at
+// least g_min_rows_per_thread rows
 inline nhwc::Launch probe_launch_shape(int64_t rows, int64_t channels, int vector, int multiprocessors) {
-  auto shape = nhwc::row_launch(rows, channels, vector, multiprocessors, g_blocks_per_sm);
+  auto shape = g_blocks_per_sm > 0 ? nhwc::row_launch(rows, channels, vector, multiprocessors, g_blocks_per_sm)
+                                   : PROBE_KERNEL_SHAPE;
   if (g_min_rows_per_thread > 0) {
     const int64_t most = std::max<int64_t>(1, rows / (static_cast<int64_t>(shape.block.y) * g_min_rows_per_thread));
     shape.grid.y = static_cast<unsigned>(std::min<int64_t>(shape.grid.y, most));
   }
   return shape;
 }
+
 """
+LAUNCH_PASSES = "template <typename T, int V, bool kResidual, Act kAct>\ncudaError_t launch_passes("
+# the launch shape's line in launch_passes: forward_launch (one block a multiprocessor on the small layers, from
+# 2026-12-07b), or before it row_launch at kBlocksPerMultiprocessor (--kernel takes both)
+SHAPE_LINES = {
+    "forward_launch(rows, channels, vector, multiprocessors)":
+        "  const auto shape = forward_launch(a.rows, a.channels, V, multiprocessors);",
+    "nhwc::row_launch(rows, channels, vector, multiprocessors, kBlocksPerMultiprocessor)":
+        "  const auto shape = nhwc::row_launch(a.rows, a.channels, V, multiprocessors, kBlocksPerMultiprocessor);"}
 
 FINALIZE_LOOP = """        for (int p = lane; p < parts; p += kLanes) {
           const double* at = a.partial + static_cast<int64_t>(p) * a.channels + c;
@@ -117,6 +131,10 @@ ONE_LAUNCH_STAMPED = """  PROBE_STAMP(0);
 
 def patched_kernel(source: str) -> str:
     """The kernel's source with the probe's stamps and knobs; each replacement asserted to apply once."""
+    kernel_shape = next((shape for shape, line in SHAPE_LINES.items() if line in source), None)
+    if kernel_shape is None:
+        raise SystemExit("batch_norm_forward_phases: the kernel has changed: no launch-shape line of "
+                         f"{list(SHAPE_LINES.values())} in it; update the probe")
     replacements = [
         ("namespace tcf {\nnamespace {", "namespace tcf {\n" + KNOBS + "namespace {"),
         ("constexpr int kUnroll = 4;  // four rows a step", "constexpr int kUnroll = PROBE_UNROLL;  // rows a step"),
@@ -124,8 +142,8 @@ def patched_kernel(source: str) -> str:
          "  constexpr int kUnroll = PROBE_UNROLL;\n  for (; k >= kUnroll - 1"),
         (FINALIZE_LOOP, FINALIZE_BATCHED),
         (ONE_LAUNCH, ONE_LAUNCH_STAMPED),
-        ("  const auto shape = nhwc::row_launch(a.rows, a.channels, V, multiprocessors, kBlocksPerMultiprocessor);",
-         "  const auto shape = probe_launch_shape(a.rows, a.channels, V, multiprocessors);"),
+        (LAUNCH_PASSES, "#define PROBE_KERNEL_SHAPE " + kernel_shape + "\n" + LAUNCH_SHAPE + LAUNCH_PASSES),
+        (SHAPE_LINES[kernel_shape], "  const auto shape = probe_launch_shape(a.rows, a.channels, V, multiprocessors);"),
         ("  if (nhwc::cooperative_grid_fits(kernel", "  if (!g_force_three && nhwc::cooperative_grid_fits(kernel"),
     ]
     for old, new in replacements:

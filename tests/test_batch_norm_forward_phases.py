@@ -22,7 +22,21 @@ def test_every_patch_applies_to_the_kernel():
     assert patched.count("constexpr int kUnroll = PROBE_UNROLL;") == 2  # the statistics and the apply pass
     assert "#if PROBE_FINALIZE_BATCH" in patched
     assert "const auto shape = probe_launch_shape(a.rows, a.channels, V, multiprocessors);" in patched
+    assert "#define PROBE_KERNEL_SHAPE forward_launch(rows, channels, vector, multiprocessors)" in patched
     assert "if (!g_force_three && nhwc::cooperative_grid_fits(kernel" in patched
+
+
+def test_an_older_kernel_launched_at_row_launchs_shape_is_patched_too():
+    """--kernel probes a version from before forward_launch (a595ddf's, 2026-12-07b's A/B): its variant "main" is then
+    row_launch at kBlocksPerMultiprocessor, as that kernel launched."""
+    new, old = probe.SHAPE_LINES.values()
+    source = probe.KERNEL.read_text().replace(new, old)
+    patched = probe.patched_kernel(source)
+    assert ("#define PROBE_KERNEL_SHAPE nhwc::row_launch(rows, channels, vector, multiprocessors, "
+            "kBlocksPerMultiprocessor)") in patched
+    assert "const auto shape = probe_launch_shape(a.rows, a.channels, V, multiprocessors);" in patched
+    with pytest.raises(SystemExit, match="no launch-shape line"):
+        probe.patched_kernel(source.replace(old, "  auto shape = nhwc::row_launch(a.rows, a.channels, V, 132, 2);"))
 
 
 def test_a_kernel_the_probe_does_not_know_is_refused_by_name():
@@ -56,7 +70,7 @@ def test_the_harness_variant_names_hold_no_comma():
     harness = (probe.HERE / "batch_norm_forward_phases.cu").read_text()
     table = harness[harness.index("const Variant variants[] = {"):]
     names = re.findall(r'\{"([^"]*)", \d', table[:table.index("};")])
-    assert len(names) == 7 and names[0] == "main"
+    assert len(names) == 8 and names[:2] == ["main", "2 blocks/SM"]
     assert [name for name in names if "," in name] == []
 
 

@@ -38,6 +38,21 @@ using nhwc::to_float;
 
 constexpr int kBlocksPerMultiprocessor = 2;
 
+// One block a multiprocessor where kBlocksPerMultiprocessor would give each thread fewer than kFewRows rows: there a
+// block's fixed costs (its block sum and partial sums, the finalize's parts, its share of the barriers) outweigh its
+// rows. mobilenet_v2's layers at batch 256, bfloat16 (H100, batch_norm_forward_phases.py, 2026-12-07b), one block
+// against two: 15.9 us against 18.4 at 64 channels and 14x14 (5.9 rows a thread), 19.5 against 21.2 at 96 and 14x14
+// (9.0), 15.2 against 18.3 at 160 and 7x7 (4.0), 20.1 against 25.1 at 320 and 7x7 (7.9); 20.3 against 19.3 at 32
+// and 28x28 (11.9), and up to 30 % slower on the large layers.
+constexpr int kFewRows = 10;
+
+// The launch shape of the three passes (the partial sums' rows follow from it: batch_norm_act_forward_partial_rows).
+inline nhwc::Launch forward_launch(int64_t rows, int64_t channels, int vector, int multiprocessors) {
+  const auto shape = nhwc::row_launch(rows, channels, vector, multiprocessors, kBlocksPerMultiprocessor);
+  if (rows >= kFewRows * static_cast<int64_t>(shape.grid.y) * shape.block.y) return shape;
+  return nhwc::row_launch(rows, channels, vector, multiprocessors, 1);
+}
+
 // How the last pass applies the activation, a template argument: kClamp holds the value between two bounds (no
 // activation: none; ReLU: 0 and none; ReLU6: 0 and 6), with no branch per element; kFunction computes SiLU,
 // Hardswish or LeakyReLU. With one switch over all six per element, MobileNet v2's 19 BatchNorm shapes (batch 256,
@@ -294,7 +309,7 @@ __global__ void __launch_bounds__(nhwc::kThreads, kBlocksPerMultiprocessor)
 
 template <typename T, int V, bool kResidual, Act kAct>
 cudaError_t launch_passes(const BatchNormActForwardArgs& a, int multiprocessors, cudaStream_t stream) {
-  const auto shape = nhwc::row_launch(a.rows, a.channels, V, multiprocessors, kBlocksPerMultiprocessor);
+  const auto shape = forward_launch(a.rows, a.channels, V, multiprocessors);
   // the occupancy at the largest shared memory a launch of this instantiation uses, once per device
   static PerDevice occupancy;
   const auto shared_floats = [](int threads) {
@@ -336,7 +351,8 @@ cudaError_t launch_typed(const BatchNormActForwardArgs& a, bool vectors, int mul
 
 int64_t batch_norm_act_forward_partial_rows(int64_t rows, int64_t channels, bool vectors, int element_bytes,
                                             int multiprocessors) {
-  return nhwc::two_sum_partial_rows(rows, channels, vectors, element_bytes, multiprocessors, kBlocksPerMultiprocessor);
+  const int vector = vectors ? 16 / element_bytes : 1;
+  return 2 * static_cast<int64_t>(forward_launch(rows, channels, vector, multiprocessors).grid.y);
 }
 
 cudaError_t launch_batch_norm_act_forward_nhwc(ElementType type, const BatchNormActForwardArgs& args, bool vectors,

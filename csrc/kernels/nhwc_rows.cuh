@@ -69,8 +69,9 @@ inline Launch row_launch(int64_t rows, int64_t channels, int vector, int multipr
 }
 
 // Rows of partial sums (each `channels` long) that a kernel launched in row_launch's shape writes where it keeps two
-// sums a channel (BatchNorm's, forward and backward): two a block row. `vectors`: 16-byte accesses of element_bytes
-// elements (row_launch's `vector` is then 16 / element_bytes), else one element at a time.
+// sums a channel (BatchNorm's backward; the forward's follow from its own shape, batch_norm_act_forward_partial_rows):
+// two a block row. `vectors`: 16-byte accesses of element_bytes elements (row_launch's `vector` is then
+// 16 / element_bytes), else one element at a time.
 inline int64_t two_sum_partial_rows(int64_t rows, int64_t channels, bool vectors, int element_bytes,
                                     int multiprocessors, int blocks_per_multiprocessor) {
   return 2 * row_launch(rows, channels, vectors ? 16 / element_bytes : 1, multiprocessors, blocks_per_multiprocessor)
