@@ -15,7 +15,9 @@ asserted to apply, so a changed kernel fails here loudly, not silently unpatched
 First run (H100, 2026-12-07, benchmarks/results/batch_norm_forward_phases_h100_2026-12-07a.json): on the 64-channel
 14x14 layer, 25.0 us, of which the statistics pass took 10.9 (its block sum's shared-memory bank conflicts, since
 mended in the kernel), the two barriers 1.3 and 1.1, the finalize 2.1 and the apply pass 8.4; a copy of x and y took
-3.1. A fourth build then, "one barrier" (each block adding all parts of its own channels' sums, no finalize pass and
+3.1. Mended (the block sum laid out [v][y][x]), the layer took 18.4 us and its statistics pass 4.0, with the same
+bits on all 15 shapes (2026-12-07b, benchmarks/results/batch_norm_forward_phases_a39aa61_h100_2026-12-07b.json). In
+the first run a fourth build, "one barrier" (each block adding all parts of its own channels' sums, no finalize pass and
 no second barrier), was slower on every shape, 1.3x to 10x, and was dropped.
 
     python benchmarks/batch_norm_forward_phases.py [--json out.json] [--keep DIR] [--builds NAME ...]
