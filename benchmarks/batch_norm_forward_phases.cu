@@ -4,7 +4,7 @@
 // For each BatchNorm shape (batch 256, bfloat16, NHWC) and each launch-shape variant, one line:
 //   row,<channels>,<size>,<activation>,<variant>,<graph us>,<stream us>,<copy us>,<grid x>,<grid y>,<block x>,
 //       <block y>,<max |y - y of main's three launches|>,<stamps us: statistics, barrier 1, finalize, barrier 2,
-//       apply (to the last block's end)>
+//       apply (to the last block's end)>,<the blocks' spread: 8 numbers, block_spread>
 // graph us: 20 launches captured in a CUDA graph, the median of 15 replays, per launch; stream us: 20 launches
 // issued back to back, the median of 15; copy us: a device-to-device copy of x's bytes, timed as `graph us`. The
 // stamps (%globaltimer, block (0, 0) but the last, the latest block's end) come from one more launch; 0 where the
@@ -107,6 +107,31 @@ float graph_us(const std::function<void()>& launch, cudaStream_t stream) {
   return us;
 }
 
+// The one launch's blocks' stamps (g_block_stamps: start, end of the statistics pass, exit from barrier 2, end) in
+// us from the earliest start: the latest start; the median and latest end of the statistics pass; the earliest,
+// median and latest exit from barrier 2; the median and latest end. Zeros where the launch left no stamps (three
+// launches) or has more blocks than the probe keeps.
+std::vector<double> block_spread(const nhwc::Launch& shape) {
+  const int n = static_cast<int>(shape.grid.x * shape.grid.y);
+  std::vector<double> spread(8, 0.0);
+  if (n > kMostBlocks) return spread;
+  std::vector<unsigned long long> all(static_cast<size_t>(kMostBlocks) * 4);
+  CHECK(cudaMemcpyFromSymbol(all.data(), g_block_stamps, all.size() * sizeof(unsigned long long)));
+  std::vector<double> column[4];
+  unsigned long long first = ~0ull;
+  for (int b = 0; b < n; ++b) {
+    if (all[b * 4] == 0) return spread;
+    first = std::min(first, all[b * 4]);
+  }
+  for (int b = 0; b < n; ++b) {
+    for (int k = 0; k < 4; ++k) column[k].push_back((all[b * 4 + k] - first) / 1e3);
+  }
+  for (auto& c : column) std::sort(c.begin(), c.end());
+  const auto median = [](const std::vector<double>& c) { return c[c.size() / 2]; };
+  return {column[0].back(), median(column[1]), column[1].back(), column[2].front(),
+          median(column[2]),  column[2].back(), median(column[3]), column[3].back()};
+}
+
 int main() {
   int multiprocessors = 0;
   CHECK(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, 0));
@@ -191,9 +216,13 @@ int main() {
       const float issued = median_us([&] { for (int i = 0; i < 20; ++i) launch(); }, 20, stream);
       unsigned long long stamps[8] = {};
       CHECK(cudaMemcpyToSymbol(g_stamps, stamps, sizeof stamps));
+      void* block_stamps_at;
+      CHECK(cudaGetSymbolAddress(&block_stamps_at, g_block_stamps));
+      CHECK(cudaMemsetAsync(block_stamps_at, 0, sizeof(unsigned long long) * kMostBlocks * 4, stream));
       launch();
       CHECK(cudaStreamSynchronize(stream));
       CHECK(cudaMemcpyFromSymbol(stamps, g_stamps, sizeof stamps));
+      const std::vector<double> blocks = block_spread(probe_launch_shape(rows, s.channels, 8, multiprocessors));
       CHECK(cudaMemsetAsync(worst, 0, sizeof(unsigned), stream));
       max_difference<<<1024, 256, 0, stream>>>(y, reference, rows * s.channels, worst);
       unsigned worst_bits = 0;
@@ -207,6 +236,7 @@ int main() {
         const bool stamped = !v.three_launches && stamps[0] != 0;
         std::printf(",%.2f", stamped ? (stamps[phase + 1] - stamps[phase]) / 1e3 : 0.0);
       }
+      for (double value : blocks) std::printf(",%.2f", value);
       std::printf("\n");
     }
   }

@@ -4,7 +4,9 @@ finalize, second barrier, apply) and its time under other launch shapes, against
 The cuDNN graph's BatchNorm forward took 12-15 us on mobilenet_v2's narrow 14x14 and 7x7 layers at batch 256 where
 our kernel took 27-33 (H200, 28ze, batch_norm_forward.py); no layer ran under 26 us in ours. This probe breaks that
 down. It needs no torch build of the package: it writes a copy of csrc/kernels/batch_norm_forward_kernel.cu with
-  - %globaltimer stamps between the one-launch kernel's phases (block (0, 0), and the latest block's end), and
+  - %globaltimer stamps between the one-launch kernel's phases (block (0, 0), and the latest block's end), and each
+    block's start, end of the statistics pass, exit from the second barrier and end (how far apart the blocks run:
+    the apply pass's time is counted from block (0, 0)'s exit to the latest block's end), and
   - knobs for the launch shape: blocks per multiprocessor (main: 2), three launches in place of one cooperative
     launch, at least N rows per thread (fewer blocks for small layers),
 compiles it with batch_norm_forward_phases.cu and nvcc for each build variant (rows unrolled 4 or 8 a step in the
@@ -45,6 +47,9 @@ BUILDS = [("unroll 4", ["-DPROBE_UNROLL=4", "-DPROBE_FINALIZE_BATCH=0"]),
           ("finalize loads x4", ["-DPROBE_UNROLL=4", "-DPROBE_FINALIZE_BATCH=1"])]
 
 KNOBS = """__device__ unsigned long long g_stamps[8];
+// each block's start, end of the statistics pass (before barrier 1), exit from barrier 2 and end
+constexpr int kMostBlocks = 4096;
+__device__ unsigned long long g_block_stamps[kMostBlocks][4];
 int g_blocks_per_sm = 2;
 int g_force_three = 0;
 int g_min_rows_per_thread = 0;
@@ -55,6 +60,8 @@ __device__ inline unsigned long long probe_time() {
 }
 #define PROBE_STAMP(i) \\
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) g_stamps[i] = probe_time()
+#define PROBE_BLOCK_STAMP(i) \\
+  if (threadIdx.x == 0 && threadIdx.y == 0) g_block_stamps[blockIdx.y * gridDim.x + blockIdx.x][i] = probe_time()
 """
 
 # Before the launch function: the launch shape with the knobs (the kernel's own, PROBE_KERNEL_SHAPE, where
@@ -118,16 +125,20 @@ ONE_LAUNCH = """  statistics_rows<T, V>(static_cast<const T*>(a.x), a.partial, a
   apply_rows<T, V, kResidual, kAct>(a);"""
 
 ONE_LAUNCH_STAMPED = """  PROBE_STAMP(0);
+  PROBE_BLOCK_STAMP(0);
   statistics_rows<T, V>(static_cast<const T*>(a.x), a.partial, a.rows, a.channels, shared);
   PROBE_STAMP(1);
+  PROBE_BLOCK_STAMP(1);
   grid.sync();
   PROBE_STAMP(2);
   finalize_tiles(a, static_cast<int>(gridDim.y), shared);
   PROBE_STAMP(3);
   grid.sync();
   PROBE_STAMP(4);
+  PROBE_BLOCK_STAMP(2);
   apply_rows<T, V, kResidual, kAct>(a);
   __syncthreads();
+  PROBE_BLOCK_STAMP(3);
   if (threadIdx.x == 0 && threadIdx.y == 0) atomicMax(&g_stamps[5], probe_time());"""
 
 
@@ -181,6 +192,14 @@ def build(work: Path, name: str, flags: list[str]) -> Path:
     return binary
 
 
+# The blocks' stamps in a row (µs from the earliest block's start; 0 where the variant runs three launches): the
+# latest start, the median and latest end of the statistics pass, the earliest, median and latest exit from barrier 2,
+# the median and latest end. The apply pass's time in the table runs from block (0, 0)'s exit from barrier 2 to the
+# latest end: these show how much of it is the blocks leaving the barrier apart.
+BLOCK_FIELDS = ("latest start", "statistics end median", "statistics end latest", "barrier 2 exit earliest",
+                "barrier 2 exit median", "barrier 2 exit latest", "end median", "end latest")
+
+
 def parse(output: str, build_name: str) -> tuple[str, list[dict], dict]:
     """(device, rows, {"<channels>@<size>": hash of the reference's bits})"""
     device, rows, bits = "", [], {}
@@ -198,7 +217,8 @@ def parse(output: str, build_name: str) -> tuple[str, list[dict], dict]:
                          "grid": [int(numbers[3]), int(numbers[4])], "block": [int(numbers[5]), int(numbers[6])],
                          "max_difference": numbers[7],
                          "phases_us": dict(zip(("statistics", "barrier 1", "finalize", "barrier 2", "apply"),
-                                               numbers[8:13]))})
+                                               numbers[8:13])),
+                         "blocks_us": dict(zip(BLOCK_FIELDS, numbers[13:13 + len(BLOCK_FIELDS)]))})
     return device, rows, bits
 
 
@@ -245,6 +265,12 @@ def main() -> None:
         phases = "".join(f"{v:>{w}.2f}" for v, w in zip(r["phases_us"].values(), (7, 6, 7, 6, 7)))
         print(f"{r['build']:<19}{shape:<16}{r['variant']:<19}{r['graph_us']:>7.2f}{r['issued_us']:>8.2f}"
               f"{r['copy_us']:>7.2f}{r['grid'][0]:>4}x{r['grid'][1]:<5}{phases}{r['max_difference']:>10.3g}")
+    print("\nthe blocks of the one launch, us from the earliest block's start: " + ", ".join(BLOCK_FIELDS))
+    for r in rows:
+        if r["variant"] in ("main", "2 blocks/SM", "1 block/SM") and any(r["blocks_us"].values()):
+            shape = f"{r['channels']}@{r['size']}x{r['size']} {r['activation']}"
+            print(f"{r['build']:<19}{shape:<16}{r['variant']:<19}"
+                  + "".join(f"{value:>8.2f}" for value in r["blocks_us"].values()))
     bits = bits_of_builds[builds[0][0]]
     for name, other in bits_of_builds.items():  # the builds change the loads' order, not the arithmetic's
         if other != bits:

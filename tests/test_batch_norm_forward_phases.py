@@ -19,6 +19,8 @@ def test_every_patch_applies_to_the_kernel():
     for stamp in range(5):
         assert f"PROBE_STAMP({stamp});" in patched
     assert "atomicMax(&g_stamps[5], probe_time())" in patched
+    for stamp in range(4):
+        assert f"PROBE_BLOCK_STAMP({stamp});" in patched
     assert patched.count("constexpr int kUnroll = PROBE_UNROLL;") == 2  # the statistics and the apply pass
     assert "#if PROBE_FINALIZE_BATCH" in patched
     assert "const auto shape = probe_launch_shape(a.rows, a.channels, V, multiprocessors);" in patched
@@ -51,7 +53,9 @@ def test_the_harness_lines_are_read_back():
     output = ("device,NVIDIA H200,132\n"
               "bits,64,14,00000000000000ab00000000000000cd00000000000000ef\n"
               "row,64,14,0,main,31.20,33.00,4.10,1,264,8,32,0,3.10,2.20,4.30,2.00,6.50\n"
-              "row,192,28,2,three launches,80.00,81.00,30.00,1,264,24,10,0.0078125,0.00,0.00,0.00,0.00,0.00\n")
+              "row,192,28,2,three launches,80.00,81.00,30.00,1,264,24,10,0.0078125,0.00,0.00,0.00,0.00,0.00\n"
+              "row,64,14,0,1 block/SM,16.00,17.00,3.10,1,132,8,32,0,3.0,1.0,2.0,1.0,6.7,"
+              "0.40,3.10,4.20,9.00,9.60,10.30,14.00,16.20\n")
     device, rows, bits = probe.parse(output, "unroll 4")
     assert device == "NVIDIA H200 (132 multiprocessors)"
     assert bits == {"64@14": "00000000000000ab00000000000000cd00000000000000ef"}
@@ -59,9 +63,13 @@ def test_the_harness_lines_are_read_back():
                        "graph_us": 31.2, "issued_us": 33.0, "copy_us": 4.1, "grid": [1, 264], "block": [8, 32],
                        "max_difference": 0.0,
                        "phases_us": {"statistics": 3.1, "barrier 1": 2.2, "finalize": 4.3, "barrier 2": 2.0,
-                                     "apply": 6.5}}
+                                     "apply": 6.5},
+                       "blocks_us": {}}  # a row from before the blocks' stamps
     assert rows[1]["activation"] == "relu6" and rows[1]["variant"] == "three launches"
     assert rows[1]["max_difference"] == 0.0078125
+    assert rows[2]["blocks_us"] == {"latest start": 0.4, "statistics end median": 3.1, "statistics end latest": 4.2,
+                                    "barrier 2 exit earliest": 9.0, "barrier 2 exit median": 9.6,
+                                    "barrier 2 exit latest": 10.3, "end median": 14.0, "end latest": 16.2}
 
 
 def test_the_harness_variant_names_hold_no_comma():
