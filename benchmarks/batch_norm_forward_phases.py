@@ -7,8 +7,9 @@ down. It needs no torch build of the package: it writes a copy of csrc/kernels/b
   - %globaltimer stamps between the one-launch kernel's phases (block (0, 0), and the latest block's end), and each
     block's start, end of the statistics pass, exit from the second barrier and end (how far apart the blocks run:
     the apply pass's time is counted from block (0, 0)'s exit to the latest block's end), and
-  - knobs for the launch shape: blocks per multiprocessor (main: 2), three launches in place of one cooperative
-    launch, at least N rows per thread (fewer blocks for small layers),
+  - knobs for the launch shape: blocks per multiprocessor (main: the kernel's own shape; "2 blocks/SM": the one it
+    had before 2026-12-07b), three launches in place of one cooperative launch, at least N rows per thread (fewer
+    blocks for small layers),
 compiles it with batch_norm_forward_phases.cu and nvcc for each build variant (rows unrolled 4 or 8 a step in the
 first and last pass; the finalize's loads 4 at a time), and runs each on mobilenet_v2's BatchNorm shapes (batch 256,
 bfloat16, NHWC). Each variant's y is held against y from main's arithmetic (three launches): max |dy|. Each patch is
