@@ -5,9 +5,10 @@ eager's (F.batch_norm, the add and the activation, through autograd); and our Re
 (cudnn_fusion::relu_bias_backward, the conv + bias + ReLU layers' backward) on the same shapes.
 
 GPU ms a call at the model's batch, bfloat16, channels_last: 10 calls of torch.autograd.grad (retain_graph) captured
-in a CUDA graph, the median of the replays (timing.graph_replay_ms). With --bits, a hash of each layer's gradients
-from our kernels, on inputs from a fixed seed: two builds of the kernels that should give the same bits print the
-same lines ("bits,<layer>,<kernel>,<sha256>").
+in a CUDA graph, the median of the replays (timing.graph_replay_ms); a call that fails to capture or run is reported
+in its row, and the others are still timed. With --bits, a hash of each layer's gradients from our kernels, on inputs
+from a fixed seed, taken before the timing and without a capture: two builds of the kernels that should give the
+same bits print the same lines ("bits,<layer>,<kernel>,<sha256>").
 
     python benchmarks/batch_norm_backward.py [--model mobilenet_v2] [--batch 256] [--bits] [--json out.json]
 """
@@ -33,10 +34,15 @@ from timing import graph_replay_ms  # noqa: E402
 
 
 def inputs(layer: dict, batch: int, seed: int) -> dict:
+    """The layer's tensors at `batch` from `seed`: z (its BatchNorm's input), dy and the residual in bfloat16,
+    channels_last; float32 weight and bias."""
     torch.manual_seed(seed)
     shape = (batch, *layer["shape"][1:])
     c = shape[1]
-    bf16 = lambda: torch.randn(shape, device="cuda").to(torch.bfloat16).to(memory_format=torch.channels_last)  # noqa: E731
+
+    def bf16():
+        return torch.randn(shape, device="cuda").to(torch.bfloat16).to(memory_format=torch.channels_last)
+
     return {"z": bf16().requires_grad_(), "dy": bf16(), "residual": bf16() if layer["residual"] else None,
             "weight": (torch.rand(c, device="cuda") + 0.5).requires_grad_(),
             "bias": torch.randn(c, device="cuda").requires_grad_()}
@@ -75,6 +81,19 @@ def forwards(layer: dict, batch: int, seed: int, act: Activation) -> dict:
     return calls
 
 
+def timed(calls: dict) -> dict:
+    """{"gpu_ms": name -> GPU ms a call (timing.graph_replay_ms), "errors": name -> why its timing failed}: a call
+    that fails to capture or run is reported in the row, not fatal to the run."""
+    gpu_ms, errors = {}, {}
+    for name, fn in calls.items():
+        try:
+            gpu_ms[name] = graph_replay_ms(fn)
+        except Exception as error:  # noqa: BLE001 (any failure: reported, the other calls still timed)
+            errors[name] = f"{type(error).__name__}: {str(error).strip().splitlines()[0]}"
+            torch.cuda.synchronize()
+    return {"gpu_ms": gpu_ms, "errors": errors}
+
+
 def bits(tensors) -> str:
     digest = hashlib.sha256()
     for tensor in tensors:
@@ -93,26 +112,30 @@ def main() -> None:
     layers = layers_of(args.model, args.batch)
     rows = []
     for index, layer in enumerate(layers):
-        calls = backward_calls(layer, args.batch)
-        row = {**layer, "gpu_ms": {name: graph_replay_ms(fn) for name, fn in calls.items()}}
+        if args.bits:  # before the timing, which captures: the bits do not hang on a capture that fails
+            seeded = backward_calls(layer, args.batch, seed=1)
+            for name in ("ours", "relu_bias_backward"):
+                if name in seeded:
+                    print(f"bits,{index},{name},{bits(seeded[name]())}", flush=True)
+        row = {**layer, **timed(backward_calls(layer, args.batch))}
         rows.append(row)
         residual = "+res" if layer["residual"] else ""
         what = f"{layer['count']:3d} x {str(layer['shape']):<22}{str(layer['activation']):<8}{residual:<5}"
-        print(what + "".join(f"{name} {ms:.4f}   " for name, ms in row["gpu_ms"].items()), flush=True)
-        if args.bits:
-            for name in ("ours", "relu_bias_backward"):
-                if name in calls:
-                    print(f"bits,{index},{name},{bits(backward_calls(layer, args.batch, seed=1)[name]())}")
+        print(what + "".join(f"{name} {ms:.4f}   " for name, ms in row["gpu_ms"].items())
+              + "".join(f"{name} failed: {error}   " for name, error in row["errors"].items()), flush=True)
     header = run_header(args)
     layers = sum(r["count"] for r in rows)
     print(f"\n{args.model}: {layers} conv + BatchNorm layers' BatchNorm backward (bf16, channels_last) on "
           f"{header['gpu']}, torch {header['torch']}, cuDNN {header['cudnn']}")
     print(f"{'implementation':<20}{'GPU ms, sum at batch ' + str(args.batch):>30}{'layers faster than eager':>30}")
     for name in ("ours", "cuDNN graph", "eager", "relu_bias_backward"):
-        timed = [r for r in rows if name in r["gpu_ms"]]
-        gpu = sum(r["gpu_ms"][name] * r["count"] for r in timed)
-        faster = sum(r["count"] for r in timed if r["gpu_ms"][name] < r["gpu_ms"]["eager"])
-        print(f"{name:<20}{gpu:>30.3f}{faster:>24d} of {sum(r['count'] for r in timed)}")
+        done = [r for r in rows if name in r["gpu_ms"]]
+        gpu = sum(r["gpu_ms"][name] * r["count"] for r in done)
+        against = [r for r in done if "eager" in r["gpu_ms"]]
+        faster = sum(r["count"] for r in against if r["gpu_ms"][name] < r["gpu_ms"]["eager"])
+        failed = sum(r["count"] for r in rows if name in r["errors"])
+        print(f"{name:<20}{gpu:>30.3f}{faster:>24d} of {sum(r['count'] for r in against)}"
+              + (f"   ({failed} layers failed)" if failed else ""))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({**header, "rows": rows}, f, indent=1)

@@ -22,3 +22,18 @@ def test_bits_changes_with_one_element_by_one_ulp_and_with_the_order_of_the_tens
     x_nudged[1, 7, 2, 2] = -x_nudged[1, 7, 2, 2] if x_nudged[1, 7, 2, 2] != 0 else 1.0
     assert batch_norm_backward.bits((x_nudged, grad_w, grad_b)) != base
     assert batch_norm_backward.bits((grad_x, grad_b, grad_w)) != base
+
+
+def test_a_call_that_fails_to_time_is_reported_in_the_row_and_the_others_are_timed(monkeypatch):
+    def replay(fn):
+        return fn()
+
+    monkeypatch.setattr(batch_norm_backward, "graph_replay_ms", replay)
+    monkeypatch.setattr(batch_norm_backward.torch.cuda, "synchronize", lambda: None)
+
+    def capture_fails():
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore lines")
+
+    row = batch_norm_backward.timed({"ours": lambda: 0.5, "eager": capture_fails, "cuDNN graph": lambda: 0.25})
+    assert row == {"gpu_ms": {"ours": 0.5, "cuDNN graph": 0.25},
+                   "errors": {"eager": "RuntimeError: CUDA error: operation not permitted when stream is capturing"}}
