@@ -3,13 +3,13 @@
 // (g_blocks_per_sm, g_force_three, g_min_rows_per_thread). No torch: the kernel's launch function is called directly.
 // For each BatchNorm shape (batch 256, bfloat16, NHWC) and each launch-shape variant, one line:
 //   row,<channels>,<size>,<activation>,<variant>,<graph us>,<stream us>,<copy us>,<grid x>,<grid y>,<block x>,
-//       <block y>,<max |y - y of main's three launches|>,<stamps us: statistics, barrier 1, finalize, barrier 2,
+//       <block y>,<max |y - the reference's y|>,<stamps us: statistics, barrier 1, finalize, barrier 2,
 //       apply (to the last block's end)>,<the blocks' spread: 8 numbers, block_spread>
 // graph us: 20 launches captured in a CUDA graph, the median of 15 replays, per launch; stream us: 20 launches
 // issued back to back, the median of 15; copy us: a device-to-device copy of x's bytes, timed as `graph us`. The
 // stamps (%globaltimer, block (0, 0) but the last, the latest block's end) come from one more launch; 0 where the
-// variant runs three launches. Before a shape's rows, one line of its reference's bits (y of main's three launches,
-// the saved mean and invstd), hashed: bits,<channels>,<size>,<hex>.
+// variant runs three launches. Before a shape's rows, one line of its reference's bits (y of three launches at two
+// blocks a multiprocessor, the saved mean and invstd), hashed: bits,<channels>,<size>,<hex>.
 #include "bnf_patched.cu"
 
 #include <algorithm>
@@ -181,7 +181,8 @@ int main() {
     const int64_t rows = batch * s.size * s.size;
     const float copy = graph_us(
         [&] { CHECK(cudaMemcpyAsync(y, x, rows * s.channels * 2, cudaMemcpyDeviceToDevice, stream)); }, stream);
-    // y of main's arithmetic (three launches: statistics, finalize, apply), which every variant's y is held against
+    // the reference: y of three launches (statistics, finalize, apply) at two blocks a multiprocessor, the shape every
+    // version of the kernel had before 2026-12-07b; every variant's y is held against it
     g_blocks_per_sm = 2;
     g_force_three = 1;
     g_min_rows_per_thread = 0;

@@ -12,8 +12,9 @@ down. It needs no torch build of the package: it writes a copy of csrc/kernels/b
     blocks for small layers),
 compiles it with batch_norm_forward_phases.cu and nvcc for each build variant (rows unrolled 4 or 8 a step in the
 first and last pass; the finalize's loads 4 at a time), and runs each on mobilenet_v2's BatchNorm shapes (batch 256,
-bfloat16, NHWC). Each variant's y is held against y from main's arithmetic (three launches): max |dy|. Each patch is
-asserted to apply, so a changed kernel fails here loudly, not silently unpatched.
+bfloat16, NHWC). Each variant's y is held against the reference, y from three launches at two blocks a
+multiprocessor: max |dy|. Each patch is asserted to apply, so a changed kernel fails here loudly, not silently
+unpatched.
 
 First run (H100, 2026-12-07, benchmarks/results/batch_norm_forward_phases_h100_2026-12-07a.json): on the 64-channel
 14x14 layer, 25.0 us, of which the statistics pass took 10.9 (its block sum's shared-memory bank conflicts, since
@@ -67,8 +68,8 @@ __device__ inline unsigned long long probe_time() {
 
 # Before the launch function: the launch shape with the knobs (the kernel's own, PROBE_KERNEL_SHAPE, where
 # g_blocks_per_sm is 0), inserted before launch_passes (after the kernel's forward_launch, where it has one).
-LAUNCH_SHAPE = """// the kernel's shape, or row_launch's with g_blocks_per_sm a multiprocessor; grid.y cut to give each thread at
-// least g_min_rows_per_thread rows
+LAUNCH_SHAPE = """// the kernel's shape, or row_launch's at g_blocks_per_sm a multiprocessor; grid.y cut to give each thread
+// at least g_min_rows_per_thread rows
 inline nhwc::Launch probe_launch_shape(int64_t rows, int64_t channels, int vector, int multiprocessors) {
   auto shape = g_blocks_per_sm > 0 ? nhwc::row_launch(rows, channels, vector, multiprocessors, g_blocks_per_sm)
                                    : PROBE_KERNEL_SHAPE;
@@ -257,8 +258,8 @@ def main() -> None:
         rows += found
         bits_of_builds[name] = found_bits
     print(f"our BatchNorm forward kernel on {device}: us a launch (CUDA-graph replay), batch 256, bfloat16, NHWC; "
-          "phases: block (0, 0)'s view of the one launch, apply to the latest block's end; max |dy|: y against main's "
-          "arithmetic (three launches)")
+          "phases: block (0, 0)'s view of the one launch, apply to the latest block's end; max |dy|: y against the "
+          "reference (three launches, two blocks a multiprocessor)")
     print(f"{'build':<19}{'shape':<16}{'variant':<19}{'us':>7}{'issued':>8}{'copy':>7}{'grid':>10}"
           f"{'stats':>7}{'bar1':>6}{'final':>7}{'bar2':>6}{'apply':>7}{'max |dy|':>10}")
     for r in rows:
