@@ -68,8 +68,8 @@ __device__ inline unsigned long long probe_time() {
 
 # Before the launch function: the launch shape with the knobs (the kernel's own, PROBE_KERNEL_SHAPE, where
 # g_blocks_per_sm is 0), inserted before launch_passes (after the kernel's forward_launch, where it has one).
-LAUNCH_SHAPE = """// the kernel's shape, or row_launch's at g_blocks_per_sm a multiprocessor; grid.y cut to give each thread
-// at least g_min_rows_per_thread rows
+LAUNCH_SHAPE = """// the kernel's shape, or row_launch's at g_blocks_per_sm a multiprocessor; grid.y cut to
+// give each thread at least g_min_rows_per_thread rows
 inline nhwc::Launch probe_launch_shape(int64_t rows, int64_t channels, int vector, int multiprocessors) {
   auto shape = g_blocks_per_sm > 0 ? nhwc::row_launch(rows, channels, vector, multiprocessors, g_blocks_per_sm)
                                    : PROBE_KERNEL_SHAPE;
