@@ -49,7 +49,7 @@ def inputs(layer: dict, batch: int, seed: int) -> dict:
 
 
 def backward_calls(layer: dict, batch: int, seed: int = 0) -> dict:
-    """name -> a call of the layer's BatchNorm backward (the forward run once, outside), and the tensors it fills."""
+    """name -> a call of the layer's BatchNorm backward (the forward run once, here), returning its gradients."""
     act = Activation.from_name(layer["activation"])
     calls = {}
     # The forwards run on a stream of their own: autograd runs each backward node on its forward's stream, and a
@@ -63,6 +63,8 @@ def backward_calls(layer: dict, batch: int, seed: int = 0) -> dict:
 
 
 def forwards(layer: dict, batch: int, seed: int, act: Activation) -> dict:
+    """backward_calls' forwards, each on inputs of its own; every call binds its own tensors (a late-bound closure
+    once took the next call's inputs, and its grad found its inputs unused)."""
     calls = {}
     for name, implementation in IMPLEMENTATIONS.items():
         t = inputs(layer, batch, seed)
@@ -73,11 +75,13 @@ def forwards(layer: dict, batch: int, seed: int, act: Activation) -> dict:
     t = inputs(layer, batch, seed)
     y = F.batch_norm(t["z"], None, None, t["weight"], t["bias"], True, 0.1, 1e-5)
     y = eager_activation(y + t["residual"] if t["residual"] is not None else y, act, 0.01)
-    calls["eager"] = lambda: torch.autograd.grad(y, (t["z"], t["weight"], t["bias"]), t["dy"], retain_graph=True)
+    calls["eager"] = (lambda y=y, t=t: torch.autograd.grad(y, (t["z"], t["weight"], t["bias"]), t["dy"],
+                                                         retain_graph=True))
     if act in (Activation.RELU, Activation.RELU6) and not layer["residual"]:
         t = inputs(layer, batch, seed)
         out = torch.relu(t["z"].detach()) if act == Activation.RELU else F.relu6(t["z"].detach())
-        calls["relu_bias_backward"] = lambda: torch.ops.cudnn_fusion.relu_bias_backward(t["dy"], out, int(act))
+        calls["relu_bias_backward"] = (lambda t=t, out=out: torch.ops.cudnn_fusion.relu_bias_backward(t["dy"], out,
+                                                                                                     int(act)))
     return calls
 
 

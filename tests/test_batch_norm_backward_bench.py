@@ -37,3 +37,27 @@ def test_a_call_that_fails_to_time_is_reported_in_the_row_and_the_others_are_tim
     row = batch_norm_backward.timed({"ours": lambda: 0.5, "eager": capture_fails, "cuDNN graph": lambda: 0.25})
     assert row == {"gpu_ms": {"ours": 0.5, "cuDNN graph": 0.25},
                    "errors": {"eager": "RuntimeError: CUDA error: operation not permitted when stream is capturing"}}
+
+
+def test_each_backward_call_takes_the_gradient_of_its_own_forward(monkeypatch):
+    """On the CPU, eager's call alone (our ops need a GPU): it must differentiate its own forward, also where a
+    relu_bias_backward call's inputs are made after it (a ReLU6 layer without a residual)."""
+    def cpu_inputs(layer, batch, seed):
+        torch.manual_seed(seed)
+        shape = (batch, *layer["shape"][1:])
+        return {"z": torch.randn(shape).requires_grad_(), "dy": torch.randn(shape), "residual": None,
+                "weight": (torch.rand(shape[1]) + 0.5).requires_grad_(),
+                "bias": torch.randn(shape[1]).requires_grad_()}
+
+    monkeypatch.setattr(batch_norm_backward, "inputs", cpu_inputs)
+    monkeypatch.setattr(batch_norm_backward, "IMPLEMENTATIONS", {})
+    layer = {"shape": (2, 4, 3, 3), "activation": "relu6", "residual": False}
+    act = batch_norm_backward.Activation.RELU6
+    calls = batch_norm_backward.forwards(layer, 2, 0, act)
+    assert set(calls) == {"eager", "relu_bias_backward"}
+    grad_z, grad_weight, grad_bias = calls["eager"]()
+    t = cpu_inputs(layer, 2, 0)
+    y = torch.nn.functional.relu6(torch.nn.functional.batch_norm(t["z"], None, None, t["weight"], t["bias"], True))
+    expected = torch.autograd.grad(y, (t["z"], t["weight"], t["bias"]), t["dy"])
+    for actual, wanted in zip((grad_z, grad_weight, grad_bias), expected):
+        torch.testing.assert_close(actual, wanted, rtol=0, atol=0)
