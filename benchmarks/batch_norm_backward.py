@@ -10,7 +10,16 @@ in its row, and the others are still timed. With --bits, a hash of each layer's 
 from a fixed seed, taken before the timing and without a capture: two builds of the kernels that should give the
 same bits print the same lines ("bits,<layer>,<kernel>,<sha256>").
 
-    python benchmarks/batch_norm_backward.py [--model mobilenet_v2] [--batch 256] [--bits] [--json out.json]
+Without an activation the op's backward is not our kernel (which folds an activation's mask in): it is cuDNN's
+batchnorm-backward graph, or ATen's kernel where cudnn.benchmark (on here) timed that faster. Such rows say so, and
+--bits hashes no "ours" there: which of the two runs can change from one process to the next where they time alike
+(on an H100, 2026-12-07c, two layers' hashes differed between two processes so).
+
+--layers START:END: only those kinds of layer (batch_norm_forward.py's --layers; the bits lines keep the layer's
+index in the whole list).
+
+    python benchmarks/batch_norm_backward.py [--model mobilenet_v2] [--batch 256] [--bits] [--layers 14:]
+                                             [--json out.json]
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ from torch_cudnn_fusion._cpp_enums import Activation
 from torch_cudnn_fusion.ops.conv import eager_activation
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from batch_norm_forward import IMPLEMENTATIONS, layers_of  # noqa: E402
+from batch_norm_forward import IMPLEMENTATIONS, layer_slice, layers_of  # noqa: E402
 from profile_by_kind import run_header  # noqa: E402
 from timing import graph_replay_ms  # noqa: E402
 
@@ -110,23 +119,28 @@ def main() -> None:
     p.add_argument("--model", default="mobilenet_v2")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--bits", action="store_true", help="print a hash of our kernels' gradients for each layer")
+    p.add_argument("--layers", type=layer_slice, default=slice(None), help="START:END, a slice of the kinds of layer")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     torch.backends.cudnn.benchmark = True
-    layers = layers_of(args.model, args.batch)
+    every_layer = layers_of(args.model, args.batch)
     rows = []
-    for index, layer in enumerate(layers):
+    for index in range(len(every_layer))[args.layers]:
+        layer = every_layer[index]
+        ours_is_our_kernel = layer["activation"] is not None
         if args.bits:  # before the timing, which captures: the bits do not hang on a capture that fails
             seeded = backward_calls(layer, args.batch, seed=1)
-            for name in ("ours", "relu_bias_backward"):
+            for name in ("ours", "relu_bias_backward") if ours_is_our_kernel else ("relu_bias_backward",):
                 if name in seeded:
                     print(f"bits,{index},{name},{bits(seeded[name]())}", flush=True)
-        row = {**layer, **timed(backward_calls(layer, args.batch))}
+        row = {**layer, **timed(backward_calls(layer, args.batch)),
+               "ours_backward": "our kernel" if ours_is_our_kernel else "cuDNN graph or ATen"}
         rows.append(row)
         residual = "+res" if layer["residual"] else ""
         what = f"{layer['count']:3d} x {str(layer['shape']):<22}{str(layer['activation']):<8}{residual:<5}"
         print(what + "".join(f"{name} {ms:.4f}   " for name, ms in row["gpu_ms"].items())
-              + "".join(f"{name} failed: {error}   " for name, error in row["errors"].items()), flush=True)
+              + "".join(f"{name} failed: {error}   " for name, error in row["errors"].items())
+              + ("" if ours_is_our_kernel else "(ours: cuDNN's graph or ATen, no activation)"), flush=True)
     header = run_header(args)
     layers = sum(r["count"] for r in rows)
     print(f"\n{args.model}: {layers} conv + BatchNorm layers' BatchNorm backward (bf16, channels_last) on "
@@ -142,7 +156,7 @@ def main() -> None:
               + (f"   ({failed} layers failed)" if failed else ""))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({**header, "rows": rows}, f, indent=1)
+            json.dump({**header, "layers": [args.layers.start, args.layers.stop], "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

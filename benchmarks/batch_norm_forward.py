@@ -12,7 +12,11 @@ place (cudnn_fusion::batch_norm_act_update) runs without grad on random bfloat16
 Layers of the same shape, activation and residual are timed once (the count column says how many there are); the
 sums over the model's layers, last, weigh each row by its count.
 
-    python benchmarks/batch_norm_forward.py [--model mobilenet_v2] [--batch 256] [--host-batch 8] [--json out.json]
+--layers START:END times only those kinds of layer (a Python slice of the list, in the order the rows print; the
+sums then cover those).
+
+    python benchmarks/batch_norm_forward.py [--model mobilenet_v2] [--batch 256] [--host-batch 8] [--layers 14:]
+                                            [--json out.json]
 """
 
 from __future__ import annotations
@@ -60,6 +64,19 @@ def layers_of(model_name: str, batch: int) -> list[dict]:
     return list(kinds.values())
 
 
+def layer_slice(spec: str | None) -> slice:
+    """--layers' "START:END" (either may be left out) as a slice; None: all."""
+    if spec is None:
+        return slice(None)
+    start, colon, end = spec.partition(":")
+    try:
+        if not colon:
+            raise ValueError
+        return slice(int(start) if start else None, int(end) if end else None)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--layers: expected START:END (e.g. 14: or 3:7), got {spec!r}") from None
+
+
 def calls(layer: dict, batch: int) -> dict:
     """Each implementation's call of the layer's BatchNorm at `batch`, on inputs of its own."""
     shape = (batch, *layer["shape"][1:])
@@ -88,11 +105,12 @@ def main() -> None:
     p.add_argument("--model", default="mobilenet_v2")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--host-batch", type=int, default=8)
+    p.add_argument("--layers", type=layer_slice, default=slice(None), help="START:END, a slice of the kinds of layer")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     torch.backends.cudnn.benchmark = True
     torch.manual_seed(0)
-    layers = layers_of(args.model, args.batch)
+    layers = layers_of(args.model, args.batch)[args.layers]
     rows = []
     with torch.no_grad():
         for layer in layers:
@@ -120,7 +138,8 @@ def main() -> None:
         print(f"{name:<16}{gpu:>30.3f}{host:>30.1f}{faster:>28d} of {layers}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({**header, "host_batch": args.host_batch, "rows": rows}, f, indent=1)
+            json.dump({**header, "host_batch": args.host_batch, "layers": [args.layers.start, args.layers.stop],
+                       "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -61,3 +61,46 @@ def test_each_backward_call_takes_the_gradient_of_its_own_forward(monkeypatch):
     expected = torch.autograd.grad(y, (t["z"], t["weight"], t["bias"]), t["dy"])
     for actual, wanted in zip((grad_z, grad_weight, grad_bias), expected):
         torch.testing.assert_close(actual, wanted, rtol=0, atol=0)
+
+
+def test_layers_takes_a_slice_and_names_a_bad_one():
+    import argparse
+
+    import pytest
+
+    assert batch_norm_backward.layer_slice("14:") == slice(14, None)
+    assert batch_norm_backward.layer_slice("3:7") == slice(3, 7)
+    assert batch_norm_backward.layer_slice(":2") == slice(None, 2)
+    assert batch_norm_backward.layer_slice(None) == slice(None)
+    for bad in ("14", "a:b", "1:2:3"):
+        with pytest.raises(argparse.ArgumentTypeError, match=f"--layers: expected START:END .*got '{bad}'"):
+            batch_norm_backward.layer_slice(bad)
+
+
+def test_bits_hash_ours_only_where_our_kernel_runs_and_keep_the_layer_s_index(monkeypatch, capsys):
+    """Without an activation the op's backward is cuDNN's graph or ATen's (chosen by timing): no "ours" hash there;
+    with --layers the hashes keep each layer's index in the whole list."""
+    layers = [{"shape": (2, 8, 3, 3), "activation": None, "residual": False, "count": 1},
+              {"shape": (2, 8, 3, 3), "activation": "relu6", "residual": False, "count": 2},
+              {"shape": (2, 16, 3, 3), "activation": None, "residual": False, "count": 1}]
+    grads = (torch.ones(2), torch.zeros(3))
+    monkeypatch.setattr(batch_norm_backward, "layers_of", lambda model, batch: layers)
+    monkeypatch.setattr(batch_norm_backward, "backward_calls", lambda layer, batch, seed=0: {
+        "ours": lambda: grads, "eager": lambda: grads,
+        **({"relu_bias_backward": lambda: grads} if layer["activation"] else {})})
+    monkeypatch.setattr(batch_norm_backward, "timed", lambda calls: {"gpu_ms": {name: 1.0 for name in calls},
+                                                                     "errors": {}})
+    monkeypatch.setattr(batch_norm_backward, "run_header", lambda args: {"gpu": "g", "torch": "t", "cudnn": 1})
+
+    def bits_lines(*argv):
+        monkeypatch.setattr(sys, "argv", ["batch_norm_backward.py", "--bits", *argv])
+        batch_norm_backward.main()
+        out = capsys.readouterr().out
+        return [line.split(",")[1:3] for line in out.splitlines() if line.startswith("bits,")], out
+
+    lines, out = bits_lines()
+    assert lines == [["1", "ours"], ["1", "relu_bias_backward"]]
+    assert out.count("(ours: cuDNN's graph or ATen, no activation)") == 2
+    lines, out = bits_lines("--layers", "1:")
+    assert lines == [["1", "ours"], ["1", "relu_bias_backward"]]
+    assert "(2, 16, 3, 3)" in out and "(2, 8, 3, 3)" in out and out.count(" x (") == 2
