@@ -43,7 +43,8 @@ constexpr int kBlocksPerMultiprocessor = 2;
 // rows. mobilenet_v2's layers at batch 256, bfloat16 (H100, batch_norm_forward_phases.py, 2026-12-07b), one block
 // against two: 15.9 us against 18.4 at 64 channels and 14x14 (5.9 rows a thread), 19.5 against 21.2 at 96 and 14x14
 // (9.0), 15.2 against 18.3 at 160 and 7x7 (4.0), 20.1 against 25.1 at 320 and 7x7 (7.9); 20.3 against 19.3 at 32
-// and 28x28 (11.9), and up to 30 % slower on the large layers.
+// and 28x28 (11.9), and up to 30 % slower on the large layers. With this rule in the kernel (2026-12-07c): 16.4, 20.3,
+// 15.7 and 21.2 us on those four, against 19.6, 22.6, 20.0 and 26.6 at two blocks, the same y; the others unchanged.
 constexpr int kFewRows = 10;
 
 // The launch shape of the three passes (the partial sums' rows follow from it: batch_norm_act_forward_partial_rows).
