@@ -11,7 +11,9 @@ down. It needs no torch build of the package: it writes a copy of csrc/kernels/b
     had before 2026-12-07b), three launches in place of one cooperative launch, at least N rows per thread (fewer
     blocks for small layers),
 compiles it with batch_norm_forward_phases.cu and nvcc for each build variant (rows unrolled 4 or 8 a step in the
-first and last pass; the finalize's loads 4 at a time), and runs each on mobilenet_v2's BatchNorm shapes (batch 256,
+first and last pass; the finalize's loads 4 at a time; "x in shared": a thread's first 20 rows of x kept in shared
+memory by the one launch's statistics pass and read back by its apply pass, which took about two copies' time of its
+bytes on the narrow layers though x had just been read, 2026-12-07c), and runs each on mobilenet_v2's BatchNorm shapes (batch 256,
 bfloat16, NHWC). Each variant's y is held against the reference, y from three launches at two blocks a
 multiprocessor: max |dy|. Each patch is asserted to apply, so a changed kernel fails here loudly, not silently
 unpatched.
@@ -43,10 +45,12 @@ HERE = Path(__file__).resolve().parent
 KERNEL = HERE.parent / "csrc" / "kernels" / "batch_norm_forward_kernel.cu"
 sys.path.insert(0, str(HERE.parent))  # torch_cudnn_fusion._build_paths from this checkout
 
-# (name, -D flags): rows per step in the statistics and apply passes; the finalize's loads issued 4 at a time
+# (name, -D flags): rows per step in the statistics and apply passes; the finalize's loads issued 4 at a time; x kept
+# in shared memory between the one launch's statistics and apply passes (a thread's first PROBE_CACHE_ROWS rows)
 BUILDS = [("unroll 4", ["-DPROBE_UNROLL=4", "-DPROBE_FINALIZE_BATCH=0"]),
           ("unroll 8", ["-DPROBE_UNROLL=8", "-DPROBE_FINALIZE_BATCH=0"]),
-          ("finalize loads x4", ["-DPROBE_UNROLL=4", "-DPROBE_FINALIZE_BATCH=1"])]
+          ("finalize loads x4", ["-DPROBE_UNROLL=4", "-DPROBE_FINALIZE_BATCH=1"]),
+          ("x in shared", ["-DPROBE_UNROLL=4", "-DPROBE_FINALIZE_BATCH=0", "-DPROBE_CACHE_ROWS=20"])]
 
 KNOBS = """__device__ unsigned long long g_stamps[8];
 // each block's start, end of the statistics pass (before barrier 1), exit from barrier 2 and end
@@ -64,6 +68,20 @@ __device__ inline unsigned long long probe_time() {
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) g_stamps[i] = probe_time()
 #define PROBE_BLOCK_STAMP(i) \\
   if (threadIdx.x == 0 && threadIdx.y == 0) g_block_stamps[blockIdx.y * gridDim.x + blockIdx.x][i] = probe_time()
+#ifndef PROBE_CACHE_ROWS
+#define PROBE_CACHE_ROWS 0
+#endif
+"""
+
+# "x in shared": in the one cooperative launch (not the three launches, whose passes do not share memory), the
+# statistics pass keeps each row it reads, a thread's first PROBE_CACHE_ROWS, in dynamic shared memory after the
+# block-sum and finalize region ([k][thread], 16-byte packs side by side: no bank conflicts), and the apply pass reads
+# them there instead of from L2. Declared at the top of both passes:
+CACHE_DECLARATIONS = """  extern __shared__ __align__(16) float probe_shared[];
+  const bool probe_caching = PROBE_CACHE_ROWS > 0 && cooperative_groups::this_grid().is_valid();
+  const int probe_threads = blockDim.x * blockDim.y;
+  P* const probe_cache = reinterpret_cast<P*>(probe_shared + (4 * V * probe_threads > kFinalizeFloats
+      ? 4 * V * probe_threads : kFinalizeFloats)) + threadIdx.y * blockDim.x + threadIdx.x;  // row k at [k * threads]
 """
 
 # Before the launch function: the launch shape with the knobs (the kernel's own, PROBE_KERNEL_SHAPE, where
@@ -160,6 +178,30 @@ def patched_kernel(source: str) -> str:
         (LAUNCH_PASSES, "#define PROBE_KERNEL_SHAPE " + kernel_shape + "\n" + LAUNCH_SHAPE + LAUNCH_PASSES),
         (SHAPE_LINES[kernel_shape], "  const auto shape = probe_launch_shape(a.rows, a.channels, V, multiprocessors);"),
         ("  if (nhwc::cooperative_grid_fits(kernel", "  if (!g_force_three && nhwc::cooperative_grid_fits(kernel"),
+        # x in shared (PROBE_CACHE_ROWS > 0): the statistics pass keeps its rows, the apply pass reads them back
+        ("    auto add = [&](const P& p) {\n",
+         CACHE_DECLARATIONS.replace("\n  ", "\n    ").replace("  extern", "    extern", 1) +
+         "    int probe_k = 0;  // the rows added so far: row0 + probe_k * step is the next\n"
+         "    auto add = [&](const P& p) {\n"
+         "      if (probe_caching && probe_k < PROBE_CACHE_ROWS) probe_cache[probe_k * probe_threads] = p;\n"
+         "      ++probe_k;\n"),
+        ("  const int64_t column = group * V;\n  float mean[V], invstd[V], weight[V], bias[V];\n",
+         CACHE_DECLARATIONS + "  const int64_t column = group * V;\n  float mean[V], invstd[V], weight[V], bias[V];\n"),
+        ("      x_p[u] = *reinterpret_cast<const P*>(x + offset);",
+         "      x_p[u] = probe_caching && k - u < PROBE_CACHE_ROWS ? probe_cache[(k - u) * probe_threads]\n"
+         "                                                          : *reinterpret_cast<const P*>(x + offset);"),
+        ("    process(*reinterpret_cast<const P*>(x + offset), r_p, offset);",
+         "    process(probe_caching && k < PROBE_CACHE_ROWS ? probe_cache[k * probe_threads]\n"
+         "                                                  : *reinterpret_cast<const P*>(x + offset), r_p, offset);"),
+        ("    return std::max<size_t>(statistics_floats(V, threads), kFinalizeFloats);\n",
+         "    return std::max<size_t>(statistics_floats(V, threads), kFinalizeFloats) +\n"
+         "           (static_cast<size_t>(PROBE_CACHE_ROWS) * threads * sizeof(Pack<T, V>) + 3) / 4;\n"),
+        ("  const auto kernel = batch_norm_act_forward_one_launch<T, V, kResidual, kAct>;\n",
+         "  const auto kernel = batch_norm_act_forward_one_launch<T, V, kResidual, kAct>;\n"
+         "  if (PROBE_CACHE_ROWS > 0) {  // over 48 KB of dynamic shared memory: asked for\n"
+         "    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,\n"
+         "                         static_cast<int>(shared_floats(nhwc::kThreads) * sizeof(float)));\n"
+         "  }\n"),
     ]
     for old, new in replacements:
         count = source.count(old)

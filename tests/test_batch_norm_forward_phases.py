@@ -26,6 +26,12 @@ def test_every_patch_applies_to_the_kernel():
     assert "const auto shape = probe_launch_shape(a.rows, a.channels, V, multiprocessors);" in patched
     assert "#define PROBE_KERNEL_SHAPE forward_launch(rows, channels, vector, multiprocessors)" in patched
     assert "if (!g_force_three && nhwc::cooperative_grid_fits(kernel" in patched
+    # x in shared: kept by the statistics pass, read back by both of the apply pass's loads, and its room asked for
+    assert patched.count("const bool probe_caching = PROBE_CACHE_ROWS > 0") == 2
+    assert "if (probe_caching && probe_k < PROBE_CACHE_ROWS) probe_cache[probe_k * probe_threads] = p;" in patched
+    assert "probe_caching && k - u < PROBE_CACHE_ROWS ? probe_cache[(k - u) * probe_threads]" in patched
+    assert "process(probe_caching && k < PROBE_CACHE_ROWS ? probe_cache[k * probe_threads]" in patched
+    assert "cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize" in patched
 
 
 def test_an_older_kernel_launched_at_row_launchs_shape_is_patched_too():
@@ -98,6 +104,7 @@ def test_the_patched_kernel_compiles_with_the_harness(tmp_path):
         pytest.skip("no CUDA toolkit here")
     (tmp_path / "bnf_patched.cu").write_text(probe.patched_kernel(probe.KERNEL.read_text()))
     shutil.copy(probe.HERE / "batch_norm_forward_phases.cu", tmp_path / "batch_norm_forward_phases.cu")
-    # one build with every code path the probe adds behind a macro: the finalize's batched loads, rows unrolled 8
-    flags = ["-DPROBE_UNROLL=8", "-DPROBE_FINALIZE_BATCH=1"]
+    # one build with every code path the probe adds behind a macro: the finalize's batched loads, rows unrolled 8,
+    # x kept in shared memory
+    flags = ["-DPROBE_UNROLL=8", "-DPROBE_FINALIZE_BATCH=1", "-DPROBE_CACHE_ROWS=20"]
     assert probe.build(tmp_path, "every probe path", flags).is_file()
