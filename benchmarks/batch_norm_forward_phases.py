@@ -73,12 +73,12 @@ __device__ inline unsigned long long probe_time() {
 #endif
 """
 
-# "x in shared": in the one cooperative launch (not the three launches, whose passes do not share memory), the
-# statistics pass keeps each row it reads, a thread's first PROBE_CACHE_ROWS, in dynamic shared memory after the
-# block-sum and finalize region ([k][thread], 16-byte packs side by side: no bank conflicts), and the apply pass reads
-# them there instead of from L2. Declared at the top of both passes:
+# "x in shared": in the one cooperative launch (not the three launches, whose passes do not share memory: the one
+# launch alone passes probe_cache_on), the statistics pass keeps each row it reads, a thread's first PROBE_CACHE_ROWS,
+# in dynamic shared memory after the block-sum and finalize region ([k][thread], 16-byte packs side by side: no bank
+# conflicts), and the apply pass reads them there instead of from L2. Declared at the top of both passes:
 CACHE_DECLARATIONS = """  extern __shared__ __align__(16) float probe_shared[];
-  const bool probe_caching = PROBE_CACHE_ROWS > 0 && cooperative_groups::this_grid().is_valid();
+  const bool probe_caching = PROBE_CACHE_ROWS > 0 && probe_cache_on;
   const int probe_threads = blockDim.x * blockDim.y;
   P* const probe_cache = reinterpret_cast<P*>(probe_shared + (4 * V * probe_threads > kFinalizeFloats
       ? 4 * V * probe_threads : kFinalizeFloats)) + threadIdx.y * blockDim.x + threadIdx.x;  // row k at [k * threads]
@@ -146,7 +146,7 @@ ONE_LAUNCH = """  statistics_rows<T, V>(static_cast<const T*>(a.x), a.partial, a
 
 ONE_LAUNCH_STAMPED = """  PROBE_STAMP(0);
   PROBE_BLOCK_STAMP(0);
-  statistics_rows<T, V>(static_cast<const T*>(a.x), a.partial, a.rows, a.channels, shared);
+  statistics_rows<T, V>(static_cast<const T*>(a.x), a.partial, a.rows, a.channels, shared, true);
   PROBE_STAMP(1);
   PROBE_BLOCK_STAMP(1);
   grid.sync();
@@ -156,7 +156,7 @@ ONE_LAUNCH_STAMPED = """  PROBE_STAMP(0);
   grid.sync();
   PROBE_STAMP(4);
   PROBE_BLOCK_STAMP(2);
-  apply_rows<T, V, kResidual, kAct>(a);
+  apply_rows<T, V, kResidual, kAct>(a, true);
   __syncthreads();
   PROBE_BLOCK_STAMP(3);
   if (threadIdx.x == 0 && threadIdx.y == 0) atomicMax(&g_stamps[5], probe_time());"""
@@ -179,6 +179,10 @@ def patched_kernel(source: str) -> str:
         (SHAPE_LINES[kernel_shape], "  const auto shape = probe_launch_shape(a.rows, a.channels, V, multiprocessors);"),
         ("  if (nhwc::cooperative_grid_fits(kernel", "  if (!g_force_three && nhwc::cooperative_grid_fits(kernel"),
         # x in shared (PROBE_CACHE_ROWS > 0): the statistics pass keeps its rows, the apply pass reads them back
+        ("                                float* shared_floats) {\n",
+         "                                float* shared_floats, bool probe_cache_on = false) {\n"),
+        ("__device__ void apply_rows(const BatchNormActForwardArgs& a) {\n",
+         "__device__ void apply_rows(const BatchNormActForwardArgs& a, bool probe_cache_on = false) {\n"),
         ("    auto add = [&](const P& p) {\n",
          CACHE_DECLARATIONS.replace("\n  ", "\n    ").replace("  extern", "    extern", 1) +
          "    int probe_k = 0;  // the rows added so far: row0 + probe_k * step is the next\n"
@@ -198,9 +202,10 @@ def patched_kernel(source: str) -> str:
          "           (static_cast<size_t>(PROBE_CACHE_ROWS) * threads * sizeof(Pack<T, V>) + 3) / 4;\n"),
         ("  const auto kernel = batch_norm_act_forward_one_launch<T, V, kResidual, kAct>;\n",
          "  const auto kernel = batch_norm_act_forward_one_launch<T, V, kResidual, kAct>;\n"
-         "  if (PROBE_CACHE_ROWS > 0) {  // over 48 KB of dynamic shared memory: asked for\n"
-         "    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,\n"
-         "                         static_cast<int>(shared_floats(nhwc::kThreads) * sizeof(float)));\n"
+         "  if (PROBE_CACHE_ROWS > 0) {  // over 48 KB of dynamic shared memory: asked for, a refusal fatal\n"
+         "    const cudaError_t room = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,\n"
+         "        static_cast<int>(shared_floats(nhwc::kThreads) * sizeof(float)));\n"
+         "    if (room != cudaSuccess) return room;\n"
          "  }\n"),
     ]
     for old, new in replacements:

@@ -27,11 +27,17 @@ def test_every_patch_applies_to_the_kernel():
     assert "#define PROBE_KERNEL_SHAPE forward_launch(rows, channels, vector, multiprocessors)" in patched
     assert "if (!g_force_three && nhwc::cooperative_grid_fits(kernel" in patched
     # x in shared: kept by the statistics pass, read back by both of the apply pass's loads, and its room asked for
-    assert patched.count("const bool probe_caching = PROBE_CACHE_ROWS > 0") == 2
+    # only the one launch keeps rows: it alone passes probe_cache_on (the three launches' passes take the default)
+    assert patched.count("const bool probe_caching = PROBE_CACHE_ROWS > 0 && probe_cache_on;") == 2
+    assert patched.count("bool probe_cache_on = false) {") == 2
+    assert "a.rows, a.channels, shared, true);\n  PROBE_STAMP(1);" in patched
+    assert "apply_rows<T, V, kResidual, kAct>(a, true);" in patched
+    assert "batch_norm_act_forward_statistics" in patched and "apply_rows<T, V, kResidual, kAct>(a);" in patched
     assert "if (probe_caching && probe_k < PROBE_CACHE_ROWS) probe_cache[probe_k * probe_threads] = p;" in patched
     assert "probe_caching && k - u < PROBE_CACHE_ROWS ? probe_cache[(k - u) * probe_threads]" in patched
     assert "process(probe_caching && k < PROBE_CACHE_ROWS ? probe_cache[k * probe_threads]" in patched
     assert "cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize" in patched
+    assert "if (room != cudaSuccess) return room;" in patched
 
 
 def test_an_older_kernel_launched_at_row_launchs_shape_is_patched_too():
