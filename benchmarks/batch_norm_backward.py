@@ -10,8 +10,10 @@ in its row, and the others are still timed. With --bits, a hash of each layer's 
 from a fixed seed, taken before the timing and without a capture: two builds of the kernels that should give the
 same bits print the same lines ("bits,<layer>,<kernel>,<sha256>").
 
-Without an activation the op's backward is our kernel too, with g = dy (before 2026-12-08 it was cuDNN's
-batchnorm-backward graph, or ATen's kernel where cudnn.benchmark timed that faster).
+Without an activation the op's backward is not our kernel (which folds an activation's mask in): it is cuDNN's
+batchnorm-backward graph, or ATen's kernel where cudnn.benchmark (on here) timed that faster. Such rows say so, and
+--bits hashes no "ours" there: which of the two runs can change from one process to the next where they time alike
+(on an H100, 2026-12-07c, two layers' hashes differed between two processes so).
 
 --layers START:END: only those kinds of layer (batch_norm_forward.py's --layers; the bits lines keep the layer's
 index in the whole list).
@@ -125,17 +127,20 @@ def main() -> None:
     rows = []
     for index in range(len(every_layer))[args.layers]:
         layer = every_layer[index]
+        ours_is_our_kernel = layer["activation"] is not None
         if args.bits:  # before the timing, which captures: the bits do not hang on a capture that fails
             seeded = backward_calls(layer, args.batch, seed=1)
-            for name in ("ours", "relu_bias_backward"):
+            for name in ("ours", "relu_bias_backward") if ours_is_our_kernel else ("relu_bias_backward",):
                 if name in seeded:
                     print(f"bits,{index},{name},{bits(seeded[name]())}", flush=True)
-        row = {**layer, **timed(backward_calls(layer, args.batch))}
+        row = {**layer, **timed(backward_calls(layer, args.batch)),
+               "ours_backward": "our kernel" if ours_is_our_kernel else "cuDNN graph or ATen"}
         rows.append(row)
         residual = "+res" if layer["residual"] else ""
         what = f"{layer['count']:3d} x {str(layer['shape']):<22}{str(layer['activation']):<8}{residual:<5}"
         print(what + "".join(f"{name} {ms:.4f}   " for name, ms in row["gpu_ms"].items())
-              + "".join(f"{name} failed: {error}   " for name, error in row["errors"].items()), flush=True)
+              + "".join(f"{name} failed: {error}   " for name, error in row["errors"].items())
+              + ("" if ours_is_our_kernel else "(ours: cuDNN's graph or ATen, no activation)"), flush=True)
     header = run_header(args)
     layers = sum(r["count"] for r in rows)
     print(f"\n{args.model}: {layers} conv + BatchNorm layers' BatchNorm backward (bf16, channels_last) on "

@@ -125,17 +125,14 @@ def test_backward_chosen_by_timing_under_cudnn_benchmark_is_correct(extension, s
 @pytest.mark.parametrize("shape", [(4, 30, 9, 9), (64, 64, 56, 56), (16, 72, 61, 67)],
                          ids=["30ch", "64ch-56x56", "72ch-61x67"])
 @pytest.mark.parametrize("activation, residual", [("relu", False), ("relu", True), ("relu6", False), ("relu6", True),
-                                                  ("silu", False), ("hardswish", False), ("leaky_relu", False),
-                                                  (None, False), (None, True)],
-                         ids=["relu", "relu-residual", "relu6", "relu6-residual", "silu", "hardswish", "leaky_relu",
-                              "none", "none-residual"])
+                                                  ("silu", False), ("hardswish", False), ("leaky_relu", False)],
+                         ids=["relu", "relu-residual", "relu6", "relu6-residual", "silu", "hardswish", "leaky_relu"])
 def test_batch_norm_backward_kernel_folds_the_activation_in(extension, dtype, shape, activation, residual):
     """NHWC BatchNorm + ReLU/ReLU6/SiLU/Hardswish/LeakyReLU backward is our kernel, which applies the activation's
     mask or derivative as it reads dy (its input recomputed from x, or ReLU's mask read from y after a residual add;
-    SiLU, Hardswish and LeakyReLU take no residual); so is BatchNorm's alone (no activation: the residual's gradient
-    is dy itself): every gradient against eager and float64, at a channel count no 16-byte vector divides (one
-    element at a time) and at sizes spread over many blocks, whose threads take different numbers of rows (dx walks
-    each thread's rows back from its last)."""
+    SiLU, Hardswish and LeakyReLU take no residual): every gradient against eager and float64, at a
+    channel count no 16-byte vector divides (one element at a time) and at sizes spread over many blocks, whose
+    threads take different numbers of rows (dx walks each thread's rows back from its last)."""
     x, w, b, rm, rv, res, grad = make_inputs(dtype, residual, shape)
     act = ACT_CODE[activation]
 
@@ -150,11 +147,10 @@ def test_batch_norm_backward_kernel_folds_the_activation_in(extension, dtype, sh
         y, grads, _, _ = run(fused, x, w, b, res, grad, rm, rv)
         torch.cuda.synchronize()
     names = {e.name for e in prof.events()}
-    # one cooperative launch of the three passes (the first two only, before a separate dx, after a residual add
-    # before an activation)
+    # one cooperative launch of the three passes (the first two only, before a separate dx, after a residual add)
     assert any("batch_norm_act_backward_one_launch" in n for n in names), "our BatchNorm backward kernel did not run"
     assert not any("batch_norm_act_backward_finalize" in n for n in names), "the partial sums' total ran apart"
-    assert any("batch_norm_act_backward_dx" in n for n in names) == (residual and activation is not None), names
+    assert any("batch_norm_act_backward_dx" in n for n in names) == residual, names
     assert not names & {"aten::threshold_backward", "aten::hardtanh_backward", "aten::silu_backward",
                         "aten::hardswish_backward", "aten::leaky_relu_backward"}, "a separate activation backward ran"
     y_e, grads_e, _, _ = run(eager, x, w, b, res, grad, rm, rv)

@@ -133,9 +133,8 @@ def resolve(policy: Optional[EnginePolicy]) -> EnginePolicy:
 #   a layer's first run. Timing every candidate is what the autotune policy is for.
 # - the graphs in ATEN_TIMED_UNDER_BENCHMARK are timed against their ATen composition too, not only under autotune:
 #   on H200 the BatchNorm backward graph took about 0.8 ms at 7x7 and 14x14 feature maps (batch 256) where ATen's
-#   kernel took far less, and was faster at 56x56 and above. (It runs only for an NCHW BatchNorm passed to the op
-#   directly: in NHWC the backward is our kernel, csrc/kernels/batch_norm_backward_kernel.cu, with an activation or
-#   without.)
+#   kernel took far less, and was faster at 56x56 and above. (It runs only for a BatchNorm with no activation: with
+#   ReLU/ReLU6 the backward is our kernel, csrc/kernels/batch_norm_backward_kernel.cu.)
 BENCHMARK_CANDIDATES = 8
 ATEN_TIMED_UNDER_BENCHMARK = (Graph.BATCHNORM_BACKWARD,)
 

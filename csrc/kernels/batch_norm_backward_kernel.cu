@@ -1,6 +1,6 @@
 // BatchNorm's training backward with its activation's backward folded in, for dense NHWC tensors. With
 // xc = x - mean (the saved batch mean), a = invstd * weight and M the rows (N*H*W):
-//   g        = dy without an activation; dy where the activation passed, else 0   (ReLU: v > 0; ReLU6: 0 < v < 6);
+//   g        = dy where the activation passed, else 0   (ReLU: v > 0; ReLU6: 0 < v < 6);
 //              dy * silu'(v) or dy * hardswish'(v) after SiLU or Hardswish; dy where v > 0, else dy * slope, after
 //              LeakyReLU
 //   dbias    = sum of g over the rows;  dweight = invstd * sum of g * xc
@@ -65,8 +65,8 @@ __device__ inline bool passes(float v, int activation) {
 // leaky_relu_backward computes it in float32), an instantiation of its own so that the others' code stays as it
 // was. With the derivative in every instantiation (09e4f51..1576728) the bfloat16 one-launch kernel of 8-element
 // vectors spilled 156 bytes (0 before) and took 6.10 ms of an H200's MobileNet v1 step against 3.50 (profile_by_kind,
-// 2026-11-27s and -26k). kIdentity: no activation, g is dy.
-enum class Gate { kMaskOfPre, kMaskOfY, kDerivative, kLeaky, kIdentity };
+// 2026-11-27s and -26k).
+enum class Gate { kMaskOfPre, kMaskOfY, kDerivative, kLeaky };
 
 // SiLU's or Hardswish's derivative at v, its input (the BatchNorm output rounded to the storage type, as eager's
 // activation reads it), computed as PyTorch's silu_backward and hardswish_backward compute it in float32.
@@ -81,12 +81,10 @@ __device__ inline float derivative(float v, int activation) {
   return v < 3.f ? __fadd_rn(__fdiv_rn(v, 3.f), 0.5f) : 1.f;
 }
 
-// g for one element: dy through the activation (ReLU, ReLU6: its mask; SiLU, Hardswish: dy times the derivative;
-// none: dy).
+// g for one element: dy through the activation (ReLU, ReLU6: its mask; SiLU, Hardswish: dy times the derivative).
 template <typename T, Gate G>
 __device__ inline float masked_grad(float dy, float xc, float y, float invstd, float weight, float bias,
                                     int activation, float negative_slope) {
-  if (G == Gate::kIdentity) return dy;
   const float v =
       G == Gate::kMaskOfY ? y : to_float(from_float<T>(__fadd_rn(__fmul_rn(__fmul_rn(xc, invstd), weight), bias)));
   if (G == Gate::kLeaky) return v > 0.f ? dy : __fmul_rn(dy, negative_slope);
@@ -379,7 +377,6 @@ cudaError_t launch_typed(const BatchNormActBackwardArgs& a, bool vectors, int mu
     return vectors ? launch_passes<T, kVec, decltype(gate)::value>(a, multiprocessors, stream)
                    : launch_passes<T, 1, decltype(gate)::value>(a, multiprocessors, stream);
   };
-  if (a.activation == kActivationNone) return by_vectors(std::integral_constant<Gate, Gate::kIdentity>{});
   if (a.y != nullptr) return by_vectors(std::integral_constant<Gate, Gate::kMaskOfY>{});
   if (a.activation == kActivationRelu || a.activation == kActivationRelu6) {
     return by_vectors(std::integral_constant<Gate, Gate::kMaskOfPre>{});
@@ -397,10 +394,11 @@ int64_t batch_norm_act_backward_partial_rows(int64_t rows, int64_t channels, boo
 
 cudaError_t launch_batch_norm_act_backward_nhwc(ElementType type, const BatchNormActBackwardArgs& args, bool vectors,
                                                 int multiprocessors, cudaStream_t stream) {
-  // masked_grad takes any code but ReLU's, ReLU6's, LeakyReLU's and none's for SiLU or Hardswish
-  if (args.activation < kActivationNone || args.activation > kActivationLeakyRelu) return cudaErrorInvalidValue;
+  // masked_grad takes any code but ReLU's, ReLU6's and LeakyReLU's for SiLU or Hardswish: no activation has no kernel
+  // here (the ops run BatchNorm's backward alone for it)
+  if (args.activation < kActivationRelu || args.activation > kActivationLeakyRelu) return cudaErrorInvalidValue;
   // y (a residual added before the activation) with ReLU or ReLU6 only: the others' gate is taken at the
-  // pre-activation, which y is not (the ops refuse a residual with them); no activation reads no y
+  // pre-activation, which y is not (the ops refuse a residual with them)
   const bool mask = args.activation == kActivationRelu || args.activation == kActivationRelu6;
   if (args.y != nullptr && !mask) return cudaErrorInvalidValue;
   return nhwc::by_element_type(type, [&](auto element) {

@@ -30,8 +30,8 @@ struct BatchNormActBackwardArgs {
   float* partial;            // batch_norm_act_backward_partial_rows(...) * channels floats of scratch (not kBackwardDx)
   int64_t rows;
   int64_t channels;
-  int activation;            // kActivationNone (g is dy; y must be null), kActivationRelu, kActivationRelu6,
-                             // kActivationSilu, kActivationHardswish or kActivationLeakyRelu
+  int activation;            // kActivationRelu, kActivationRelu6, kActivationSilu, kActivationHardswish or
+                             // kActivationLeakyRelu
   float negative_slope = 0.f;  // LeakyReLU's slope below 0
   int passes = kBackwardAllPasses;  // kBackwardReduce needs dz; kBackwardDx reads g from dz (dy, y unused)
 };

@@ -82,7 +82,7 @@ bool run_batch_norm_graph(GraphKind kind, const BatchNormProblem& p, const std::
 void* data_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 float* floats_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
 
-// BatchNorm's backward after its activation (or none) in our kernel: dx, dweight, dbias (float32), and dz (the masked gradient)
+// BatchNorm's backward after ReLU/ReLU6 in our kernel: dx, dweight, dbias (float32), and dz (the masked gradient)
 // when it is defined; or the part `passes` names (kernels/batch_norm_backward_kernel.h), with dweight and dbias its
 // outputs (kBackwardReduce) or inputs (kBackwardDx); tensors a part does not touch may be undefined.
 // 16-byte accesses where every tensor allows them, else one element at a time.
@@ -586,13 +586,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
       return {dx, has_residual ? dresidual : at::empty({0}, x.options()), dweight, dbias};
     }
   }
-  if (activation == Activation::kNone && channels_last && x.numel() > 0) {
-    // Our kernel, g = dy. A residual's gradient is dy itself, as eager's add hands it on to both operands.
-    auto dy = has_residual ? grad.contiguous(format) : dy_into(grad, dx);
-    batch_norm_act_backward_with_kernel(dy, x_dense, at::Tensor(), weight, bias, save_mean, save_invstd, at::Tensor(),
-                                        dx, dweight, dbias, activation, 0.0);
-    return {dx, has_residual ? dy : at::empty({0}, x.options()), dweight, dbias};
-  }
   if (activation != Activation::kNone && channels_last && x.numel() > 0) {
     // Our kernel: the activation's mask applied as dy is read, no separate ReLU-backward pass (see
     // kernels/batch_norm_backward_kernel.cu). The mask comes from y only where a residual was added before it.
@@ -629,15 +622,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
 }
 
 bool batch_norm_backward_in_our_kernel(int64_t activation, int64_t implementation, bool channels_last) {
-  batch_norm_activation_from(activation);  // checks the code
-  return channels_last && implementation_from(implementation) != BatchNormImplementation::kLegacy;
+  return batch_norm_activation_from(activation) != Activation::kNone && channels_last &&
+         implementation_from(implementation) != BatchNormImplementation::kLegacy;
 }
 
 bool batch_norm_backward_in_two_steps(int64_t activation, bool has_residual, int64_t implementation,
                                       bool channels_last) {
-  // Without an activation the residual's gradient is grad_y itself: nothing to free between two steps
-  return has_residual && batch_norm_activation_from(activation) != Activation::kNone &&
-         batch_norm_backward_in_our_kernel(activation, implementation, channels_last);
+  return has_residual && batch_norm_backward_in_our_kernel(activation, implementation, channels_last);
 }
 
 bool batch_norm_backward_may_overwrite(const at::Tensor& grad, const at::Tensor& x) {
@@ -713,6 +704,8 @@ std::tuple<at::Tensor, at::Tensor> batch_norm_act_backward_(const at::Tensor& gr
   check_two_step_arguments("batch_norm_act_backward_", grad_y, "grad_y", x, weight, bias, save_mean, save_invstd);
   check_overwritable(grad_y, x, "batch_norm_act_backward_");
   auto activation = batch_norm_activation_from(activation_value);
+  TORCH_CHECK(activation != Activation::kNone, "cudnn_fusion: batch_norm_act_backward_ needs an activation (1 ReLU, "
+              "2 ReLU6, 3 SiLU, 4 Hardswish or 5 LeakyReLU), got 0");
   c10::DeviceGuard guard(x.device());
   auto stats_options = x.options().dtype(at::kFloat);
   auto dweight = at::empty({x.size(1)}, stats_options);
@@ -794,17 +787,16 @@ std::unordered_map<std::string, std::string> check_batch_norm_layer(const BatchN
                             "the sum before the activation, which the op does not keep)";
     return {{"kernel", why}, {"graph_forward", why}, {"legacy", why}};
   }
-  // Our forward kernel takes any NHWC layer of the op's dtypes and activations; its backward is our backward kernel,
-  // as the graph implementation's is in NHWC.
+  // Our forward kernel takes any NHWC layer of the op's dtypes and activations; its backward is the graph
+  // implementation's, whose graph (no activation) is checked below.
   refusals["kernel"] = problem.channels_last ? "" : "our BatchNorm kernel takes channels_last (NHWC) x only";
   // what cuDNN runs: BatchNorm (+ add) (+ ReLU / ReLU6); the op applies SiLU, Hardswish and LeakyReLU to its output
   BatchNormProblem cudnn_problem = problem;
   cudnn_problem.activation = graph_activation(problem.activation);
   refusals["graph_forward"] =
       get_plan(make_batch_norm_key(GraphKind::kBatchNormForward, cudnn_problem, {fresh, fresh, fresh}))->refusal;
-  // NHWC, the backward runs in our kernel (batch_norm_act_backward_with_kernel), with an activation or without: no
-  // graph.
-  if (!problem.channels_last) {
+  // With an activation, NHWC, the backward runs in our kernel (batch_norm_act_backward_with_kernel): no graph.
+  if (problem.activation == Activation::kNone || !problem.channels_last) {
     refusals["graph_backward"] =
         get_plan(make_batch_norm_key(GraphKind::kBatchNormBackward, cudnn_problem, {fresh, fresh, fresh}))->refusal;
   }

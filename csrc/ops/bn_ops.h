@@ -50,14 +50,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
 // backward first).
 bool batch_norm_backward_reads_y(int64_t activation, bool has_residual, int64_t implementation, bool channels_last);
 
-// Whether our NHWC kernel runs batch_norm_act_backward (channels_last, not the legacy API; with an activation or
-// without, where g is dy): the backward that the two-step and in-place variants below run.
+// Whether our NHWC kernel runs batch_norm_act_backward (with an activation, channels_last, not the legacy API):
+// the backward that the two-step and in-place variants below run. Without an activation it is not our kernel: with
+// g = dy (4d4658d, reverted) it took 22.6, 25.0 and 23.8 us on mobilenet_v2's narrow layers without one (64 and 96
+// channels at 14x14, 160 at 7x7, batch 256, bf16, H100, 2026-12-07d) against eager's 16.0, 20.3 and 12.5, where
+// cuDNN's graph or ATen's kernel took 15.5, 19.1 and 14.7 in another process (2026-12-07c): its fixed cost on few
+// rows a thread (docs/benchmarks.md 2026-12-07d).
 bool batch_norm_backward_in_our_kernel(int64_t activation, int64_t implementation, bool channels_last);
 
 // Whether the autograd node runs batch_norm_act_backward as its two steps below, freeing grad_y between them: after
-// a residual add before an activation, where our NHWC kernel runs it. The one op would hold grad_y, the residual's
-// gradient and dx at once, where eager's ReLU node has freed grad_y before BatchNorm's backward allocates. (Without
-// an activation the residual's gradient is grad_y itself.)
+// a residual add, where our NHWC kernel runs it. The one op would hold grad_y, the residual's gradient and dx at
+// once, where eager's ReLU node has freed grad_y before BatchNorm's backward allocates.
 bool batch_norm_backward_in_two_steps(int64_t activation, bool has_residual, int64_t implementation,
                                       bool channels_last);
 
@@ -69,8 +72,7 @@ bool batch_norm_backward_may_overwrite(const at::Tensor& grad, const at::Tensor&
 
 // batch_norm_act_backward without a residual where our kernel runs it, with grad_x written over grad_y (each element
 // is read, then written, by one thread): returns grad_weight, grad_bias. One activation-sized tensor fewer than
-// eager's ReLU and BatchNorm backward, which allocate one each (without an activation: than eager's BatchNorm
-// backward, which allocates grad_x).
+// eager's ReLU and BatchNorm backward, which allocate one each.
 std::tuple<at::Tensor, at::Tensor> batch_norm_act_backward_(const at::Tensor& grad_y, const at::Tensor& x,
                                                             const at::Tensor& weight, const at::Tensor& bias,
                                                             const at::Tensor& save_mean,
@@ -149,8 +151,8 @@ std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>> cast_conv_operands
     at::ScalarType dtype);
 
 // For Python's decision: why each implementation cannot run this layer ("" when it can). Keys "kernel" (our forward
-// kernel: NHWC), "graph_forward", "graph_backward" (cuDNN's refusal of the built plans; absent for an NHWC layer, whose
-// backward is our kernel) and "legacy" (the legacy API's requirements and status).
+// kernel: NHWC), "graph_forward", "graph_backward" (cuDNN's refusal of the built plans; absent for an NHWC layer with
+// an activation, whose backward is our kernel) and "legacy" (the legacy API's requirements and status).
 std::unordered_map<std::string, std::string> check_batch_norm_layer(const BatchNormProblem& problem, double eps);
 
 }  // namespace tcf

@@ -98,7 +98,7 @@ class FusionStatus:
     any). backward: for each fused backward step, "" when it runs fused or the reason it runs in ATen:
     "relu_bias_backward" (ReLU backward with the bias-gradient reduction: our kernel for NHWC, a cuDNN graph
     otherwise), "dgrad" and "wgrad" (cuDNN graphs), "batch_norm_act_backward" (BatchNorm's backward with its
-    activation's, or alone without one: our kernel).
+    activation's: our kernel), "batch_norm_backward" (BatchNorm's backward without an activation: a cuDNN graph).
     """
 
     fused: bool
@@ -343,13 +343,16 @@ def _decide_batch_norm(values: tuple) -> Decision:
         config.running_stats, config.has_residual, int(config.activation), config.eps, policy_id(config.policy),
     )
     if not refusals["kernel"]:
-        # the backward as the graph implementation's in NHWC: our kernel, with the activation's mask folded in
-        # where there is one
-        backward = (("batch_norm_act_backward", ""),) if config.needs_grad else ()
+        # the backward as the graph implementation's: our kernel with the activation's mask folded in, or, without
+        # an activation, cuDNN's batchnorm-backward graph (ATen's kernel inside the op where cuDNN refused it)
+        backward = ()
+        if config.needs_grad:
+            backward = ((("batch_norm_act_backward", ""),) if "graph_backward" not in refusals
+                        else (("batch_norm_backward", refusals["graph_backward"]),))
         return Decision(True, "", backward, "batch_norm_kernel")
     graph_refusal = refusals["graph_forward"] or (refusals.get("graph_backward", "") if config.needs_grad else "")
     if not graph_refusal:
-        # NHWC: the backward is our kernel, with the activation's mask folded in where there is one (C++ builds
+        # NHWC with an activation: the backward is our kernel, with the activation's mask folded in (C++ builds
         # no BatchNorm backward graph for it and reports none)
         folded = config.needs_grad and "graph_backward" not in refusals
         return Decision(True, "", (("batch_norm_act_backward", ""),) if folded else (), "cudnn_graph")
