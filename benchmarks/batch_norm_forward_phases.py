@@ -13,10 +13,10 @@ down. It needs no torch build of the package: it writes a copy of csrc/kernels/b
 compiles it with batch_norm_forward_phases.cu and nvcc for each build variant (rows unrolled 4 or 8 a step in the
 first and last pass; the finalize's loads 4 at a time; "x in shared": a thread's first 20 rows of x kept in shared
 memory by the one launch's statistics pass and read back by its apply pass, which took about two copies' time of its
-bytes on the narrow layers though x had just been read, 2026-12-07c), and runs each on mobilenet_v2's BatchNorm shapes (batch 256,
-bfloat16, NHWC). Each variant's y is held against the reference, y from three launches at two blocks a
-multiprocessor: max |dy|. Each patch is asserted to apply, so a changed kernel fails here loudly, not silently
-unpatched.
+bytes on the narrow layers though x had just been read, 2026-12-07c), and runs each on mobilenet_v2's BatchNorm
+shapes (batch 256, bfloat16, NHWC). Each variant's y is held against the reference, y from three launches at two
+blocks a multiprocessor: max |dy|. Each patch is asserted to apply, so a changed kernel fails here loudly, not
+silently unpatched.
 
 First run (H100, 2026-12-07, benchmarks/results/batch_norm_forward_phases_h100_2026-12-07a.json): on the 64-channel
 14x14 layer, 25.0 us, of which the statistics pass took 10.9 (its block sum's shared-memory bank conflicts, since
