@@ -82,6 +82,13 @@ cudaStream_t stream_if_not_capturing(cudnnHandle_t handle);
 // GPU idling: for runs of a few microseconds, whose host cost is as long as the kernels.
 float median_event_ms(const std::function<bool()>& run, cudaStream_t stream, int repeats, int64_t sleep_cycles = 0);
 
+// The spin that each timed run of a choice waits behind (about 100 us at 2 GHz), longer than the host takes to issue
+// a run, so that the choice is made on GPU time (median_event_ms). Without it, the depthwise wgrad's choice ran
+// slower than its plan 0 on small layers (H200s, 2026-11-26ac, ops/depthwise_ops.cpp); and the BatchNorm backward's
+// graph, timed against ATen's kernels, ran 14.7 us at 160 channels 7x7 (batch 256, bf16) where eager's ATen kernels
+// took 12.4 (H100, 2026-12-07c). EXPERIMENT: plans and ATen timed so, not yet run.
+constexpr int64_t kTimingSleepCycles = 200000;
+
 // Median milliseconds of `repeats` runs of built plan `index` on `pointers` after a warm-up, on the current
 // stream; negative if it cannot run (or while a CUDA graph is being captured).
 float time_plan_ms(fe::graph::Graph& graph, int64_t index, const std::unordered_map<int64_t, void*>& pointers,
