@@ -10,7 +10,7 @@
 #include <c10/core/DeviceGuard.h>
 
 #include "core/device.h"
-#include "graphs/graph_builder.h"
+#include "graphs/timing.h"
 #include "kernels/depthwise_conv_kernel.h"
 #include "ops/kernel_launch.h"
 #include "ops/run_graph.h"
@@ -196,7 +196,7 @@ using WgradKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, in
 std::mutex wgrad_choices_mutex;
 std::map<WgradKey, DepthwiseWgradChoice> wgrad_choices;
 std::atomic<int> wgrad_plan_for_tests{-1};
-// Each timed wgrad waits behind a spin (kTimingSleepCycles, graphs/graph_builder.h), longer than the host takes to
+// Each timed wgrad waits behind a spin (kTimingSleepCycles, graphs/timing.h), longer than the host takes to
 // issue it, so that the host's gaps between our op's launches (its allocations and plan) are not timed as GPU time.
 // Timed without that wait (H200s, 2026-11-26, benchmarks/results: depthwise_*_cudnn_benchmark_h200_2026-11-26ac_no_spin
 // against plan 0 alone in depthwise_*_h200_2026-11-26ab, another machine) the choice ran slower than plan 0 on
