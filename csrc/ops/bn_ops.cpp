@@ -466,8 +466,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
               "kept), got a residual with activation ", activation_value);
   TORCH_CHECK(x.size(1) > 0, "cudnn_fusion: x must have at least one channel, got x of shape ", x.sizes());
   TORCH_CHECK(x.size(0) * x.size(2) * x.size(3) > 1, "cudnn_fusion: expected more than 1 value per channel when "
-              "training, got x "
-              "of shape ", x.sizes());
+              "training, got x of shape ", x.sizes());
 
   c10::DeviceGuard guard(x.device());
   bool channels_last = x.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
