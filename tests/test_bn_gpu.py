@@ -121,23 +121,12 @@ def test_backward_chosen_by_timing_under_cudnn_benchmark_is_correct(extension, s
         assert_as_accurate_as_eager(name, g, g_e, g_r, torch.bfloat16)
 
 
-@pytest.fixture
-def forward_choices(extension):
-    """torch.backends.cudnn.benchmark on, with no BatchNorm forward choice remembered before or after."""
-    previous = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = True
-    extension.clear_plan_cache()
-    yield extension
-    extension.clear_plan_cache()
-    torch.backends.cudnn.benchmark = previous
-
-
 @pytest.mark.parametrize("shape, activation, residual", [((256, 160, 7, 7), None, False),
                                                          ((256, 576, 7, 7), "relu6", False),
                                                          ((32, 64, 56, 56), "relu", True),
                                                          ((16, 40, 28, 28), "silu", False)],
                          ids=["160@7", "576@7-relu6", "64@56-relu-residual", "40@28-silu"])
-def test_under_cudnn_benchmark_our_forward_is_timed_once_against_the_graph(forward_choices, shape, activation,
+def test_under_cudnn_benchmark_our_forward_is_timed_once_against_the_graph(cudnn_benchmark, shape, activation,
                                                                            residual):
     """With cudnn.benchmark, the in-place training forward (batch_norm_act_update) asked of our kernel times it
     against the graph implementation on its first call of a shape: one choice recorded, both times measured and the
@@ -179,7 +168,7 @@ def test_under_cudnn_benchmark_our_forward_is_timed_once_against_the_graph(forwa
     assert len(tcf.batch_norm_forward_choices()) == 1 and steps.item() == 2
 
 
-def test_our_forward_is_not_timed_without_cudnn_benchmark_or_inside_a_capture(forward_choices):
+def test_our_forward_is_not_timed_without_cudnn_benchmark_or_inside_a_capture(cudnn_benchmark):
     """Without cudnn.benchmark our kernel runs and nothing is timed; a shape first seen inside a CUDA graph capture
     runs our kernel there, untimed, and is chosen by the next call outside the capture."""
     x, w, b, rm, rv, _, _ = make_inputs(torch.bfloat16, False, (256, 160, 7, 7))
