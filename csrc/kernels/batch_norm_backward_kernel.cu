@@ -14,13 +14,12 @@
 // residual, the first writes g (the residual's gradient) and the last reads it back instead of dy and y.
 // They run in one cooperative launch with grid-wide barriers between them (batch_norm_act_backward_one_launch)
 // where the device takes it, else as three launches with the same arithmetic and the same bits.
-// The first and last pass run one wave: kBlocksPerMultiprocessor blocks per multiprocessor (one where each thread
-// would have few rows: backward_launch), all resident at once, so that their threads sweep the rows together, the
-// first from the first row to the last, the last back from the last row: its first reads find in L2 what the first
-// launch read last. Over MobileNet v1's 27 BatchNorm shapes (batch 256, bf16, H100, a scratch harness, 2026-11-24)
-// the two took 4.50 ms together, against 4.69 with dx walking forward in one wave and 5.08 with 8 blocks per
-// multiprocessor (four waves): the reduce alone 1.88 against 2.22 ms (a pure read of the same bytes: 1.75).
-// docs/benchmarks.md has the rest.
+// The first and last pass run one wave: kBlocksPerMultiprocessor blocks per multiprocessor, all resident at once,
+// so that their threads sweep the rows together, the first from the first row to the last, the last back from the
+// last row: its first reads find in L2 what the first launch read last. Over MobileNet v1's 27 BatchNorm shapes
+// (batch 256, bf16, H100, a scratch harness, 2026-11-24) the two took 4.50 ms together, against 4.69 with dx walking
+// forward in one wave and 5.08 with 8 blocks per multiprocessor (four waves): the reduce alone 1.88 against 2.22 ms
+// (a pure read of the same bytes: 1.75). docs/benchmarks.md has the rest.
 #include "kernels/batch_norm_backward_kernel.h"
 
 #include <cooperative_groups.h>
@@ -96,20 +95,6 @@ __device__ inline float masked_grad(float dy, float xc, float y, float invstd, f
 // Blocks of the first and last launch per multiprocessor: their occupancy (at most 128 registers a thread), and
 // their grid (one wave). Two blocks at least: more loads in flight than one block of the unrolled loop keeps.
 constexpr int kBlocksPerMultiprocessor = 2;
-
-// One block a multiprocessor where kBlocksPerMultiprocessor would give each thread fewer than kFewRows rows, as in
-// the forward kernel (batch_norm_forward_kernel.cu, where the rule took 2-5 us off each of mobilenet_v2's narrow
-// layers on an H100, 2026-12-07c): there a block's fixed costs (its partial sums, the finalize's parts, its share of
-// the barriers) outweigh its rows. Without it this kernel took 22.6-25.0 us on those layers without an activation
-// (g = dy, 4d4658d), where eager's BatchNorm backward took 12.5-20.3 (H100, 2026-12-07d).
-constexpr int kFewRows = 10;
-
-// The launch shape of the passes (the partial sums' rows follow from it: batch_norm_act_backward_partial_rows).
-inline nhwc::Launch backward_launch(int64_t rows, int64_t channels, int vector, int multiprocessors) {
-  const auto shape = nhwc::row_launch(rows, channels, vector, multiprocessors, kBlocksPerMultiprocessor);
-  if (rows >= kFewRows * static_cast<int64_t>(shape.grid.y) * shape.block.y) return shape;
-  return nhwc::row_launch(rows, channels, vector, multiprocessors, 1);
-}
 
 // Pass 1: per-block partial sums of g (partial[0]) and g * xc (partial[1]); g written to dz when dz is not null.
 // `shared` holds V * blockDim.y * blockDim.x floats.
@@ -345,7 +330,7 @@ constexpr int kFinalizeSharedFloats = 32 * 16;
 
 template <typename T, int V, Gate G>
 cudaError_t launch_passes(const BatchNormActBackwardArgs& a, int multiprocessors, cudaStream_t stream) {
-  auto shape = backward_launch(a.rows, a.channels, V, multiprocessors);
+  auto shape = nhwc::row_launch(a.rows, a.channels, V, multiprocessors, kBlocksPerMultiprocessor);
   const T* dy = static_cast<const T*>(a.dy);
   const T* x = static_cast<const T*>(a.x);
   const T* y = static_cast<const T*>(a.y);
@@ -404,8 +389,7 @@ cudaError_t launch_typed(const BatchNormActBackwardArgs& a, bool vectors, int mu
 
 int64_t batch_norm_act_backward_partial_rows(int64_t rows, int64_t channels, bool vectors, int element_bytes,
                                              int multiprocessors) {
-  const int vector = vectors ? 16 / element_bytes : 1;
-  return 2 * static_cast<int64_t>(backward_launch(rows, channels, vector, multiprocessors).grid.y);
+  return nhwc::two_sum_partial_rows(rows, channels, vectors, element_bytes, multiprocessors, kBlocksPerMultiprocessor);
 }
 
 cudaError_t launch_batch_norm_act_backward_nhwc(ElementType type, const BatchNormActBackwardArgs& args, bool vectors,

@@ -68,6 +68,16 @@ inline Launch row_launch(int64_t rows, int64_t channels, int vector, int multipr
   return {dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y)), dim3(bx, by)};
 }
 
+// Rows of partial sums (each `channels` long) that a kernel launched in row_launch's shape writes where it keeps two
+// sums a channel (BatchNorm's backward; the forward's follow from its own shape, batch_norm_act_forward_partial_rows):
+// two a block row. `vectors`: 16-byte accesses of element_bytes elements (row_launch's `vector` is then
+// 16 / element_bytes), else one element at a time.
+inline int64_t two_sum_partial_rows(int64_t rows, int64_t channels, bool vectors, int element_bytes,
+                                    int multiprocessors, int blocks_per_multiprocessor) {
+  return 2 * row_launch(rows, channels, vectors ? 16 / element_bytes : 1, multiprocessors, blocks_per_multiprocessor)
+                 .grid.y;
+}
+
 // Adds the block's rows of per-thread sums (`sums`, V per thread) in a fixed order (row 0 first) and writes one
 // partial sum per channel to partial[blockIdx.y][channel]. `shared` holds V * blockDim.y * blockDim.x floats, laid
 // out [v][y][x] so that a warp's stores and loads touch consecutive words, and the V channels of a column are added
