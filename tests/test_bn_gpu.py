@@ -121,6 +121,17 @@ def test_backward_chosen_by_timing_under_cudnn_benchmark_is_correct(extension, s
         assert_as_accurate_as_eager(name, g, g_e, g_r, torch.bfloat16)
 
 
+def test_a_batch_norm_without_channels_raises_and_its_layer_verdict_is_eager(extension):
+    """x with 0 channels: a clear error from the op (its check once divided by the channel count: SIGFPE), and the
+    layer verdict sends such a layer to eager."""
+    x = torch.randn(4, 0, 5, 5, device="cuda").to(memory_format=torch.channels_last)
+    w, b = torch.ones(0, device="cuda"), torch.zeros(0, device="cuda")
+    with pytest.raises(RuntimeError, match="x must have at least one channel, got x of shape \\[4, 0, 5, 5\\]"):
+        torch.ops.cudnn_fusion.batch_norm_act(x, w, b, None, None, None, 0.1, 1e-5, 1, 2)
+    assert extension.batch_norm_layer_verdict([4, 0, 5, 5], True) == [
+        "x has no channels: nothing to normalize (eager's BatchNorm decides what that gives)"]
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(4, 30, 9, 9), (64, 64, 56, 56), (16, 72, 61, 67)],
                          ids=["30ch", "64ch-56x56", "72ch-61x67"])

@@ -72,6 +72,9 @@ std::vector<std::string> batch_norm_layer_verdict(const std::vector<int64_t>& x_
     unmet.push_back("x is not channels_last: cuDNN's fused BatchNorm kernels are NHWC (use "
                     "x.to(memory_format=torch.channels_last))");
   }
+  if (x_size[1] == 0) {
+    unmet.push_back("x has no channels: nothing to normalize (eager's BatchNorm decides what that gives)");
+  }
   bool known = x_size[0] >= 0 && x_size[2] >= 0 && x_size[3] >= 0;
   if (known && x_size[0] * x_size[2] * x_size[3] <= 1) {
     unmet.push_back("one value per channel: batch statistics are undefined (eager raises the error)");

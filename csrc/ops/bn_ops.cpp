@@ -419,8 +419,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   TORCH_CHECK(!(residual.has_value() && applied_after_cudnn(activation)), "cudnn_fusion: SiLU, Hardswish and "
               "LeakyReLU take no residual here (their backward reads the sum before the activation, which is not "
               "kept), got a residual with activation ", activation_value);
-  TORCH_CHECK(x.numel() / x.size(1) > 1, "cudnn_fusion: expected more than 1 value per channel when training, got x "
-              "of shape ", x.sizes());
+  // As eager's check (N * H * W), and no division by a channel count of 0 (an integer division by zero stops the
+  // process with SIGFPE)
+  TORCH_CHECK(x.size(1) > 0, "cudnn_fusion: x must have at least one channel, got x of shape ", x.sizes());
+  TORCH_CHECK(x.size(0) * x.size(2) * x.size(3) > 1, "cudnn_fusion: expected more than 1 value per channel when "
+              "training, got x of shape ", x.sizes());
 
   c10::DeviceGuard guard(x.device());
   bool channels_last = x.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
