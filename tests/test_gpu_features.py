@@ -385,6 +385,7 @@ def test_plan_cache_hits_on_second_call_and_clears(extension):
     assert first["builds"] == 1 and first["misses"] == 1 and first["entries"] == 1, first
     assert second["builds"] == 1 and second["hits"] > first["hits"], second
     assert first["build_seconds"] > 0
+    assert first["tuned"] == 0 and first["tune_seconds"] == 0, first  # nothing is tuned without benchmark
     tcf.clear_plan_cache()
     assert tcf.plan_cache_stats()["entries"] == 0
 
@@ -679,6 +680,7 @@ def test_cudnn_benchmark_tunes_each_plan_once_and_stays_correct(extension):
         stats = tcf.plan_cache_stats()
         # forward, dgrad, wgrad: once each (ReLU + bias backward is our own kernel in NHWC, nothing to tune)
         assert stats["tuned"] == 3, stats
+        assert stats["tune_seconds"] > 0, stats
         expected = F.relu(F.conv2d(x.double(), layer.weight.double(), layer.bias.double()))
         assert rel_err(out, expected) < 1e-2
     finally:

@@ -30,7 +30,8 @@ def unavailable_reason() -> str | None:
 
 def plan_cache_stats() -> dict:
     """Counters of the C++ plan cache: entries, capacity, hits, misses, builds, refusals, evictions,
-    build_seconds, runtime_fallbacks."""
+    build_seconds, tuned (plans tuned under autotune or torch.backends.cudnn.benchmark), tune_seconds (the time their
+    tuning took: building the candidates and timing them), runtime_fallbacks, last_runtime_fallback."""
     return _extension.require().plan_cache_stats()
 
 

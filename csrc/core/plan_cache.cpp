@@ -116,9 +116,10 @@ void PlanCache::set_capacity(int64_t capacity) {
   evict_to_capacity_locked();
 }
 
-void PlanCache::count_tuned() {
+void PlanCache::count_tuned(double seconds) {
   std::lock_guard<std::mutex> lock(mutex_);
   ++stats_.tuned;
+  stats_.tune_seconds += seconds;
 }
 
 void PlanCache::count_runtime_fallback(const std::string& why) {

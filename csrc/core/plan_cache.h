@@ -68,6 +68,7 @@ struct PlanCacheStats {
   int64_t evictions = 0;
   double build_seconds = 0;   // total time spent building, refused attempts included
   int64_t tuned = 0;          // plans autotuned (torch.backends.cudnn.benchmark)
+  double tune_seconds = 0;    // total time spent tuning them: building the candidates, timing them and ATen's kernel
   int64_t runtime_fallbacks = 0;  // op calls that ran the ATen composition: plan refused, or execution failed
   std::string last_runtime_fallback;  // why the latest of those did
 };
@@ -94,7 +95,7 @@ class PlanCache {
   void clear();  // drops every plan and zeroes the counters
   void set_capacity(int64_t capacity);
   void count_runtime_fallback(const std::string& why);
-  void count_tuned();
+  void count_tuned(double seconds);
 
  private:
   using Entry = std::pair<GraphKey, std::shared_ptr<const CachedPlan>>;

@@ -6,6 +6,8 @@
 
 #include "core/requirements.h"
 
+#include <chrono>
+
 #include <ATen/ATen.h>
 
 #include <c10/core/DeviceGuard.h>
@@ -101,7 +103,9 @@ EngineListing list_engines(GraphKind kind, const ConvProblem& problem, bool time
   for (int64_t index = 0; index < count; ++index) {
     EngineCandidate candidate;
     candidate.index = index;
+    const auto start = std::chrono::steady_clock::now();
     auto built = graph->build_plan_at_index(index);
+    candidate.build_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (built.is_bad()) {
       candidate.error = built.get_message();
     } else {

@@ -15,6 +15,7 @@ struct EngineCandidate {
   int64_t workspace_bytes = 0;
   std::string error;                          // why this candidate does not build ("" when it does)
   float median_ms = -1.0f;                    // measured when asked for; negative otherwise
+  double build_seconds = 0;                   // the time its build took (or failed in): what tuning pays a candidate
 };
 
 struct EngineListing {

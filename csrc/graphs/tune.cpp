@@ -3,6 +3,7 @@
 #include "graphs/graph_builder.h"
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
 #include <mutex>
 
@@ -75,6 +76,7 @@ void maybe_tune(const CachedPlan& plan, const std::unordered_map<int64_t, void*>
   if (stream == nullptr) return;  // a later run outside the capture tunes
   std::lock_guard<std::mutex> lock(plan.tune_mutex);
   if (plan.tuned.load()) return;
+  const auto start = std::chrono::steady_clock::now();
   auto& graph = *plan.graph;
   int64_t best_index = -1, best_workspace = 0;
   float best_ms = std::numeric_limits<float>::max();
@@ -100,7 +102,7 @@ void maybe_tune(const CachedPlan& plan, const std::unordered_map<int64_t, void*>
     plan.aten_faster.store(aten_ms >= 0 && (best_index < 0 || aten_ms < best_ms));
   }
   plan.tuned.store(true, std::memory_order_release);
-  PlanCache::instance().count_tuned();
+  PlanCache::instance().count_tuned(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
 
 }  // namespace tcf

@@ -133,6 +133,7 @@ pybind11::dict list_engines_py(const std::string& graph, const std::string& dtyp
     row["workspace_bytes"] = c.workspace_bytes;
     row["error"] = c.error;
     row["median_ms"] = c.median_ms >= 0 ? pybind11::cast(static_cast<double>(c.median_ms)) : pybind11::none();
+    row["build_seconds"] = c.build_seconds;
     candidates.append(row);
   }
   pybind11::dict out;
@@ -360,6 +361,7 @@ pybind11::dict plan_cache_stats() {
   out["evictions"] = s.evictions;
   out["build_seconds"] = s.build_seconds;
   out["tuned"] = s.tuned;
+  out["tune_seconds"] = s.tune_seconds;
   out["runtime_fallbacks"] = s.runtime_fallbacks;
   out["last_runtime_fallback"] = s.last_runtime_fallback;
   return out;

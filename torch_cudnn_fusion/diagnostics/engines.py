@@ -32,6 +32,7 @@ class EngineCandidate:
     error: str = ""  # why the candidate does not build
     median_ms: Optional[float] = None
     heuristic_choice: bool = False  # the plan the default (heuristic) policy runs
+    build_seconds: Optional[float] = None  # the time its build took or failed in (what tuning pays a candidate)
 
     @property
     def engine_id(self) -> Optional[int]:
@@ -51,13 +52,14 @@ class EngineTable(list):
         lines = [f"cuDNN refused the graph: {self.refusal}"] if self.refusal else []
         if self.runs_instead:
             lines.append(f"No cuDNN graph runs here: {self.runs_instead}")
-        lines.append(f"{'#':>3}  {'engine / knobs':<40} {'workspace':>12} {'median ms':>10}  notes")
+        lines.append(f"{'#':>3}  {'engine / knobs':<40} {'workspace':>12} {'median ms':>10} {'build ms':>9}  notes")
         for c in self:
             index = "" if c.index is None else str(c.index)
             mark = "*" if c.heuristic_choice else " "
             time = "" if c.median_ms is None else f"{c.median_ms:.4f}"
             notes = c.error or ", ".join(c.behaviour_notes)
-            lines.append(f"{index:>3}{mark} {c.name or '-':<40} {c.workspace_bytes:>12} {time:>10}  {notes}")
+            build = "" if c.build_seconds is None else f"{c.build_seconds * 1e3:.2f}"
+            lines.append(f"{index:>3}{mark} {c.name or '-':<40} {c.workspace_bytes:>12} {time:>10} {build:>9}  {notes}")
         lines.append("* the heuristic's choice (what the default policy runs)")
         return "\n".join(lines)
 
@@ -153,7 +155,8 @@ def engines(
                                   bias, residual, act, time, repeats, policy_id(resolve(policy).key))
     table = EngineTable(
         EngineCandidate(row["index"], row["name"], tuple(row["behaviour_notes"]), row["workspace_bytes"],
-                        row["error"], row["median_ms"], row["index"] == listing["heuristic_choice"])
+                        row["error"], row["median_ms"], row["index"] == listing["heuristic_choice"],
+                        row["build_seconds"])
         for row in listing["candidates"]
     )
     table.refusal = listing["refusal"]
