@@ -122,8 +122,8 @@ def main() -> None:
     p.add_argument("--layers", type=layer_slice, default=slice(None), help="START:END, a slice of the kinds of layer")
     p.add_argument("--json", default=None)
     args = p.parse_args()
+    every_layer = layers_of(args.model, args.batch)  # before benchmark: see batch_norm_forward.py's main
     torch.backends.cudnn.benchmark = True
-    every_layer = layers_of(args.model, args.batch)
     rows = []
     for index in range(len(every_layer))[args.layers]:
         layer = every_layer[index]

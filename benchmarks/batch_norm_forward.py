@@ -1,7 +1,10 @@
 """BatchNorm's training forward in each implementation, layer by layer over a model's fused conv + BatchNorm layers:
 our NHWC kernel (implementation 2: statistics, running-statistics update, step count, residual add and activation
 in one launch) against the cuDNN batchnorm graph (implementation 0, with the launch that writes the running
-statistics after it) and eager (F.batch_norm, then the add and the activation module's function).
+statistics after it), the op's choice between them ("chosen": implementation 2 under cudnn.benchmark, which times
+ours against the graph on a shape's first call and runs the faster; the row names the one chosen) and eager
+(F.batch_norm, then the add and the activation module's function). "ours" is timed with cudnn.benchmark off, so that
+it is our kernel on every layer; the rest with it on.
 
 Each layer's BatchNorm input shape (its batch set to --batch), activation and residual come from a training-mode
 forward of the fused model on a batch of 2 under bfloat16 autocast, channels_last. For every layer and implementation, the op that updates the running statistics in
@@ -97,7 +100,13 @@ def calls(layer: dict, batch: int) -> dict:
         y = F.batch_norm(z, running_mean, running_var, weight, bias, True, 0.1, 1e-5)
         return eager_activation(y + residual if residual is not None else y, act, 0.01)
 
-    return {**{name: fused(code) for name, code in IMPLEMENTATIONS.items()}, "eager": eager}
+    return {**{name: fused(code) for name, code in IMPLEMENTATIONS.items()}, "chosen": fused(2), "eager": eager}
+
+
+def chosen(shape: tuple) -> str:
+    """Which implementation the op chose for the in-place forward of `shape` (tcf.batch_norm_forward_choices)."""
+    made = [c for c in tcf.batch_norm_forward_choices() if tuple(c["x_size"]) == tuple(shape) and c["in_place"]]
+    return made[0]["choice"] if made else "none timed"
 
 
 def main() -> None:
@@ -108,22 +117,28 @@ def main() -> None:
     p.add_argument("--layers", type=layer_slice, default=slice(None), help="START:END, a slice of the kinds of layer")
     p.add_argument("--json", default=None)
     args = p.parse_args()
-    torch.backends.cudnn.benchmark = True
     torch.manual_seed(0)
+    # the shapes first, without cudnn.benchmark: under it every BatchNorm layer of the batch-2 forward would time
+    # its forward choice (ours or the graph) for shapes nothing here times
     layers = layers_of(args.model, args.batch)[args.layers]
+    torch.backends.cudnn.benchmark = True
     rows = []
     with torch.no_grad():
         for layer in layers:
             row = {**layer, "gpu_ms": {}, "host_us": {}}
             for name, fn in calls(layer, args.batch).items():
+                torch.backends.cudnn.benchmark = name != "ours"
                 row["gpu_ms"][name] = graph_replay_ms(fn)
             for name, fn in calls(layer, args.host_batch).items():
+                torch.backends.cudnn.benchmark = name != "ours"
                 row["host_us"][name] = host_us(fn, calls=50)
+            torch.backends.cudnn.benchmark = True
+            row["chosen"] = chosen(layer["shape"])
             rows.append(row)
             residual = "+res" if layer["residual"] else ""
             what = f"{layer['count']:3d} x {str(layer['shape']):<22}{str(layer['activation']):<8}{residual:<5}"
             print(what + "".join(f"{name} {row['gpu_ms'][name]:.4f} ms / {row['host_us'][name]:.1f} us   "
-                                 for name in row["gpu_ms"]), flush=True)
+                                 for name in row["gpu_ms"]) + f"chosen: {row['chosen']}", flush=True)
     names = list(rows[0]["gpu_ms"])
     header = run_header(args)
     layers = sum(r["count"] for r in rows)

@@ -32,6 +32,20 @@ def extension():
 
 
 @pytest.fixture
+def cudnn_benchmark(extension):
+    """torch.backends.cudnn.benchmark on, with no plan, depthwise wgrad choice or BatchNorm forward choice remembered
+    before or after (the extension, as `extension`)."""
+    import torch_cudnn_fusion as tcf
+
+    previous = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    tcf.clear_plan_cache()
+    yield extension
+    torch.backends.cudnn.benchmark = previous
+    tcf.clear_plan_cache()
+
+
+@pytest.fixture
 def no_tf32():
     """float32 checks run without TF32, so they can be tight."""
     previous = torch.backends.cudnn.allow_tf32

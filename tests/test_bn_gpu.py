@@ -121,6 +121,75 @@ def test_backward_chosen_by_timing_under_cudnn_benchmark_is_correct(extension, s
         assert_as_accurate_as_eager(name, g, g_e, g_r, torch.bfloat16)
 
 
+@pytest.mark.parametrize("shape, activation, residual", [((256, 160, 7, 7), None, False),
+                                                         ((256, 576, 7, 7), "relu6", False),
+                                                         ((32, 64, 56, 56), "relu", True),
+                                                         ((16, 40, 28, 28), "silu", False)],
+                         ids=["160@7", "576@7-relu6", "64@56-relu-residual", "40@28-silu"])
+def test_under_cudnn_benchmark_our_forward_is_timed_once_against_the_graph(cudnn_benchmark, shape, activation,
+                                                                           residual):
+    """With cudnn.benchmark, the in-place training forward (batch_norm_act_update) asked of our kernel times it
+    against the graph implementation on its first call of a shape: one choice recorded, both times measured and the
+    faster chosen; the kernels that ran are the chosen one's; y, the saved statistics, the running statistics and the
+    step count are right after one call (the timed runs wrote copies, not the module's statistics); a second call
+    times nothing new and counts a second step."""
+    x, w, b, rm, rv, res, _ = make_inputs(torch.bfloat16, residual, shape)
+    act = ACT_CODE[activation]
+    rm_f, rv_f = rm.clone(), rv.clone()
+    steps = torch.zeros(1, dtype=torch.long, device="cuda")
+    update = torch.ops.cudnn_fusion.batch_norm_act_update
+    y, mean, invstd, _ = update(x, w, b, rm_f, rv_f, steps, res, 0.1, 1e-5, act, 2, negative_slope=SLOPE)
+    choices = tcf.batch_norm_forward_choices()
+    assert len(choices) == 1, choices
+    made = choices[0]
+    assert (made["x_size"], made["dtype"], made["activation"], made["residual"], made["running_stats"],
+            made["in_place"]) == (list(shape), "BFloat16", act, residual, True, True), made
+    ours_ms, graph_ms = made["ms"]
+    assert ours_ms > 0 and graph_ms > 0, made
+    assert made["choice"] == ("cudnn_graph" if graph_ms < ours_ms else "batch_norm_kernel"), made
+    assert steps.item() == 1, "the timed runs counted steps"
+    rm_e, rv_e = rm.clone(), rv.clone()
+    y_e = reference(x, rm_e, rv_e, w, b, 0.1, 1e-5, activation, res)
+    d = lambda t: t.double() if t is not None else None  # noqa: E731
+    rm_r, rv_r = rm.double(), rv.double()
+    y_r = reference(d(x), rm_r, rv_r, d(w), d(b), 0.1, 1e-5, activation, d(res))
+    assert_as_accurate_as_eager("y", y, y_e, y_r, torch.bfloat16)
+    xd = x.double()
+    assert rel_err(mean, xd.mean(dim=(0, 2, 3))) <= 1e-5
+    assert rel_err(invstd, (xd.var(dim=(0, 2, 3), unbiased=False) + 1e-5).rsqrt()) <= 1e-4
+    for name, s, s_e, s_r in (("running_mean", rm_f, rm_e, rm_r), ("running_var", rv_f, rv_e, rv_r)):
+        assert rel_err(s, s_r) <= 2 * rel_err(s_e, s_r) + 1e-6, name
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        update(x, w, b, rm_f, rv_f, steps, res, 0.1, 1e-5, act, 2, negative_slope=SLOPE)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events()]
+    ours_ran = any("batch_norm_act_forward" in n for n in names)
+    assert ours_ran == (made["choice"] == "batch_norm_kernel"), names
+    assert len(tcf.batch_norm_forward_choices()) == 1 and steps.item() == 2
+
+
+def test_our_forward_is_not_timed_without_cudnn_benchmark_or_inside_a_capture(cudnn_benchmark):
+    """Without cudnn.benchmark our kernel runs and nothing is timed; a shape first seen inside a CUDA graph capture
+    runs our kernel there, untimed, and is chosen by the next call outside the capture."""
+    x, w, b, rm, rv, _, _ = make_inputs(torch.bfloat16, False, (256, 160, 7, 7))
+    update = torch.ops.cudnn_fusion.batch_norm_act_update
+    torch.backends.cudnn.benchmark = False
+    update(x, w, b, rm, rv, None, None, 0.1, 1e-5, 0, 2)
+    assert tcf.batch_norm_forward_choices() == []
+    torch.backends.cudnn.benchmark = True
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(side), torch.cuda.graph(graph):
+        update(x, w, b, rm, rv, None, None, 0.1, 1e-5, 0, 2)
+    torch.cuda.current_stream().wait_stream(side)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert tcf.batch_norm_forward_choices() == []  # nothing timed in the capture
+    update(x, w, b, rm, rv, None, None, 0.1, 1e-5, 0, 2)
+    assert len(tcf.batch_norm_forward_choices()) == 1
+
+
 def test_a_batch_norm_without_channels_raises_and_its_layer_verdict_is_eager(extension):
     """x with 0 channels: a clear error from the op (its check once divided by the channel count: SIGFPE), and the
     layer verdict sends such a layer to eager."""

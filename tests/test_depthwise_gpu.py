@@ -561,17 +561,6 @@ def test_the_second_wgrad_plan_is_deterministic_and_matches_float64(second_wgrad
 _KERNEL_TYPE = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half", torch.float32: "float"}
 
 
-@pytest.fixture
-def cudnn_benchmark(extension):
-    """torch.backends.cudnn.benchmark on, with no depthwise wgrad choice remembered before or after."""
-    previous = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = True
-    tcf.clear_plan_cache()
-    yield extension
-    torch.backends.cudnn.benchmark = previous
-    tcf.clear_plan_cache()
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("channels, size", [(192, 28), (512, 14)])  # plan 2 has no kernel of its own at 28 x 28
 def test_under_cudnn_benchmark_the_depthwise_wgrad_is_timed_once_and_runs_the_fastest(cudnn_benchmark, dtype,

@@ -36,8 +36,8 @@ def plan_cache_stats() -> dict:
 
 
 def clear_plan_cache() -> None:
-    """Drop every cached plan (and zero the counters) and every depthwise wgrad choice timed under
-    torch.backends.cudnn.benchmark. Layers keep their decisions; a plan they need again is rebuilt, and a choice
+    """Drop every cached plan (and zero the counters), and every depthwise wgrad and BatchNorm forward choice timed
+    under torch.backends.cudnn.benchmark. Layers keep their decisions; a plan they need again is rebuilt, and a choice
     timed again, on their next call."""
     _extension.require().clear_plan_cache()
 
@@ -49,6 +49,17 @@ def depthwise_wgrad_choices() -> list[dict]:
     plan 2 on the shapes where it has no kernel of its own).
     Empty without benchmark, under deterministic algorithms, or before the first backward."""
     return _extension.require().depthwise_wgrad_choices()
+
+
+def batch_norm_forward_choices() -> list[dict]:
+    """The training BatchNorm forwards chosen under torch.backends.cudnn.benchmark where a layer runs our kernel (its
+    decision's implementation "batch_norm_kernel"), one dict per device, shape, dtype, activation (its code, 0 for
+    none), residual, running_stats and in_place (the running statistics updated by the op): choice
+    ("batch_norm_kernel" or "cudnn_graph", the one that runs) and ms (the medians timed for ours and the graph's;
+    negative: did not run, as the graph where cuDNN refused it). Neither is the faster on every shape: ours on large
+    layers, the graph on many 7x7 and 14x14 ones (docs/engines_and_policies.md).
+    Empty without benchmark, under deterministic algorithms, or before the first training forward."""
+    return _extension.require().batch_norm_forward_choices()
 
 
 def set_plan_cache_capacity(capacity: int) -> None:
@@ -84,6 +95,7 @@ __all__ = [
     "FusionReport",
     "FusionReportRow",
     "FusionStatus",
+    "batch_norm_forward_choices",
     "clear_plan_cache",
     "conv2d_bias_act",
     "depthwise_wgrad_choices",

@@ -16,6 +16,7 @@
 #include "core/device.h"
 #include "graphs/bn_graphs.h"
 #include "graphs/conv_graphs.h"
+#include "graphs/timing.h"
 
 namespace tcf {
 
@@ -70,17 +71,8 @@ bool candidate_usable(fe::graph::Graph& graph, const EnginePolicy& policy, int64
 // `failure` set.
 std::shared_ptr<RunnableGraph> candidate_graph(const GraphKey& key, BuildFailure& failure);
 
-// `stream`, or null while it captures a CUDA graph (or cannot be asked): nothing is timed inside a capture. The
-// default stream is returned as cudaStreamLegacy.
-cudaStream_t if_not_capturing(cudaStream_t stream);
 // if_not_capturing of the current stream (PyTorch's cuDNN handle is bound to it).
 cudaStream_t stream_if_not_capturing(cudnnHandle_t handle);
-
-// Median milliseconds of `repeats` CUDA-event timings of `run` on `stream` (the current stream), after one warm-up
-// run; negative if a run returns false or an event fails. With sleep_cycles > 0 each timed run is enqueued behind a
-// kernel that spins that many cycles (at::cuda::sleep), so that the host's time to issue the run is not timed as the
-// GPU idling: for runs of a few microseconds, whose host cost is as long as the kernels.
-float median_event_ms(const std::function<bool()>& run, cudaStream_t stream, int repeats, int64_t sleep_cycles = 0);
 
 // Median milliseconds of `repeats` runs of built plan `index` on `pointers` after a warm-up, on the current
 // stream; negative if it cannot run (or while a CUDA graph is being captured).

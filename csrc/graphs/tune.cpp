@@ -63,7 +63,7 @@ float time_plan_ms(fe::graph::Graph& graph, int64_t index, const std::unordered_
     auto variant_pack = pointers;  // execute extends the map it is given
     return graph.execute_plan_at_index(handle, variant_pack, workspace.data_ptr(), index).is_good();
   };
-  return median_event_ms(run, stream, repeats);
+  return median_event_ms(run, stream, repeats, kTimingSleepCycles);
 }
 
 void maybe_tune(const CachedPlan& plan, const std::unordered_map<int64_t, void*>& pointers, const at::Device& device,
@@ -97,7 +97,7 @@ void maybe_tune(const CachedPlan& plan, const std::unordered_map<int64_t, void*>
     plan.tuned_index.store(best_index, std::memory_order_release);
   }
   if ((autotune || plan.policy.aten_under_benchmark) && aten) {
-    float aten_ms = median_event_ms([&]() { aten(); return true; }, stream, 5);
+    float aten_ms = median_event_ms([&]() { aten(); return true; }, stream, 5, kTimingSleepCycles);
     plan.aten_ms.store(aten_ms);
     plan.aten_faster.store(aten_ms >= 0 && (best_index < 0 || aten_ms < best_ms));
   }

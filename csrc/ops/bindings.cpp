@@ -383,6 +383,23 @@ pybind11::list depthwise_wgrad_choices_py() {
   return out;
 }
 
+pybind11::list batch_norm_forward_choices_py() {
+  pybind11::list out;
+  for (const auto& made : batch_norm_forward_choices()) {
+    pybind11::dict d;
+    d["x_size"] = std::vector<int64_t>(made.x_size.begin(), made.x_size.end());
+    d["dtype"] = std::string(c10::toString(made.dtype));
+    d["activation"] = made.activation;
+    d["residual"] = made.residual;
+    d["running_stats"] = made.running_stats;
+    d["in_place"] = made.in_place;
+    d["choice"] = std::string(made.graph ? "cudnn_graph" : "batch_norm_kernel");
+    d["ms"] = std::vector<double>{made.ours_ms, made.graph_ms};
+    out.append(d);
+  }
+  return out;
+}
+
 }  // namespace
 }  // namespace tcf
 
@@ -580,8 +597,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       []() {
         tcf::PlanCache::instance().clear();
         tcf::clear_depthwise_wgrad_choices();
+        tcf::clear_batch_norm_forward_choices();
       },
-      "Drop every cached plan and every depthwise wgrad choice timed under cudnn.benchmark");
+      "Drop every cached plan, and every depthwise wgrad and BatchNorm forward choice timed under cudnn.benchmark");
+  m.def("batch_norm_forward_choices", &tcf::batch_norm_forward_choices_py,
+        "The BatchNorm training forward chosen under torch.backends.cudnn.benchmark where our kernel was asked for, "
+        "per device, shape, dtype, activation, residual, running statistics and in place or not: 'batch_norm_kernel' "
+        "or 'cudnn_graph', and the median ms of each (ours, the graph's; negative: did not run)");
   m.def("depthwise_wgrad_choices", &tcf::depthwise_wgrad_choices_py,
         "The depthwise wgrad chosen under torch.backends.cudnn.benchmark for each device, shape and dtypes: 'plan 0', "
         "'plan 1' (our kernels) or 'pytorch', and the median ms of each (plan 0, plan 1, PyTorch's; negative: could "

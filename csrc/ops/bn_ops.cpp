@@ -2,7 +2,6 @@
 
 #include "ops/tensor_checks.h"
 
-#include <mutex>
 #include <sstream>
 
 #include <ATen/cudnn/Handle.h>
@@ -10,6 +9,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "core/device.h"
+#include "graphs/timing.h"
 #include "kernels/batch_norm_backward_kernel.h"
 #include "kernels/batch_norm_forward_kernel.h"
 #include "kernels/running_stats_kernel.h"
@@ -395,14 +395,50 @@ void commit_running_stats(const at::Tensor& x, const at::Tensor& running_mean, c
   bump_versions(running_mean, running_var, num_batches_tracked);
 }
 
+// The forward choices made under torch.backends.cudnn.benchmark (BatchNormForwardChoice, bn_ops.h): per device,
+// x's sizes and dtype, activation, residual, running statistics, in place or not, policy and the graph's alignments.
+using ForwardChoiceKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int, int64_t, bool, bool, bool, int64_t,
+                                    int8_t, int8_t, int8_t>;
+TimedChoices<ForwardChoiceKey, BatchNormForwardChoice> forward_choices;
+
+// Whether the graph implementation runs a training forward that asked for our kernel (BatchNormForwardChoice):
+// timed once per key, `ours` against `graph` where the graph's plan was built. `p` is the graph's problem;
+// `activation` the op's.
+bool graph_timed_faster(const BatchNormProblem& p, int64_t activation, bool in_place,
+                        const std::array<int8_t, 3>& alignment, const std::function<void()>& ours,
+                        const std::function<void()>& graph) {
+  auto& context = at::globalContext();
+  if (!context.benchmarkCuDNN() || context.deterministicAlgorithms()) return false;
+  const ForwardChoiceKey key{p.device, p.x_size[0], p.x_size[1], p.x_size[2], p.x_size[3],
+                             static_cast<int>(p.dtype), activation, p.has_residual, p.running_stats, in_place,
+                             p.policy, alignment[0], alignment[1], alignment[2]};
+  if (const auto found = forward_choices.find(key)) return found->graph;
+  const cudaStream_t stream = if_not_capturing(current_stream());
+  if (stream == nullptr) return false;  // nothing is timed inside a capture: a later call outside one chooses
+  BatchNormForwardChoice made;
+  made.x_size = p.x_size;
+  made.dtype = p.dtype;
+  made.activation = activation;
+  made.residual = p.has_residual;
+  made.running_stats = p.running_stats;
+  made.in_place = in_place;
+  made.ours_ms = median_event_ms([&]() { ours(); return true; }, stream, 5, kTimingSleepCycles);
+  if (get_plan(make_batch_norm_key(GraphKind::kBatchNormForward, p, alignment))->ok()) {
+    made.graph_ms = median_event_ms([&]() { graph(); return true; }, stream, 5, kTimingSleepCycles);
+  }
+  made.graph = made.graph_ms >= 0 && (made.ours_ms < 0 || made.graph_ms < made.ours_ms);
+  return forward_choices.keep(key, made).graph;
+}
+
 // batch_norm_act_forward; with `commit`, the running statistics updated in place and the step counted in *commit
 // where it is defined (what conv_batch_norm_act and batch_norm_act_update do): the next running statistics it
-// returns are then empty.
+// returns are then empty. With `choose`, implementation 2 may run the graph's where it was timed faster
+// (graph_timed_faster); the timed runs themselves pass false.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
     const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const std::optional<at::Tensor>& running_mean,
     const std::optional<at::Tensor>& running_var, const std::optional<at::Tensor>& residual, double momentum,
     double eps, int64_t activation_value, int64_t implementation_value, int64_t policy, double negative_slope,
-    const std::optional<at::Tensor>* commit) {
+    const std::optional<at::Tensor>* commit, bool choose = true) {
   check_4d_cuda(x, "x");
   auto activation = batch_norm_activation_from(activation_value);
   auto implementation = implementation_from(implementation_value);
@@ -441,11 +477,34 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   int64_t c = x.size(1);
   auto save_mean = at::empty({c}, stats_options);
   auto save_invstd = at::empty({c}, stats_options);
+  const bool in_place = commit != nullptr;
+  const std::array<int8_t, 3> alignment{alignment_of(x_dense), alignment_of(residual_dense), alignment_of(y)};
+  if (implementation == BatchNormImplementation::kKernel && channels_last && choose) {
+    auto run = [&](BatchNormImplementation which) {
+      return forward(x, weight, bias, running_mean, running_var, residual, momentum, eps, activation_value,
+                     static_cast<int64_t>(which), policy, negative_slope, nullptr, false);
+    };
+    at::Tensor mean_copy, var_copy;  // where the graph's statistics are committed while it is timed
+    std::optional<at::Tensor> counter_copy;
+    auto graph = [&]() {
+      auto out = run(BatchNormImplementation::kGraph);
+      if (!in_place || !running_stats) return;
+      if (!mean_copy.defined()) {
+        mean_copy = running_mean->clone();
+        var_copy = running_var->clone();
+        if (commit->has_value() && (*commit)->defined()) counter_copy = (*commit)->clone();
+      }
+      commit_running_stats(x, mean_copy, var_copy, counter_copy, std::get<3>(out), std::get<4>(out));
+    };
+    if (graph_timed_faster(p, activation_value, in_place, alignment, [&]() { run(BatchNormImplementation::kKernel); },
+                           graph)) {
+      implementation = BatchNormImplementation::kGraph;
+    }
+  }
   if (implementation == BatchNormImplementation::kKernel && channels_last) {
     const at::Tensor no_tensor;
     const at::Tensor& mean_in = running_stats ? *running_mean : no_tensor;
     const at::Tensor& var_in = running_stats ? *running_var : no_tensor;
-    const bool in_place = commit != nullptr;
     auto next_mean = in_place ? mean_in : at::empty({running_stats ? c : 0}, stats_options);
     auto next_var = in_place ? var_in : at::empty({running_stats ? c : 0}, stats_options);
     const at::Tensor& counter = in_place && commit->has_value() ? **commit : no_tensor;
@@ -485,9 +544,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
       if (p.has_residual) out.add_(residual_dense);
       apply_activation_(out, p.activation, negative_slope);
     };
-    done = run_batch_norm_graph(GraphKind::kBatchNormForward, p,
-                                {alignment_of(x_dense), alignment_of(residual_dense), alignment_of(y)},
-                                std::move(pointers), {y, save_mean, save_invstd, next_mean, next_var}, x.device(), aten);
+    done = run_batch_norm_graph(GraphKind::kBatchNormForward, p, alignment, std::move(pointers),
+                                {y, save_mean, save_invstd, next_mean, next_var}, x.device(), aten);
   } else {
     if (running_stats) {  // the legacy API updates running statistics in place: on copies, to stay functional
       next_mean.copy_(*running_mean);
@@ -530,6 +588,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   return forward(x, weight, bias, running_mean, running_var, residual, momentum, eps, activation, implementation,
                  policy, negative_slope, nullptr);
 }
+
+std::vector<BatchNormForwardChoice> batch_norm_forward_choices() { return forward_choices.all(); }
+
+void clear_batch_norm_forward_choices() { forward_choices.clear(); }
 
 bool batch_norm_backward_reads_y(int64_t activation, bool has_residual, int64_t implementation, bool channels_last) {
   auto act = batch_norm_activation_from(activation);

@@ -6,9 +6,11 @@
 // runtime fallback.
 #pragma once
 
+#include <array>
 #include <string>
 #include <tuple>
 #include <unordered_map>
+#include <vector>
 
 #include <ATen/ATen.h>
 
@@ -19,6 +21,29 @@ namespace tcf {
 // kKernel: the forward in our NHWC kernel (an x that is not channels_last runs the graph's), the backward as the
 // graph implementation's (our kernel with an activation, NHWC; cuDNN's batchnorm-backward graph otherwise).
 enum class BatchNormImplementation : int64_t { kGraph = 0, kLegacy = 1, kKernel = 2 };
+
+// Under torch.backends.cudnn.benchmark (not under deterministic algorithms), a training forward that asks for our
+// kernel (implementation 2, channels_last) on a shape first seen is timed against the graph implementation (cuDNN's
+// batchnorm graph where it builds one, with the launch that commits the running statistics where the op updates
+// them in place; SiLU, Hardswish and LeakyReLU applied after it): medians of 5 CUDA-event timings after a warm-up,
+// each behind the spin of graphs/timing.h (GPU time, not the host's issue time), on the call's own tensors,
+// with the running statistics written to copies. The faster runs from then on, as cuDNN's algorithms are chosen
+// under benchmark. Neither is the faster everywhere: at batch 256, bf16 (H100, 2026-12-07c, batch_norm_forward.py)
+// ours took 0.120 ms at 16 channels 112x112 against the graph's 0.128, and 0.271 against 0.369 at 144@56, but
+// 0.0174 against 0.0123 at 160@7 and 0.0318 against 0.0180 at 576@7, where eager took 0.0159 and 0.0442. The graph
+// costs the host more a call (24.8 against 14.5 us at batch 8): the choice is on GPU time, as cuDNN's are.
+// Nothing is timed inside a CUDA graph capture: our kernel runs there until a call outside one has chosen.
+struct BatchNormForwardChoice {
+  std::array<int64_t, 4> x_size{};  // N, C, H, W
+  at::ScalarType dtype = at::kFloat;
+  int64_t activation = 0;
+  bool residual = false, running_stats = false, in_place = false;
+  bool graph = false;                  // the graph implementation runs; false: our kernel
+  float ours_ms = -1.0f, graph_ms = -1.0f;  // negative: did not run (the graph refused, or failed at run time)
+};
+// Every choice timed so far (for diagnostics), and forgetting them (torch_cudnn_fusion.clear_plan_cache).
+std::vector<BatchNormForwardChoice> batch_norm_forward_choices();
+void clear_batch_norm_forward_choices();
 
 // `policy`: a registered engine policy's id (engine_policy.h; 0: the heuristic's choice). `negative_slope`:
 // LeakyReLU's slope below 0 (activation 5); the other activations ignore it.

@@ -1,8 +1,6 @@
 #include "ops/depthwise_ops.h"
 
 #include <atomic>
-#include <map>
-#include <mutex>
 #include <sstream>
 #include <tuple>
 
@@ -10,7 +8,7 @@
 #include <c10/core/DeviceGuard.h>
 
 #include "core/device.h"
-#include "graphs/graph_builder.h"
+#include "graphs/timing.h"
 #include "kernels/depthwise_conv_kernel.h"
 #include "ops/kernel_launch.h"
 #include "ops/run_graph.h"
@@ -193,17 +191,15 @@ namespace {
 // The wgrad choices made under torch.backends.cudnn.benchmark, per device, shape and dtypes.
 using WgradKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                             int64_t, int, int>;  // device, x's n h w c, out h w, stride, padding, dz's and dw's dtype
-std::mutex wgrad_choices_mutex;
-std::map<WgradKey, DepthwiseWgradChoice> wgrad_choices;
+TimedChoices<WgradKey, DepthwiseWgradChoice> wgrad_choices;
 std::atomic<int> wgrad_plan_for_tests{-1};
-// Each timed wgrad waits behind a spin of this many cycles (about 100 us at 2 GHz), longer than the host takes to
+// Each timed wgrad waits behind a spin (kTimingSleepCycles, graphs/timing.h), longer than the host takes to
 // issue it, so that the host's gaps between our op's launches (its allocations and plan) are not timed as GPU time.
 // Timed without that wait (H200s, 2026-11-26, benchmarks/results: depthwise_*_cudnn_benchmark_h200_2026-11-26ac_no_spin
 // against plan 0 alone in depthwise_*_h200_2026-11-26ab, another machine) the choice ran slower than plan 0 on
 // small layers: float16 v2 576@14/2 0.0299 against 0.0256 ms, bfloat16 v1 1024@7 0.0275 against 0.0255 and 512@14/2
 // 0.0243 against 0.0221. With the wait (-26ad, one H200, with and without benchmark): plan 0 on every 7 x 7 and 14 x 14
 // layer, the wgrads' sum 1.262 -> 1.215 ms in bfloat16 and 1.281 -> 1.227 in float16.
-constexpr int64_t kWgradTimingSleepCycles = 200000;
 
 }  // namespace
 
@@ -217,13 +213,7 @@ int depthwise_wgrad_choice(const at::Tensor& dz, const at::Tensor& x, const Conv
   const WgradKey key{dz.get_device(), shape.x_size[0], shape.x_size[2], shape.x_size[3], shape.x_size[1], y[2], y[3],
                      shape.stride[0], shape.pad_pre[0], shape.pad_pre[1], shape.pad_post[0],
                      static_cast<int>(dz.scalar_type()), static_cast<int>(dw_dtype)};
-  {
-    std::lock_guard<std::mutex> lock(wgrad_choices_mutex);
-    const auto found = wgrad_choices.find(key);
-    if (found != wgrad_choices.end()) return found->second.choice;
-  }
-  // Timed without the lock, which would hold every other device's and shape's choice (and explain's listing) for
-  // the timing's milliseconds. Two threads that time one key at once each time it; the first to finish is kept.
+  if (const auto found = wgrad_choices.find(key)) return found->choice;
   const cudaStream_t stream = if_not_capturing(current_stream());
   if (stream == nullptr) return 0;  // nothing is timed inside a capture: a later call outside one chooses
   DepthwiseWgradChoice made;
@@ -235,30 +225,21 @@ int depthwise_wgrad_choice(const at::Tensor& dz, const at::Tensor& x, const Conv
   float best = -1.0f;
   for (int plan = 0; plan < kDepthwiseWgradPlans; ++plan) {
     made.ms[plan] = median_event_ms([&]() { return depthwise_conv_wgrad(dz, x, shape, dw_dtype, plan).defined(); },
-                                    stream, 5, kWgradTimingSleepCycles);
+                                    stream, 5, kTimingSleepCycles);
     if (made.ms[plan] >= 0 && (best < 0 || made.ms[plan] < best)) {
       best = made.ms[plan];
       made.choice = plan;
     }
   }
   made.ms[kDepthwiseWgradPlans] =
-      median_event_ms([&]() { pytorch(); return true; }, stream, 5, kWgradTimingSleepCycles);
+      median_event_ms([&]() { pytorch(); return true; }, stream, 5, kTimingSleepCycles);
   if (made.ms[kDepthwiseWgradPlans] >= 0 && (best < 0 || made.ms[kDepthwiseWgradPlans] < best)) made.choice = -1;
-  std::lock_guard<std::mutex> lock(wgrad_choices_mutex);
-  return wgrad_choices.emplace(key, made).first->second.choice;
+  return wgrad_choices.keep(key, made).choice;
 }
 
-std::vector<DepthwiseWgradChoice> depthwise_wgrad_choices() {
-  std::lock_guard<std::mutex> lock(wgrad_choices_mutex);
-  std::vector<DepthwiseWgradChoice> out;
-  for (const auto& entry : wgrad_choices) out.push_back(entry.second);
-  return out;
-}
+std::vector<DepthwiseWgradChoice> depthwise_wgrad_choices() { return wgrad_choices.all(); }
 
-void clear_depthwise_wgrad_choices() {
-  std::lock_guard<std::mutex> lock(wgrad_choices_mutex);
-  wgrad_choices.clear();
-}
+void clear_depthwise_wgrad_choices() { wgrad_choices.clear(); }
 
 void set_depthwise_wgrad_plan_for_tests(int plan) {
   TORCH_CHECK_VALUE(plan >= -1 && plan < kDepthwiseWgradPlans, "cudnn_fusion: plan must be -1 (off) or 0..",

@@ -34,7 +34,8 @@ class FusionError(RuntimeError):
 class Decision(NamedTuple):
     """How a layer runs its calls. fused: as the cuDNN op; reason: why not (or a note); backward: (graph, refusal)
     per fused backward step, "" where it runs fused; implementation: "cudnn_graph", "cudnn_legacy" (the legacy cuDNN
-    BatchNorm API), "batch_norm_kernel" (BatchNorm's forward in our NHWC kernel), "depthwise_kernel" (our NHWC
+    BatchNorm API), "batch_norm_kernel" (BatchNorm's forward in our NHWC kernel, or the cuDNN graph's where
+    cudnn.benchmark timed that faster: tcf.batch_norm_forward_choices()), "depthwise_kernel" (our NHWC
     depthwise kernels where they were faster, PyTorch's elsewhere: the reason says which), "squeeze_excite_op" (a
     squeeze-and-excitation block as one op of ATen's kernels) or "eager"."""
 
@@ -105,9 +106,10 @@ class FusionStatus:
     reason: str = ""
     backward: tuple[tuple[str, str], ...] = ()
     # "cudnn_graph", "cudnn_legacy" (the legacy cuDNN BatchNorm API), "batch_norm_kernel" (BatchNorm's forward in
-    # our NHWC kernel), "depthwise_kernel" (our NHWC depthwise kernels where they were faster, PyTorch's elsewhere:
-    # the reason says which), "squeeze_excite_op" (a squeeze-and-excitation block as one op of ATen's kernels, one
-    # autograd node) or "eager"; "" derives it from `fused`
+    # our NHWC kernel, or the graph's where cudnn.benchmark timed that faster), "depthwise_kernel" (our NHWC
+    # depthwise kernels where they were faster, PyTorch's elsewhere: the reason says which), "squeeze_excite_op" (a
+    # squeeze-and-excitation block as one op of ATen's kernels, one autograd node) or "eager"; "" derives it from
+    # `fused`
     implementation_name: str = ""
 
     @property
