@@ -135,12 +135,23 @@ def resolve(policy: Optional[EnginePolicy]) -> EnginePolicy:
 #   on H200 the BatchNorm backward graph took about 0.8 ms at 7x7 and 14x14 feature maps (batch 256) where ATen's
 #   kernel took far less, and was faster at 56x56 and above. (It runs only for a BatchNorm with no activation: with
 #   ReLU/ReLU6 the backward is our kernel, csrc/kernels/batch_norm_backward_kernel.cu.)
+# - the graphs in HEURISTIC_ONLY_UNDER_BENCHMARK time the heuristic's first candidate alone. The BatchNorm forward
+#   graph is itself a candidate, timed against our kernel on each shape's first call (ops/bn_ops.h,
+#   BatchNormForwardChoice). With the choice and 8 candidates, mobilenet_v2's first step under benchmark took 72.4 s
+#   against 19.5 s without the choice (H100, batch 256; docs/benchmarks.md 2026-12-07f): 19 BatchNorm shapes, each
+#   graph's plan tuned. With one candidate it took 25.2 s against 19.9 s without the choice, in one call (H100,
+#   2026-12-07g; plans built 45 in 6.6 s against 26 in 3.5 s, tuning 7.3 s against 6.2). The graph then ran its
+#   layers at the graph's own listed time (160 channels 7x7: 12.4 us chosen, 12.5 the graph); whether a tuned plan
+#   would run them faster is not measured.
 BENCHMARK_CANDIDATES = 8
 ATEN_TIMED_UNDER_BENCHMARK = (Graph.BATCHNORM_BACKWARD,)
+HEURISTIC_ONLY_UNDER_BENCHMARK = (Graph.BATCHNORM_FORWARD,)
 
 
 def _set_benchmark_tuning() -> None:
-    _extension.require().set_benchmark_tuning(BENCHMARK_CANDIDATES, [int(graph) for graph in ATEN_TIMED_UNDER_BENCHMARK])
+    _extension.require().set_benchmark_tuning(BENCHMARK_CANDIDATES,
+                                              [int(graph) for graph in ATEN_TIMED_UNDER_BENCHMARK],
+                                              [int(graph) for graph in HEURISTIC_ONLY_UNDER_BENCHMARK])
 
 
 _extension.call_when_loaded(_set_benchmark_tuning)

@@ -23,15 +23,22 @@ bool same(const RegisteredPolicy& a, const RegisteredPolicy& b) {
 
 std::atomic<int64_t> benchmark_candidates{1};
 std::atomic<uint32_t> aten_timed_kinds{0};  // bit k: GraphKind k
+std::atomic<uint32_t> heuristic_only_kinds{0};  // bit k: GraphKind k
+
+uint32_t kind_bits(const std::vector<GraphKind>& kinds) {
+  uint32_t bits = 0;
+  for (auto kind : kinds) bits |= 1u << static_cast<int>(kind);
+  return bits;
+}
 
 }  // namespace
 
-void set_benchmark_tuning(int64_t candidates, const std::vector<GraphKind>& aten_timed) {
+void set_benchmark_tuning(int64_t candidates, const std::vector<GraphKind>& aten_timed,
+                          const std::vector<GraphKind>& heuristic_only) {
   TORCH_CHECK_VALUE(candidates >= 1, "cudnn_fusion: benchmark candidates must be >= 1, got ", candidates);
-  uint32_t kinds = 0;
-  for (auto kind : aten_timed) kinds |= 1u << static_cast<int>(kind);
   benchmark_candidates.store(candidates);
-  aten_timed_kinds.store(kinds);
+  aten_timed_kinds.store(kind_bits(aten_timed));
+  heuristic_only_kinds.store(kind_bits(heuristic_only));
 }
 
 int64_t register_policy(const RegisteredPolicy& policy) {
@@ -66,7 +73,8 @@ EnginePolicy policy_for(int64_t id, GraphKind kind) {
     }
   }
   if (at::globalContext().deterministicAlgorithms()) out.deterministic = true;
-  out.benchmark_candidates = benchmark_candidates.load(std::memory_order_relaxed);
+  const bool heuristic_only = (heuristic_only_kinds.load(std::memory_order_relaxed) >> static_cast<int>(kind)) & 1u;
+  out.benchmark_candidates = heuristic_only ? 1 : benchmark_candidates.load(std::memory_order_relaxed);
   out.aten_under_benchmark = (aten_timed_kinds.load(std::memory_order_relaxed) >> static_cast<int>(kind)) & 1u;
   return out;
 }

@@ -21,10 +21,11 @@ struct RegisteredPolicy {
 int64_t register_policy(const RegisteredPolicy& policy);
 
 // How a plan's first run tunes it under torch.backends.cudnn.benchmark, for every policy: the number of the
-// heuristic's candidates timed, and the graphs whose ATen composition is timed with them. Python sets both when the
-// extension loads (torch_cudnn_fusion/policy.py holds the values and the measurements behind them); until then one
-// candidate and no ATen timing, the heuristic's own choice.
-void set_benchmark_tuning(int64_t candidates, const std::vector<GraphKind>& aten_timed);
+// heuristic's candidates timed, the graphs whose ATen composition is timed with them, and the graphs that time only
+// the heuristic's first candidate. Python sets them when the extension loads (torch_cudnn_fusion/policy.py holds the
+// values and the measurements behind them); until then one candidate and no ATen timing, the heuristic's own choice.
+void set_benchmark_tuning(int64_t candidates, const std::vector<GraphKind>& aten_timed,
+                          const std::vector<GraphKind>& heuristic_only);
 
 // What policy `id` asks of `kind`'s graph. deterministic is also on while torch.use_deterministic_algorithms(True).
 // A kind the policy pins no engine for gets the heuristic's choice.

@@ -166,14 +166,20 @@ std::unordered_map<std::string, std::string> check_batch_norm_layer_py(const std
   return check_batch_norm_layer(p, eps);
 }
 
-void set_benchmark_tuning_py(int64_t candidates, const std::vector<int64_t>& aten_timed) {
+std::vector<GraphKind> graph_kinds(const std::vector<int64_t>& values, const char* name) {
   std::vector<GraphKind> kinds;
-  for (auto kind : aten_timed) {
-    TORCH_CHECK_VALUE(kind >= 0 && kind < kGraphKinds, "cudnn_fusion: aten_timed must hold Graph values (0..",
+  for (auto kind : values) {
+    TORCH_CHECK_VALUE(kind >= 0 && kind < kGraphKinds, "cudnn_fusion: ", name, " must hold Graph values (0..",
                       kGraphKinds - 1, "), got ", kind);
     kinds.push_back(static_cast<GraphKind>(kind));
   }
-  set_benchmark_tuning(candidates, kinds);
+  return kinds;
+}
+
+void set_benchmark_tuning_py(int64_t candidates, const std::vector<int64_t>& aten_timed,
+                             const std::vector<int64_t>& heuristic_only) {
+  set_benchmark_tuning(candidates, graph_kinds(aten_timed, "aten_timed"),
+                       graph_kinds(heuristic_only, "heuristic_only"));
 }
 
 int64_t register_policy_py(int64_t mode, bool deterministic, int64_t workspace_limit,
@@ -579,8 +585,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("batch_norm_layer_verdict", &tcf::batch_norm_layer_verdict, py::arg("x_size"), py::arg("channels_last"),
         "The unmet requirements of a BatchNorm layer in training (empty: cuDNN is asked); -1: a size not known yet");
   m.def("set_benchmark_tuning", &tcf::set_benchmark_tuning_py, py::arg("candidates"), py::arg("aten_timed"),
-        "Under torch.backends.cudnn.benchmark: how many heuristic candidates a first run times, and the graphs "
-        "(Graph values) whose ATen composition is timed with them");
+        py::arg("heuristic_only"),
+        "Under torch.backends.cudnn.benchmark: how many heuristic candidates a first run times, the graphs (Graph "
+        "values) whose ATen composition is timed with them, and the graphs that time the heuristic's first alone");
   m.def("check_batch_norm_layer", &tcf::check_batch_norm_layer_py,
         "Why each BatchNorm implementation (cuDNN graph forward/backward, legacy API) cannot run a layer, '' if it can",
         py::call_guard<py::gil_scoped_release>());
