@@ -389,7 +389,8 @@ def test_a_pointwise_conv_s_weight_gradient_is_one_float32_gemm_under_autocast(e
     """Under autocast, a fused 1x1 conv + BatchNorm + ReLU layer's float32 weight gets its gradient from one GEMM
     over the N*H*W rows written in float32 (aten::mm): no half-precision weight gradient cast back to float32 in the
     conv's node, and no rounding of it; the gradients are as accurate as eager's against float64. With deterministic
-    algorithms requested it runs cuDNN's wgrad and the cast, as eager does."""
+    algorithms requested it runs cuDNN's wgrad and the cast, as eager does. Either way the backward casts the filter
+    once (the node keeps it as passed, in float32: x's gradient reads its cast)."""
     torch.manual_seed(0)
     conv, bn = nn.Conv2d(64, 128, 1, bias=False).cuda(), nn.BatchNorm2d(128).cuda()
     with torch.no_grad():
@@ -414,7 +415,7 @@ def test_a_pointwise_conv_s_weight_gradient_is_one_float32_gemm_under_autocast(e
 
     names, weight_grad = backward_ops(False)
     assert fused.fusion_status.fused, fused.fusion_status
-    assert "aten::mm" in names and "aten::_to_copy" not in names, names
+    assert "aten::mm" in names and names.count("aten::_to_copy") == 1, names  # the filter's cast, for x's gradient
     assert weight_grad.dtype == torch.float32
     with torch.autocast("cuda", dtype):
         y_e = F.relu(bn_e(conv_e(x)))
@@ -423,7 +424,7 @@ def test_a_pointwise_conv_s_weight_gradient_is_one_float32_gemm_under_autocast(e
     y_r.backward(grad.double())
     assert_as_accurate_as_eager("conv weight gradient", weight_grad, conv_e.weight.grad, conv_r.weight.grad, dtype)
     names, deterministic_grad = backward_ops(True)
-    assert "aten::mm" not in names and "aten::_to_copy" in names, names
+    assert "aten::mm" not in names and names.count("aten::_to_copy") == 2, names  # and the gradient's, to float32
     assert_as_accurate_as_eager("conv weight gradient, deterministic", deterministic_grad, conv_e.weight.grad,
                                 conv_r.weight.grad, dtype)
 
@@ -664,6 +665,49 @@ def test_explain_reports_what_ran_in_training_and_in_eval(extension):
         (eval_row,) = tcf.explain(model, x, repeats=2)
     assert eval_row.fused and eval_row.operations == ("conv_fprop", "add bias", "relu"), eval_row
     assert eval_row.engine.startswith("eng") and "eval: BatchNorm folded" in layer.fusion_status.reason
+
+
+@pytest.mark.parametrize("x_needs_grad", [True, False], ids=["x_needs_grad", "first_layer"])
+def test_a_conv_bn_layer_keeps_its_filter_as_passed_not_a_cast_under_autocast(extension, no_tf32, x_needs_grad):
+    """Under bf16 autocast a training conv + BatchNorm layer's conv node keeps the float32 filter it was passed (the
+    parameter, held anyway), not its bf16 cast as eager's autocast conv does: no cast of a filter stays allocated
+    from forward to backward. Backward casts it again where x's gradient reads it, and only there (a first layer's x
+    needs none): a 1x1 conv here, whose weight gradient is one float32 GEMM with no cast of its own. Every gradient
+    is as accurate as eager's against float64."""
+    torch.manual_seed(0)
+    conv, bn = nn.Conv2d(32, 64, 1, bias=False).cuda(), nn.BatchNorm2d(64).cuda()
+    with torch.no_grad():
+        bn.weight.uniform_(0.5, 1.5), bn.bias.normal_()
+    conv_e, bn_e = copy.deepcopy(conv), copy.deepcopy(bn)
+    conv_r, bn_r = copy.deepcopy(conv).double(), copy.deepcopy(bn).double()
+    fused = tcf.Conv2dBNReLU.from_modules(conv, bn).to(memory_format=torch.channels_last)
+    x = torch.randn(16, 32, 28, 28, device="cuda").to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    grad = torch.randn(16, 64, 28, 28, device="cuda").to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    x_f, x_e, x_r = (t.requires_grad_(x_needs_grad) for t in (x.clone(), x.clone(), x.double()))
+    kept = []
+
+    def pack(t):
+        kept.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cuda", torch.bfloat16):
+        y = fused(x_f)
+    assert fused.fusion_status.fused, fused.fusion_status
+    shapes = [(tuple(t.shape), t.dtype) for t in kept]
+    assert any(t is conv.weight for t in kept), shapes
+    assert not any(t.shape == conv.weight.shape and t.dtype == torch.bfloat16 for t in kept), shapes
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        y.backward(grad)
+    names = [e.name for e in prof.events()]
+    assert names.count("aten::_to_copy") == (1 if x_needs_grad else 0), names
+    with torch.autocast("cuda", torch.bfloat16):
+        y_e = F.relu(bn_e(conv_e(x_e)))
+    y_e.backward(grad)
+    F.relu(bn_r(conv_r(x_r))).backward(grad.double())
+    assert_as_accurate_as_eager("conv weight gradient", conv.weight.grad, conv_e.weight.grad, conv_r.weight.grad,
+                                torch.bfloat16)
+    if x_needs_grad:
+        assert_as_accurate_as_eager("x gradient", x_f.grad, x_e.grad, x_r.grad, torch.bfloat16)
 
 
 CONV_BN_VARIANTS = {

@@ -29,7 +29,8 @@ float median_event_ms(const std::function<bool()>& run, cudaStream_t stream, int
 // slower than its plan 0 on small layers (H200s, 2026-11-26ac, ops/depthwise_ops.cpp); and the BatchNorm backward's
 // graph, timed against ATen's kernels, ran 14.7 us at 160 channels 7x7 (batch 256, bf16) where eager's ATen kernels
 // took 12.4 (H100, 2026-12-07c). Timed so, the op's backward there still took 14.5 us against eager's 12.5 (H100,
-// 2026-12-07g, batch_norm_backward.py): that gap is not the timing's.
+// 2026-12-07g, batch_norm_backward.py): those 12.5 us are a CUDA-graph replay's. Issued on one stream, as an eager
+// step issues them, eager's kernels took 14.4 us there (H100, 2026-12-07j, docs/benchmarks.md).
 constexpr int64_t kTimingSleepCycles = 200000;
 
 // The choices timed under torch.backends.cudnn.benchmark, one per key (the depthwise wgrad's plan, the BatchNorm

@@ -280,9 +280,12 @@ BatchNormUpdateOutputs batch_norm_act_update_autograd(const at::Tensor& x, const
 }
 
 // The conv's autograd node in a training Conv2d + BatchNorm layer: its inputs are x, the conv weight and bias, its
-// output the conv's output z (computed by the op below autograd, passed in as `computed` = {x cast, weight cast, z}).
-// The casts to conv_dtype happen in the op's autograd kernel, so that their backward (the gradients cast back to x's
-// and the weight's dtypes) is part of this node. Saves the cast x and weight, as eager's conv does.
+// output the conv's output z (computed by the op below autograd, passed in as `computed` = {x cast, the filter as
+// passed, z}). The casts to conv_dtype happen in the op's autograd kernel, so that their backward (the gradients cast
+// back to x's and the weight's dtypes) is part of this node. Saves the cast x, as eager's conv does, and the filter
+// as passed, not its cast as eager's autocast conv does: the parameter is held anyway, and a cast of every conv's
+// filter held from forward to backward would add 2 bytes a parameter to the step's peak (resnet50: ~47 MB). The cast
+// is made again in backward, one layer's at a time, where x's gradient reads it.
 class ConvFunction : public torch::autograd::Function<ConvFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& conv_weight,
@@ -337,13 +340,18 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
     variable_list grads(9);  // one per forward argument; undefined where there is none
     const auto& grad_z = grad_outputs[0];
     if (!grad_z.defined() || !(need_x || need_conv_weight || need_conv_bias)) return grads;
-    // the form's x (kept in the conv's dtype) and filter (kept as passed) rearranged again; where x needs no gradient
-    // (a stem's image), the weight gradient reads only the filter's sizes, dtype and layout: no gather for those
+    // the filter (kept as passed) cast to the conv's dtype (x's) again; a stem's form rearranged again from x (kept
+    // in the conv's dtype) and the filter. Where x needs no gradient (a stem's image, a first layer), the weight
+    // gradient reads only the filter's sizes, dtype and layout: no cast and no gather for those.
     const auto x = stem.has_value() ? stem->input(saved[0]) : saved[0];
-    const auto weight = !stem.has_value() ? saved[1]
-                        : need_x          ? stem->filter(saved[1])
-                                          : at::empty(stem->filter_size(weight_size[0]),
-                                                      x.options().memory_format(at::MemoryFormat::ChannelsLast));
+    at::Tensor weight;
+    if (need_x) {
+      weight = stem.has_value() ? stem->filter(saved[1]) : in_dtype(saved[1], x.scalar_type());
+    } else {
+      weight = stem.has_value() ? at::empty(stem->filter_size(weight_size[0]),
+                                            x.options().memory_format(at::MemoryFormat::ChannelsLast))
+                                : at::empty_like(saved[1], x.scalar_type());
+    }
     auto [grad_x, grad_conv_weight, grad_conv_bias] =
         batch_norm_conv_backward(grad_z, x, weight, has_conv_bias, stride, padding, dilation, groups,
                                  {need_x, need_conv_weight, need_conv_bias}, weight_dtype);
@@ -398,7 +406,7 @@ ConvBatchNormOutputs conv_batch_norm_act_autograd(const at::Tensor& x, const at:
         call_conv_batch_norm_act(x_cast, weight_cast, bias_cast, stride, padding, dilation, groups, weight, bias,
                           running_mean, running_var, num_batches_tracked, residual, momentum, eps, activation,
                           implementation, conv_dtype, policy, negative_slope);
-    conv_computed = {x_cast, weight_cast, z};
+    conv_computed = {x_cast, conv_weight, z};  // the filter as passed: ConvFunction casts it again in backward
     bn_computed = {y, save_mean, save_invstd, reserve};
   }
   auto z = ConvFunction::apply(x, conv_weight, conv_bias, stride, padding, dilation, groups, &conv_computed,

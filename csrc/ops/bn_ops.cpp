@@ -403,10 +403,11 @@ TimedChoices<ForwardChoiceKey, BatchNormForwardChoice> forward_choices;
 
 // Whether the graph implementation runs a training forward that asked for our kernel (BatchNormForwardChoice):
 // timed once per key, `ours` against `graph` where the graph's plan was built. `p` is the graph's problem;
-// `activation` the op's.
+// `activation` the op's. A template, not std::function arguments: those were built on every training forward,
+// with cudnn.benchmark off too, where nothing is timed.
+template <typename Ours, typename Graph>
 bool graph_timed_faster(const BatchNormProblem& p, int64_t activation, bool in_place,
-                        const std::array<int8_t, 3>& alignment, const std::function<void()>& ours,
-                        const std::function<void()>& graph) {
+                        const std::array<int8_t, 3>& alignment, const Ours& ours, const Graph& graph) {
   auto& context = at::globalContext();
   if (!context.benchmarkCuDNN() || context.deterministicAlgorithms()) return false;
   const ForwardChoiceKey key{p.device, p.x_size[0], p.x_size[1], p.x_size[2], p.x_size[3],
