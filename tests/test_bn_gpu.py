@@ -121,6 +121,47 @@ def test_backward_chosen_by_timing_under_cudnn_benchmark_is_correct(extension, s
         assert_as_accurate_as_eager(name, g, g_e, g_r, torch.bfloat16)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_without_benchmark_a_batch_norm_with_no_activation_takes_eager_s_backward(extension, dtype):
+    """Without cudnn.benchmark, in the heuristic policy, a BatchNorm with no activation runs its backward in ATen's
+    kernels, eager's own (policy.ATEN_WITHOUT_BENCHMARK): the batchnorm-backward graph's first heuristic plan was
+    slower than them at 14x14 layers. No plan is built for it and no fallback is counted. Pinned to the graph's plan
+    #0 (what benchmark or autotune may choose), the graph runs. Both as accurate as eager against float64."""
+    from torch_cudnn_fusion.policy import EnginePolicy, policy_id
+
+    assert not torch.backends.cudnn.benchmark
+    x, w, b, rm, rv, _, grad = make_inputs(dtype, False)
+
+    def fused_with(policy):
+        def fused(x, w, b, res, rm, rv):  # our forward kernel (implementation 2)
+            return torch.ops.cudnn_fusion.batch_norm_act(x, w, b, rm, rv, None, 0.1, 1e-5, 0, 2, policy)[0]
+        return fused
+
+    def graphs_built():
+        return [p["graph"] for p in extension.saved_plans()]
+
+    eager = lambda x, w, b, res, rm, rv: reference(x, rm, rv, w, b, 0.1, 1e-5, None, None)
+    d = lambda t: t.double()
+    _, grads_e, _, _ = run(eager, x, w, b, None, grad, rm, rv)
+    _, grads_r, _, _ = run(eager, d(x), d(w), d(b), None, d(grad), d(rm), d(rv))
+    tcf.clear_plan_cache()
+    fallbacks = tcf.plan_cache_stats()["runtime_fallbacks"]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        _, grads, _, _ = run(fused_with(0), x, w, b, None, grad, rm, rv)
+        torch.cuda.synchronize()
+    assert "batchnorm backward" not in graphs_built(), graphs_built()
+    assert tcf.plan_cache_stats()["runtime_fallbacks"] == fallbacks, tcf.plan_cache_stats()["last_runtime_fallback"]
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert any("batch_norm_backward" in k for k in kernels), kernels  # ATen's
+    assert not any("batch_norm_bwd" in k or "bn_bw" in k for k in kernels), kernels  # cuDNN's
+    pinned = policy_id(EnginePolicy("pinned", engines={"batchnorm_backward": 0}).key)
+    _, grads_p, _, _ = run(fused_with(pinned), x, w, b, None, grad, rm, rv)
+    assert "batchnorm backward" in graphs_built(), graphs_built()
+    for label, got in (("ATen", grads), ("graph", grads_p)):
+        for name, g, g_e, g_r in zip(["grad_x", "grad_weight", "grad_bias"], got, grads_e, grads_r):
+            assert_as_accurate_as_eager(f"{label}: {name}", g, g_e, g_r, dtype)
+
+
 @pytest.mark.parametrize("shape, activation, residual", [((256, 160, 7, 7), None, False),
                                                          ((256, 576, 7, 7), "relu6", False),
                                                          ((32, 64, 56, 56), "relu", True),

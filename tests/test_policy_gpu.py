@@ -198,10 +198,16 @@ def test_plan_file_keys_hold_each_graph_family_s_own_shape(extension, tmp_path):
     expected = torch.ops.aten.threshold_backward(grad, y, 0)
     torch.testing.assert_close(dz, expected)
     torch.testing.assert_close(dbias, expected.sum((0, 2, 3)), rtol=1e-5, atol=1e-4)
-    # BatchNorm with no activation: its backward is a graph (with one, it is our kernel and no graph is built)
+    # BatchNorm with no activation: its backward is a graph (with one, it is our kernel and no graph is built), under
+    # cudnn.benchmark (without it, the heuristic policy leaves it to ATen: policy.ATEN_WITHOUT_BENCHMARK)
     x = torch.randn(4, 64, 9, 9, device="cuda").contiguous(memory_format=torch.channels_last).requires_grad_()
     w, b = torch.ones(64, device="cuda"), torch.zeros(64, device="cuda")
-    torch.ops.cudnn_fusion.batch_norm_act(x, w, b, None, None, None, 0.1, 1e-5, 0, 0)[0].sum().backward()
+    previous = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    try:
+        torch.ops.cudnn_fusion.batch_norm_act(x, w, b, None, None, None, 0.1, 1e-5, 0, 0)[0].sum().backward()
+    finally:
+        torch.backends.cudnn.benchmark = previous
     path = tmp_path / "plans.json"
     assert tcf.save_plan_cache(path) > 0
     keys = {}

@@ -143,15 +143,26 @@ def resolve(policy: Optional[EnginePolicy]) -> EnginePolicy:
 #   2026-12-07g; plans built 45 in 6.6 s against 26 in 3.5 s, tuning 7.3 s against 6.2). The graph then ran its
 #   layers at the graph's own listed time (160 channels 7x7: 12.4 us chosen, 12.5 the graph); whether a tuned plan
 #   would run them faster is not measured.
+#
+# Without torch.backends.cudnn.benchmark (PyTorch's default), in the heuristic policy, where nothing is timed:
+# - the graphs in ATEN_WITHOUT_BENCHMARK leave their work to their ATen composition, eager's own kernels, and no
+#   plan is built for them. The BatchNorm backward graph's first heuristic candidate took 31.1 and 31.8 us at
+#   mobilenet_v2's 64- and 96-channel 14x14 layers and 22.8 at 320 channels 7x7, where eager's kernels took 16.0, 20.4
+#   and 18.6 (batch 256, bf16, channels_last, CUDA-graph replays; H100, docs/benchmarks.md 2026-12-07h). It was
+#   faster at 56x56 (87.7 against 123.5 us on the stream): left to ATen it is eager's there too. With ATen's kernels
+#   the op took eager's time at all six such layers, within 1 us (on one stream; H100, 2026-12-07j). Under
+#   benchmark it is timed.
 BENCHMARK_CANDIDATES = 8
 ATEN_TIMED_UNDER_BENCHMARK = (Graph.BATCHNORM_BACKWARD,)
 HEURISTIC_ONLY_UNDER_BENCHMARK = (Graph.BATCHNORM_FORWARD,)
+ATEN_WITHOUT_BENCHMARK = (Graph.BATCHNORM_BACKWARD,)
 
 
 def _set_benchmark_tuning() -> None:
     _extension.require().set_benchmark_tuning(BENCHMARK_CANDIDATES,
                                               [int(graph) for graph in ATEN_TIMED_UNDER_BENCHMARK],
-                                              [int(graph) for graph in HEURISTIC_ONLY_UNDER_BENCHMARK])
+                                              [int(graph) for graph in HEURISTIC_ONLY_UNDER_BENCHMARK],
+                                              [int(graph) for graph in ATEN_WITHOUT_BENCHMARK])
 
 
 _extension.call_when_loaded(_set_benchmark_tuning)

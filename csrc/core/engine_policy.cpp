@@ -24,6 +24,7 @@ bool same(const RegisteredPolicy& a, const RegisteredPolicy& b) {
 std::atomic<int64_t> benchmark_candidates{1};
 std::atomic<uint32_t> aten_timed_kinds{0};  // bit k: GraphKind k
 std::atomic<uint32_t> heuristic_only_kinds{0};  // bit k: GraphKind k
+std::atomic<uint32_t> aten_untimed_kinds{0};  // bit k: GraphKind k
 
 uint32_t kind_bits(const std::vector<GraphKind>& kinds) {
   uint32_t bits = 0;
@@ -34,11 +35,17 @@ uint32_t kind_bits(const std::vector<GraphKind>& kinds) {
 }  // namespace
 
 void set_benchmark_tuning(int64_t candidates, const std::vector<GraphKind>& aten_timed,
-                          const std::vector<GraphKind>& heuristic_only) {
+                          const std::vector<GraphKind>& heuristic_only, const std::vector<GraphKind>& aten_untimed) {
   TORCH_CHECK_VALUE(candidates >= 1, "cudnn_fusion: benchmark candidates must be >= 1, got ", candidates);
   benchmark_candidates.store(candidates);
   aten_timed_kinds.store(kind_bits(aten_timed));
   heuristic_only_kinds.store(kind_bits(heuristic_only));
+  aten_untimed_kinds.store(kind_bits(aten_untimed));
+}
+
+bool aten_untimed(GraphKind kind, const EnginePolicy& policy) {
+  return policy.mode == PolicyMode::kHeuristic && !at::globalContext().benchmarkCuDNN() &&
+         ((aten_untimed_kinds.load(std::memory_order_relaxed) >> static_cast<int>(kind)) & 1u);
 }
 
 int64_t register_policy(const RegisteredPolicy& policy) {

@@ -177,9 +177,9 @@ std::vector<GraphKind> graph_kinds(const std::vector<int64_t>& values, const cha
 }
 
 void set_benchmark_tuning_py(int64_t candidates, const std::vector<int64_t>& aten_timed,
-                             const std::vector<int64_t>& heuristic_only) {
+                             const std::vector<int64_t>& heuristic_only, const std::vector<int64_t>& aten_untimed) {
   set_benchmark_tuning(candidates, graph_kinds(aten_timed, "aten_timed"),
-                       graph_kinds(heuristic_only, "heuristic_only"));
+                       graph_kinds(heuristic_only, "heuristic_only"), graph_kinds(aten_untimed, "aten_untimed"));
 }
 
 int64_t register_policy_py(int64_t mode, bool deterministic, int64_t workspace_limit,
@@ -585,9 +585,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("batch_norm_layer_verdict", &tcf::batch_norm_layer_verdict, py::arg("x_size"), py::arg("channels_last"),
         "The unmet requirements of a BatchNorm layer in training (empty: cuDNN is asked); -1: a size not known yet");
   m.def("set_benchmark_tuning", &tcf::set_benchmark_tuning_py, py::arg("candidates"), py::arg("aten_timed"),
-        py::arg("heuristic_only"),
+        py::arg("heuristic_only"), py::arg("aten_untimed"),
         "Under torch.backends.cudnn.benchmark: how many heuristic candidates a first run times, the graphs (Graph "
-        "values) whose ATen composition is timed with them, and the graphs that time the heuristic's first alone");
+        "values) whose ATen composition is timed with them, and the graphs that time the heuristic's first alone; "
+        "without it, the graphs whose ATen composition runs in the heuristic policy");
   m.def("check_batch_norm_layer", &tcf::check_batch_norm_layer_py,
         "Why each BatchNorm implementation (cuDNN graph forward/backward, legacy API) cannot run a layer, '' if it can",
         py::call_guard<py::gil_scoped_release>());

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <limits>
 
+#include "core/engine_policy.h"
 #include "graphs/conv_graphs.h"
 
 namespace tcf {
@@ -16,6 +17,7 @@ std::atomic<bool> poison_outputs{false};
 bool run_cached_graph(const GraphKey& key, std::unordered_map<int64_t, void*> pointers,
                       std::initializer_list<at::Tensor> outputs, const at::Device& device,
                       const std::function<void()>& aten) {
+  if (aten_untimed(key.kind, key.policy)) return false;
   return run_cached_graph(get_plan(key), key.kind, std::move(pointers), outputs, device, aten);
 }
 

@@ -16,11 +16,12 @@ namespace tcf {
 // Runs `key`'s plan on `pointers` after poisoning `outputs` (test aid below); on its first run, tunes it as its
 // policy asks (maybe_tune), timing `aten` (the same result computed with ATen) where the policy says so. Returns
 // false when the caller must compute the result with ATen: cuDNN refused the plan or failed to execute it (a
-// run-time fallback, counted), or autotune found ATen faster (not counted).
+// run-time fallback, counted), tuning found ATen faster, or the policy leaves the graph to ATen untimed
+// (core/engine_policy.h, aten_untimed: no plan is built); those two not counted.
 bool run_cached_graph(const GraphKey& key, std::unordered_map<int64_t, void*> pointers,
                       std::initializer_list<at::Tensor> outputs, const at::Device& device,
                       const std::function<void()>& aten);
-// The same for a plan already looked up (get_plan) for a graph of `kind`.
+// The same for a plan already looked up (get_plan) for a graph of `kind` (the caller asked aten_untimed first).
 bool run_cached_graph(const std::shared_ptr<const CachedPlan>& plan, GraphKind kind,
                       std::unordered_map<int64_t, void*> pointers, std::initializer_list<at::Tensor> outputs,
                       const at::Device& device, const std::function<void()>& aten);
