@@ -38,6 +38,15 @@ def graph_replay_ms(fn, calls: int = 10, replays: int = 11) -> float:
     return statistics.median(samples)
 
 
+def stream_ms(fn, calls: int = 20, repeats: int = 11, sleep_cycles: int = 40_000_000) -> float:
+    """GPU time per call of `fn()` as a training step's stream runs it: `calls` calls issued back to back behind a
+    sleep kernel of `sleep_cycles` (about 20 ms on an H100), which outlasts the host's time to issue them, so that
+    the host's cost is not timed; CUDA events around the calls, the median of `repeats` samples, after 3 warm-up
+    calls. Unlike graph_replay_ms, every kernel is launched as eager launches it, one after another on the stream."""
+    samples = interleaved_samples_ms({"fn": fn}, warmup=3, repeats=repeats, calls=calls, sleep_cycles=sleep_cycles)
+    return statistics.median(samples["fn"])
+
+
 def median_ms(fn, warmup: int = 5, repeats: int = 20) -> float:
     """Median of `repeats` CUDA-event timings of one `fn()` call (host cost included), after `warmup` calls."""
     return interleaved_median_ms({"fn": fn}, warmup=warmup, repeats=repeats)["fn"]
@@ -52,8 +61,10 @@ def interleaved_median_ms(fns: dict, warmup: int = 5, repeats: int = 30, calls: 
                                                                                         calls).items()}
 
 
-def interleaved_samples_ms(fns: dict, warmup: int = 5, repeats: int = 30, calls: int = 1) -> dict:
-    """The samples behind interleaved_median_ms: name -> `repeats` milliseconds per call."""
+def interleaved_samples_ms(fns: dict, warmup: int = 5, repeats: int = 30, calls: int = 1,
+                           sleep_cycles: int = 0) -> dict:
+    """The samples behind interleaved_median_ms: name -> `repeats` milliseconds per call. sleep_cycles > 0: each
+    sample's calls wait behind a sleep kernel of that many cycles (see stream_ms)."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
@@ -61,6 +72,8 @@ def interleaved_samples_ms(fns: dict, warmup: int = 5, repeats: int = 30, calls:
     samples = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
+            if sleep_cycles > 0:
+                torch.cuda._sleep(sleep_cycles)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             for _ in range(calls):

@@ -17,6 +17,16 @@ HAS_GPU = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU (the fused path runs on CUDA only)")
 
 
+@pytest.fixture(autouse=True)
+def _cudnn_flags_restored():
+    """torch.backends.cudnn's benchmark and deterministic flags as they were before each test: a test that runs a
+    benchmark's main() (which sets benchmark) left it on for the next tests of its worker, and on a GPU four depthwise
+    tests there then timed cuDNN's wgrad against ours and failed on the kernel they expect (H100, 2026-12-07j)."""
+    flags = torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic
+    yield
+    torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = flags
+
+
 @pytest.fixture
 def extension():
     """The compiled module; on a machine with a GPU its absence is a failure, not a skip."""

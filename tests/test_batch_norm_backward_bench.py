@@ -1,6 +1,7 @@
 """benchmarks/batch_norm_backward.py's hash of our kernels' gradients (no GPU needed): two builds that should give
 the same bits are compared by it, so it must change with any one element's bits and not with where the tensor is."""
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -29,13 +30,14 @@ def test_a_call_that_fails_to_time_is_reported_in_the_row_and_the_others_are_tim
         return fn()
 
     monkeypatch.setattr(batch_norm_backward, "graph_replay_ms", replay)
+    monkeypatch.setattr(batch_norm_backward, "stream_ms", lambda fn: fn() * 2)
     monkeypatch.setattr(batch_norm_backward.torch.cuda, "synchronize", lambda: None)
 
     def capture_fails():
         raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore lines")
 
     row = batch_norm_backward.timed({"ours": lambda: 0.5, "eager": capture_fails, "cuDNN graph": lambda: 0.25})
-    assert row == {"gpu_ms": {"ours": 0.5, "cuDNN graph": 0.25},
+    assert row == {"gpu_ms": {"ours": 0.5, "cuDNN graph": 0.25}, "stream_ms": {"ours": 1.0, "cuDNN graph": 0.5},
                    "errors": {"eager": "RuntimeError: CUDA error: operation not permitted when stream is capturing"}}
 
 
@@ -89,8 +91,10 @@ def test_bits_hash_ours_only_where_our_kernel_runs_and_keep_the_layer_s_index(mo
         "ours": lambda: grads, "eager": lambda: grads,
         **({"relu_bias_backward": lambda: grads} if layer["activation"] else {})})
     monkeypatch.setattr(batch_norm_backward, "timed", lambda calls: {"gpu_ms": {name: 1.0 for name in calls},
+                                                                     "stream_ms": {name: 2.0 for name in calls},
                                                                      "errors": {}})
     monkeypatch.setattr(batch_norm_backward, "run_header", lambda args: {"gpu": "g", "torch": "t", "cudnn": 1})
+    monkeypatch.setattr(batch_norm_backward, "own_stream", contextlib.nullcontext)
 
     def bits_lines(*argv):
         monkeypatch.setattr(sys, "argv", ["batch_norm_backward.py", "--bits", *argv])
