@@ -144,8 +144,8 @@ class _KernelRefused:
     def __getattr__(self, name):
         return getattr(self._module, name)
 
-    def check_batch_norm_layer(self, *args):
-        refusals = dict(self._module.check_batch_norm_layer(*args))
+    def check_batch_norm_layer(self, *args, kernel_first=False):
+        refusals = dict(self._module.check_batch_norm_layer(*args))  # every implementation's verdict
         refusals["kernel"] = "refused by profile_by_kind.py --batch-norm-ab"
         return refusals
 

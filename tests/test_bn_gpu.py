@@ -1139,8 +1139,8 @@ class _GraphRefused:
     def __getattr__(self, name):
         return getattr(self._module, name)
 
-    def check_batch_norm_layer(self, *args):
-        refusals = dict(self._module.check_batch_norm_layer(*args))
+    def check_batch_norm_layer(self, *args, kernel_first=False):
+        refusals = dict(self._module.check_batch_norm_layer(*args))  # every implementation's verdict
         refusals["graph_forward"] = "batchnorm forward: No valid engine configs (refusal simulated by the test)"
         refusals["kernel"] = "our kernel refused (simulated by the test)"
         return refusals

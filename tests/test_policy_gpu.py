@@ -181,10 +181,12 @@ def test_plan_file_round_trip_skips_building_and_tuning(extension, tmp_path):
     print("plan file:", saved, "plans;", notes)
 
 
-def test_plan_file_keys_hold_each_graph_family_s_own_shape(extension, tmp_path):
+def test_plan_file_keys_hold_each_graph_family_s_own_shape(cudnn_benchmark, tmp_path):
     """Saved keys: a conv graph's shape is the conv's (dgrad and wgrad without the forward's epilogue), a BatchNorm's
     its input and activation, the ReLU backward's the conv output y alone (no key dressed up as a 1x1 conv), and every
-    policy carries the benchmark tuning policy.py sets."""
+    policy carries the benchmark tuning policy.py sets. Under cudnn.benchmark, where the BatchNorm graphs are asked
+    (its forward choice times the forward graph against our kernel; a BatchNorm without an activation times the
+    backward graph against ATen's kernels)."""
     from torch_cudnn_fusion import policy
 
     tcf.clear_plan_cache()
@@ -198,16 +200,10 @@ def test_plan_file_keys_hold_each_graph_family_s_own_shape(extension, tmp_path):
     expected = torch.ops.aten.threshold_backward(grad, y, 0)
     torch.testing.assert_close(dz, expected)
     torch.testing.assert_close(dbias, expected.sum((0, 2, 3)), rtol=1e-5, atol=1e-4)
-    # BatchNorm with no activation: its backward is a graph (with one, it is our kernel and no graph is built), under
-    # cudnn.benchmark (without it, the heuristic policy leaves it to ATen: policy.ATEN_WITHOUT_BENCHMARK)
+    # BatchNorm with no activation: its backward is a graph (with one, it is our kernel and no graph is built)
     x = torch.randn(4, 64, 9, 9, device="cuda").contiguous(memory_format=torch.channels_last).requires_grad_()
     w, b = torch.ones(64, device="cuda"), torch.zeros(64, device="cuda")
-    previous = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = True
-    try:
-        torch.ops.cudnn_fusion.batch_norm_act(x, w, b, None, None, None, 0.1, 1e-5, 0, 0)[0].sum().backward()
-    finally:
-        torch.backends.cudnn.benchmark = previous
+    torch.ops.cudnn_fusion.batch_norm_act(x, w, b, None, None, None, 0.1, 1e-5, 0, 0)[0].sum().backward()
     path = tmp_path / "plans.json"
     assert tcf.save_plan_cache(path) > 0
     keys = {}

@@ -147,7 +147,8 @@ pybind11::dict list_engines_py(const std::string& graph, const std::string& dtyp
 std::unordered_map<std::string, std::string> check_batch_norm_layer_py(const std::string& dtype, bool channels_last,
                                                                     int64_t device, const std::vector<int64_t>& x_size,
                                                                     bool running_stats, bool has_residual,
-                                                                    int64_t activation, double eps, int64_t policy) {
+                                                                    int64_t activation, double eps, int64_t policy,
+                                                                    bool kernel_first) {
   auto unmet = batch_norm_layer_verdict(x_size, channels_last);
   if (!unmet.empty()) {  // no plan is built for a layer that will not run fused
     std::string joined;
@@ -163,7 +164,7 @@ std::unordered_map<std::string, std::string> check_batch_norm_layer_py(const std
   p.running_stats = running_stats;
   p.has_residual = has_residual;
   p.activation = batch_norm_activation_from(activation);
-  return check_batch_norm_layer(p, eps);
+  return check_batch_norm_layer(p, eps, kernel_first);
 }
 
 std::vector<GraphKind> graph_kinds(const std::vector<int64_t>& values, const char* name) {
@@ -589,8 +590,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Under torch.backends.cudnn.benchmark: how many heuristic candidates a first run times, the graphs (Graph "
         "values) whose ATen composition is timed with them, and the graphs that time the heuristic's first alone; "
         "without it, the graphs whose ATen composition runs in the heuristic policy");
-  m.def("check_batch_norm_layer", &tcf::check_batch_norm_layer_py,
-        "Why each BatchNorm implementation (cuDNN graph forward/backward, legacy API) cannot run a layer, '' if it can",
+  m.def("check_batch_norm_layer", &tcf::check_batch_norm_layer_py, py::arg("dtype"), py::arg("channels_last"),
+        py::arg("device"), py::arg("x_size"), py::arg("running_stats"), py::arg("has_residual"), py::arg("activation"),
+        py::arg("eps"), py::arg("policy"), py::arg("kernel_first") = false,
+        "Why each BatchNorm implementation (our kernel, cuDNN graph forward/backward, legacy API) cannot run a layer, "
+        "'' if it can; with kernel_first, our kernel's verdict alone where it takes the layer (no graph is asked)",
         py::call_guard<py::gil_scoped_release>());
   m.def("list_engines", &tcf::list_engines_py,
         "Every candidate plan cuDNN's heuristics offer for one graph of a conv layer, optionally timed");

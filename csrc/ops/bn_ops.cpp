@@ -844,7 +844,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_update
   return {y, save_mean, save_invstd, reserve};
 }
 
-std::unordered_map<std::string, std::string> check_batch_norm_layer(const BatchNormProblem& problem, double eps) {
+std::unordered_map<std::string, std::string> check_batch_norm_layer(const BatchNormProblem& problem, double eps,
+                                                                    bool kernel_first) {
   c10::DeviceGuard guard(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(problem.device)));
   const int8_t fresh = 16;  // BatchNorm's input and output are fresh allocations from the caching allocator
   std::unordered_map<std::string, std::string> refusals;
@@ -856,6 +857,7 @@ std::unordered_map<std::string, std::string> check_batch_norm_layer(const BatchN
   // Our forward kernel takes any NHWC layer of the op's dtypes and activations; its backward is the graph
   // implementation's, whose graph (no activation) is checked below.
   refusals["kernel"] = problem.channels_last ? "" : "our BatchNorm kernel takes channels_last (NHWC) x only";
+  if (kernel_first && refusals["kernel"].empty()) return refusals;
   // what cuDNN runs: BatchNorm (+ add) (+ ReLU / ReLU6); the op applies SiLU, Hardswish and LeakyReLU to its output
   BatchNormProblem cudnn_problem = problem;
   cudnn_problem.activation = graph_activation(problem.activation);

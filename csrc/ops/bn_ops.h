@@ -177,7 +177,12 @@ std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>> cast_conv_operands
 
 // For Python's decision: why each implementation cannot run this layer ("" when it can). Keys "kernel" (our forward
 // kernel: NHWC), "graph_forward", "graph_backward" (cuDNN's refusal of the built plans; absent for an NHWC layer with
-// an activation, whose backward is our kernel) and "legacy" (the legacy API's requirements and status).
-std::unordered_map<std::string, std::string> check_batch_norm_layer(const BatchNormProblem& problem, double eps);
+// an activation, whose backward is our kernel) and "legacy" (the legacy API's requirements and status). With
+// `kernel_first`, a layer our kernel takes gets {"kernel": ""} alone: the graphs are asked (their plans built) only
+// where one is about to run, as cudnn.benchmark's forward choice or a backward without an activation asks them. Asked
+// to decide, they cost each BatchNorm shape one or two plan builds in a model's first step, also where neither ran
+// (mobilenet_v2 at batch 256 without benchmark: 26 builds, 3.5 to 15 s on H100s; docs/benchmarks.md 2026-12-07h).
+std::unordered_map<std::string, std::string> check_batch_norm_layer(const BatchNormProblem& problem, double eps,
+                                                                    bool kernel_first = false);
 
 }  // namespace tcf

@@ -99,7 +99,7 @@ class FusionStatus:
     any). backward: for each fused backward step, "" when it runs fused or the reason it runs in ATen:
     "relu_bias_backward" (ReLU backward with the bias-gradient reduction: our kernel for NHWC, a cuDNN graph
     otherwise), "dgrad" and "wgrad" (cuDNN graphs), "batch_norm_act_backward" (BatchNorm's backward with its
-    activation's: our kernel), "batch_norm_backward" (BatchNorm's backward without an activation: a cuDNN graph).
+    activation's: our kernel; without an activation, ATen's kernels or a cuDNN graph inside the op).
     """
 
     fused: bool
@@ -340,17 +340,17 @@ def _decide_batch_norm(values: tuple) -> Decision:
         return Decision.eager("; ".join(unmet))
     if TRACED in config.x_size:  # our kernel takes any channels_last size (the verdict checked the layout)
         return Decision(True, TRACED_NOTE, (), "batch_norm_kernel" if config.channels_last else "cudnn_graph")
+    # our kernel's verdict first: the graphs are asked only where it refuses (check_batch_norm_layer's kernel_first)
     refusals = module.check_batch_norm_layer(
         SUPPORTED_DTYPES[config.dtype], config.channels_last, config.device_index, list(config.x_size),
         config.running_stats, config.has_residual, int(config.activation), config.eps, policy_id(config.policy),
+        kernel_first=True,
     )
     if not refusals["kernel"]:
         # the backward as the graph implementation's: our kernel with the activation's mask folded in, or, without
-        # an activation, cuDNN's batchnorm-backward graph (ATen's kernel inside the op where cuDNN refused it)
-        backward = ()
-        if config.needs_grad:
-            backward = ((("batch_norm_act_backward", ""),) if "graph_backward" not in refusals
-                        else (("batch_norm_backward", refusals["graph_backward"]),))
+        # an activation, ATen's kernels or, under cudnn.benchmark or another policy, cuDNN's batchnorm-backward graph
+        # (ATen's where cuDNN refuses it, a run-time fallback), all inside the op
+        backward = (("batch_norm_act_backward", ""),) if config.needs_grad else ()
         return Decision(True, "", backward, "batch_norm_kernel")
     graph_refusal = refusals["graph_forward"] or (refusals.get("graph_backward", "") if config.needs_grad else "")
     if not graph_refusal:
