@@ -20,8 +20,9 @@ gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU (the fused path r
 @pytest.fixture(autouse=True)
 def _cudnn_flags_restored():
     """torch.backends.cudnn's benchmark and deterministic flags as they were before each test: a test that runs a
-    benchmark's main() (which sets benchmark) left it on for the next tests of its worker, and on a GPU four depthwise
-    tests there then timed cuDNN's wgrad against ours and failed on the kernel they expect (H100, 2026-12-07j)."""
+    benchmark's main() (which sets benchmark) left it on for the next tests of its worker (shown on the CPU). On an
+    H100 (2026-12-07j) four depthwise tests, all on one worker, then found cuDNN's wgrad where they expect ours, as a
+    wgrad timed under benchmark can choose."""
     flags = torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic
     yield
     torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = flags
