@@ -162,6 +162,28 @@ def test_without_benchmark_a_batch_norm_with_no_activation_takes_eager_s_backwar
             assert_as_accurate_as_eager(f"{label}: {name}", g, g_e, g_r, dtype)
 
 
+def test_the_nchw_decision_builds_the_backward_graph_only_where_it_may_run(extension):
+    """A channels_last-less (NCHW) BatchNorm with no activation goes to cuDNN's graphs. Without cudnn.benchmark, in
+    the heuristic policy, its backward runs ATen's kernels (policy.ATEN_WITHOUT_BENCHMARK), so the decision asks the
+    plan cache for the forward graph only; under benchmark the backward may run the graph, and the decision asks for
+    its plan too (built or refused)."""
+    previous = torch.backends.cudnn.benchmark
+    asked = {}
+    try:
+        for benchmark in (False, True):
+            torch.backends.cudnn.benchmark = benchmark
+            tcf.clear_plan_cache()
+            refusals = extension.check_batch_norm_layer("bfloat16", False, 0, [32, 64, 14, 14], True, False, 0, 1e-5,
+                                                        0, kernel_first=True)
+            assert refusals["kernel"] and "graph_backward" in refusals, refusals
+            asked[benchmark] = (tcf.plan_cache_stats()["misses"], [p["graph"] for p in extension.saved_plans()])
+    finally:
+        torch.backends.cudnn.benchmark = previous
+        tcf.clear_plan_cache()
+    assert asked[True][0] == asked[False][0] + 1, asked
+    assert "batchnorm backward" not in asked[False][1], asked
+
+
 @pytest.mark.parametrize("shape, activation, residual", [((256, 160, 7, 7), None, False),
                                                          ((256, 576, 7, 7), "relu6", False),
                                                          ((32, 64, 56, 56), "relu", True),

@@ -9,6 +9,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "core/device.h"
+#include "core/engine_policy.h"
 #include "graphs/timing.h"
 #include "kernels/batch_norm_backward_kernel.h"
 #include "kernels/batch_norm_forward_kernel.h"
@@ -864,9 +865,11 @@ std::unordered_map<std::string, std::string> check_batch_norm_layer(const BatchN
   refusals["graph_forward"] =
       get_plan(make_batch_norm_key(GraphKind::kBatchNormForward, cudnn_problem, {fresh, fresh, fresh}))->refusal;
   // With an activation, NHWC, the backward runs in our kernel (batch_norm_act_backward_with_kernel): no graph.
+  // Where the backward runs ATen's kernels (aten_untimed: no benchmark, heuristic policy) there is no plan to ask; a
+  // plan asked later (benchmark turned on) that cuDNN refuses is a run-time fallback to the same kernels.
   if (problem.activation == Activation::kNone || !problem.channels_last) {
-    refusals["graph_backward"] =
-        get_plan(make_batch_norm_key(GraphKind::kBatchNormBackward, cudnn_problem, {fresh, fresh, fresh}))->refusal;
+    auto key = make_batch_norm_key(GraphKind::kBatchNormBackward, cudnn_problem, {fresh, fresh, fresh});
+    refusals["graph_backward"] = aten_untimed(key.kind, key.policy) ? "" : get_plan(key)->refusal;
   }
   refusals["legacy"] = legacy_refusal(at::native::getCudnnHandle(), cudnn_problem, eps);
   return refusals;
