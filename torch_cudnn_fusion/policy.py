@@ -149,7 +149,8 @@ def resolve(policy: Optional[EnginePolicy]) -> EnginePolicy:
 #   plan is built for them. The BatchNorm backward graph's first heuristic candidate took 31.1 and 31.8 us at
 #   mobilenet_v2's 64- and 96-channel 14x14 layers and 22.8 at 320 channels 7x7, where eager's kernels took 16.0, 20.4
 #   and 18.6 (batch 256, bf16, channels_last, CUDA-graph replays; H100, docs/benchmarks.md 2026-12-07h). It was
-#   faster at 56x56 (87.7 against 123.5 us on the stream): left to ATen it is eager's there too. With ATen's kernels
+#   faster at 56x56 (87.7 against 123.5 us on the stream, timed with the forward on a side stream, so each call
+#   also waited across streams; not re-timed on one stream): left to ATen it is eager's there too. With ATen's kernels
 #   the op took eager's time at all six such layers, within 1.5 us (on one stream; H100, 2026-12-07j). Under
 #   benchmark it is timed.
 BENCHMARK_CANDIDATES = 8
